@@ -1,0 +1,138 @@
+"""The event envelope of dsh session format 0.
+
+An :class:`Event` is one line of a session log and one record of the session topic. It is
+frozen; its ``data`` is plain JSON (dicts, lists, str, int, float, bool, None) that no code
+may mutate after the event is built: folds and views share it instead of copying.
+
+Absent optional envelope fields are ``None`` here and are left out of the JSON; ``null`` can
+only be a value inside ``data``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias
+
+from pipeline.core.errors import EventError
+
+JsonValue: TypeAlias = Any
+"""Plain JSON: dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None."""
+
+ENVELOPE_KEYS: Final = frozenset(
+    {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs", "ignorable"}
+)
+SURFACE_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """``surfaceOp: {"op":"replace","start":S,"end":E}``: S and E are seqs on the surface."""
+
+    start: int
+    end: int
+
+
+SurfaceOp: TypeAlias = Literal["append"] | Replace
+APPEND: Final = "append"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One session event. ``ignorable`` keeps absent (None) apart from an explicit value."""
+
+    type: str
+    seq: int
+    time: int
+    data: JsonValue
+    surface_op: SurfaceOp | None = None
+    source_event_seqs: tuple[int, ...] | None = None
+    ignorable: bool | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The event as the JSON object of a log line (envelope keys in canonical order)."""
+        out: dict[str, JsonValue] = {
+            "type": self.type, "seq": self.seq, "time": self.time, "data": self.data,
+        }
+        if self.surface_op is not None:
+            out["surfaceOp"] = surface_op_to_json(self.surface_op)
+        if self.source_event_seqs is not None:
+            out["sourceEventSeqs"] = list(self.source_event_seqs)
+        if self.ignorable is not None:
+            out["ignorable"] = self.ignorable
+        return out
+
+    def to_line(self) -> str:
+        """One JSONL line (no newline), compact, UTF-8 kept as is."""
+        return dumps_json(self.to_json())
+
+
+def dumps_json(value: JsonValue) -> str:
+    """Compact JSON as dsh writes it: no spaces, non-ASCII kept, NaN refused."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def surface_op_to_json(op: SurfaceOp) -> JsonValue:
+    if isinstance(op, Replace):
+        return {"op": "replace", "start": op.start, "end": op.end}
+    return APPEND
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_surface_op(raw: JsonValue, seq: int | None, type_: str) -> SurfaceOp:
+    if raw == APPEND:
+        return APPEND
+    if isinstance(raw, Mapping) and raw.get("op") == "replace" and set(raw) == {
+        "op", "start", "end"
+    } and _is_int(raw["start"]) and _is_int(raw["end"]):
+        return Replace(int(raw["start"]), int(raw["end"]))
+    raise EventError(f"surfaceOp must be \"append\" or {{op:\"replace\",start,end}}, got "
+                     f"{dumps_json(raw)[:80]}", seq=seq, type=type_, rule="surface-op-shape")
+
+
+def event_from_json(obj: JsonValue) -> Event:
+    """Build an Event from a decoded JSON object, checking only the envelope's shape.
+
+    The rules of the model (seq contiguity, lossless data, surface rules, message shapes)
+    are checked by :mod:`pipeline.core.validation`.
+    """
+    if not isinstance(obj, Mapping):
+        raise EventError("an event must be a JSON object", rule="envelope-object")
+    seq = obj.get("seq")
+    type_ = obj.get("type")
+    seq_for_msg = seq if _is_int(seq) else None
+    if not isinstance(type_, str) or not type_:
+        raise EventError("missing or non-string 'type'", seq=seq_for_msg, rule="envelope-type")
+    extra = set(obj) - ENVELOPE_KEYS
+    if extra:
+        raise EventError(f"unknown envelope keys {sorted(extra)}", seq=seq_for_msg, type=type_,
+                         rule="envelope-keys")
+    if not _is_int(seq) or seq < 0:
+        raise EventError("'seq' must be a non-negative integer", type=type_, rule="envelope-seq")
+    time_ = obj.get("time")
+    if not _is_int(time_):
+        raise EventError("'time' must be an integer (epoch ms)", seq=seq, type=type_,
+                         rule="envelope-time")
+    if "data" not in obj:
+        raise EventError("missing 'data'", seq=seq, type=type_, rule="envelope-data")
+    surface_op = None
+    if "surfaceOp" in obj:
+        surface_op = _parse_surface_op(obj["surfaceOp"], seq, type_)
+    sources = None
+    if "sourceEventSeqs" in obj:
+        raw = obj["sourceEventSeqs"]
+        if not isinstance(raw, list) or not all(_is_int(s) for s in raw):
+            raise EventError("'sourceEventSeqs' must be a list of integers", seq=seq,
+                             type=type_, rule="source-seqs-shape")
+        sources = tuple(raw)
+    ignorable = None
+    if "ignorable" in obj:
+        if not isinstance(obj["ignorable"], bool):
+            raise EventError("'ignorable' must be a boolean", seq=seq, type=type_,
+                             rule="envelope-ignorable")
+        ignorable = obj["ignorable"]
+    return Event(type_, seq, time_, obj["data"], surface_op, sources, ignorable)

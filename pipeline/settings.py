@@ -1,0 +1,130 @@
+"""Typed settings, read once from the environment (prefix ``DSH_``) at the composition root.
+
+Built by the CLI and passed down; nothing else reads the environment. Secrets are
+:class:`Secret` values whose ``repr``/``str`` are masked, so printing a Settings object, an
+error or a log line can never reveal them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Final
+
+from pipeline.core.errors import ConfigError
+
+MASK: Final = "********"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A secret string: masked wherever it is printed; ``reveal()`` only where it is used."""
+
+    _value: str = field(repr=False)
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({MASK})" if self._value else "Secret('')"
+
+    def __str__(self) -> str:
+        return MASK if self._value else ""
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """The project's topic names under one prefix (DESIGN.md section 2)."""
+
+    prefix: str
+
+    @property
+    def session_events(self) -> str:
+        return f"{self.prefix}session-events"
+
+    @property
+    def inbox(self) -> str:
+        return f"{self.prefix}inbox"
+
+    @property
+    def derived_messages(self) -> str:
+        return f"{self.prefix}derived-messages"
+
+    @property
+    def usage(self) -> str:
+        return f"{self.prefix}usage"
+
+    @property
+    def fleet(self) -> str:
+        return f"{self.prefix}fleet"
+
+    @staticmethod
+    def dlq(topic: str) -> str:
+        return f"{topic}.dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every setting, with its environment variable ``DSH_<NAME upper>`` and default."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "dsh."
+    partitions: int = 6
+    replication_factor: int = 1
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: Secret = Secret("")
+    ssl_cafile: str = ""
+    registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
+    registry_username: str = ""
+    registry_password: Secret = Secret("")
+    provider: str = "scripted"
+    model: str = "scripted-1"
+    provider_base_url: str = "https://api.deepseek.com"
+    deepseek_api_key: Secret = Secret("")
+    group_id_prefix: str = "dsh-"
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 8780
+    dashboard_token: Secret = Secret("")
+    processors_web_port: int = 6066
+    driver_metrics_port: int = 9464
+    state_dir: str = ".cache/state"
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``DSH_*`` variables (and ``DEEPSEEK_API_KEY``); ``overrides`` win."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f"DSH_{f.name.upper()}"
+            raw = source.get(name)
+            if f.name == "deepseek_api_key" and raw is None:
+                raw = source.get("DEEPSEEK_API_KEY")
+            if raw is not None:
+                values[f.name] = _convert(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+    def describe(self) -> dict[str, str]:
+        """Every setting as text, secrets masked: safe to print or log."""
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+
+def _convert(name: str, type_name: str, raw: str) -> Any:
+    if "Secret" in type_name:
+        return Secret(raw)
+    if type_name == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"DSH_{name.upper()} must be an integer, got {raw!r}") from None
+    return raw

@@ -1,0 +1,302 @@
+"""Inbox commands and the two inbox lists of a session (sans-I/O).
+
+A session's inbox has two lists, as in dsh: *next-turn* (follow-ups; one is claimed per turn)
+and *next-step* (steering and injected context; all are claimed at the next step boundary).
+Every change of a list is logged as an ``agent/inbox/spliced`` event, exactly as dsh writes it:
+
+- a command entering a list: ``{target, start, inserted:[message]}`` (``start`` = its index);
+- a claim: ``{target, start:0, removedCount:n, inserted:[]}``;
+- a cancel that drops queued items: the same with ``outcome:"canceled"``.
+
+Because the lists are logged, they are rebuilt from the log after a restart
+(:meth:`InboxLists.apply_splice`), so pending work survives a crash with no other state.
+
+Commands (frozen dataclasses, one per kind of ``dsh.inbox`` record): :class:`FollowUp` (next
+turn, wakes the driver), :class:`Steer` (next step, wakes), :class:`Inject` (next step, does
+not wake), :class:`Cancel` and :class:`Configure`. :func:`command_from_json` /
+:func:`command_to_json` are the JSON form (the Avro schema of the inbox topic mirrors it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final, Literal, TypeAlias
+
+from pipeline.core.errors import EventError
+from pipeline.core.events import JsonValue, dumps_json
+
+NEXT_TURN: Final = "next-turn"
+NEXT_STEP: Final = "next-step"
+Target: TypeAlias = Literal["next-turn", "next-step"]
+SPLICE_TYPE: Final = "agent/inbox/spliced"
+USER_SOURCE: Final[Mapping[str, JsonValue]] = {"kind": "user"}
+
+
+def _bad(kind: str, message: str) -> EventError:
+    return EventError(message, type=f"inbox/{kind}", rule="inbox-command")
+
+
+def _check_ids(kind: str, session_id: str, message_id: str) -> None:
+    if not isinstance(session_id, str) or not session_id:
+        raise _bad(kind, "session_id must be a non-empty string")
+    if not isinstance(message_id, str) or not message_id:
+        raise _bad(kind, "message_id must be a non-empty string")
+
+
+def _check_content(kind: str, content: Sequence[JsonValue]) -> None:
+    if not isinstance(content, Sequence) or isinstance(content, str) or not content:
+        raise _bad(kind, "content must be a non-empty list of content blocks")
+    for index, block in enumerate(content):
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            raise _bad(kind, f"content[{index}] must be an object with a string 'type'")
+
+
+@dataclass(frozen=True, slots=True)
+class _MessageCommand:
+    """A command that carries one user message into one of the two inbox lists."""
+
+    session_id: str
+    message_id: str
+    content: tuple[JsonValue, ...]
+    source: Mapping[str, JsonValue] | None = None
+
+    kind: ClassVar[str] = "message"
+    target: ClassVar[Target] = NEXT_STEP
+    wakes: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_ids(self.kind, self.session_id, self.message_id)
+        _check_content(self.kind, self.content)
+        if self.source is not None and not isinstance(self.source.get("kind"), str):
+            raise _bad(self.kind, "source must be an object with a string 'kind'")
+
+    def message(self) -> dict[str, JsonValue]:
+        """The user message as it enters the log (``user/message`` data, splice item)."""
+        return {
+            "id": self.message_id, "role": "user", "content": list(self.content),
+            "source": dict(self.source if self.source is not None else USER_SOURCE),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp(_MessageCommand):
+    """A follow-up: queued for the next turn; wakes the driver."""
+
+    kind: ClassVar[str] = "followup"
+    target: ClassVar[Target] = NEXT_TURN
+    wakes: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Steer(_MessageCommand):
+    """Steering: enters at the next step boundary (of this turn, or a new one); wakes."""
+
+    kind: ClassVar[str] = "steer"
+    target: ClassVar[Target] = NEXT_STEP
+    wakes: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Inject(_MessageCommand):
+    """Injected context: enters at the next step boundary; waits for something else to wake."""
+
+    kind: ClassVar[str] = "inject"
+    target: ClassVar[Target] = NEXT_STEP
+    wakes: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Abort the current turn (if any); unless ``keep_queue``, drop every queued item too."""
+
+    session_id: str
+    message_id: str
+    keep_queue: bool = False
+
+    kind: ClassVar[str] = "cancel"
+
+    def __post_init__(self) -> None:
+        _check_ids(self.kind, self.session_id, self.message_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Change the request configuration; ``None`` leaves a field as it is.
+
+    ``tools`` names tools of the driver's registry (``()`` = no tools). A change is logged as
+    a ``request/header`` (reason ``change``) before the next model request, not here.
+    """
+
+    session_id: str
+    message_id: str
+    provider: str | None = None
+    model: str | None = None
+    system: str | None = None
+    tools: tuple[str, ...] | None = None
+    reasoning_effort: str | None = None
+    max_tokens: int | None = None
+
+    kind: ClassVar[str] = "configure"
+
+    def __post_init__(self) -> None:
+        _check_ids(self.kind, self.session_id, self.message_id)
+        for name in ("provider", "model"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _bad(self.kind, f"{name} must be a non-empty string when given")
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+            or self.max_tokens <= 0
+        ):
+            raise _bad(self.kind, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.tools is not None and not all(isinstance(t, str) and t for t in self.tools):
+            raise _bad(self.kind, "tools must be a list of tool names")
+
+
+MessageCommand: TypeAlias = FollowUp | Steer | Inject
+InboxCommand: TypeAlias = FollowUp | Steer | Inject | Cancel | Configure
+_MESSAGE_KINDS: Final[dict[str, type[FollowUp] | type[Steer] | type[Inject]]] = {
+    "followup": FollowUp, "steer": Steer, "inject": Inject,
+}
+_CONFIG_FIELDS: Final = {
+    "provider": "provider", "model": "model", "system": "system", "tools": "tools",
+    "reasoningEffort": "reasoning_effort", "maxTokens": "max_tokens",
+}
+
+
+def command_to_json(command: InboxCommand) -> dict[str, JsonValue]:
+    """The JSON form: ``{kind, sessionId, messageId, ...}`` (camelCase like the log)."""
+    out: dict[str, JsonValue] = {
+        "kind": command.kind, "sessionId": command.session_id, "messageId": command.message_id,
+    }
+    if isinstance(command, FollowUp | Steer | Inject):
+        out["content"] = list(command.content)
+        if command.source is not None:
+            out["source"] = dict(command.source)
+    elif isinstance(command, Cancel):
+        out["keepQueue"] = command.keep_queue
+    else:
+        for key, attr in _CONFIG_FIELDS.items():
+            value = getattr(command, attr)
+            if value is not None:
+                out[key] = list(value) if attr == "tools" else value
+    return out
+
+
+def command_from_json(obj: JsonValue) -> InboxCommand:
+    """Parse the JSON form; raises :class:`EventError` naming the field that is wrong."""
+    if not isinstance(obj, Mapping):
+        raise _bad("?", "an inbox command must be a JSON object")
+    kind = obj.get("kind")
+    common: dict[str, Any] = {
+        "session_id": obj.get("sessionId"), "message_id": obj.get("messageId"),
+    }
+    if kind in _MESSAGE_KINDS:
+        content = obj.get("content")
+        if not isinstance(content, list):
+            raise _bad(str(kind), "content must be a list of content blocks")
+        return _MESSAGE_KINDS[str(kind)](**common, content=tuple(content),
+                                         source=obj.get("source"))
+    if kind == "cancel":
+        keep = obj.get("keepQueue", False)
+        if not isinstance(keep, bool):
+            raise _bad("cancel", "keepQueue must be a boolean")
+        return Cancel(**common, keep_queue=keep)
+    if kind == "configure":
+        fields = {attr: obj[key] for key, attr in _CONFIG_FIELDS.items() if key in obj}
+        if "tools" in fields:
+            if not isinstance(fields["tools"], list):
+                raise _bad("configure", "tools must be a list of tool names")
+            fields["tools"] = tuple(fields["tools"])
+        return Configure(**common, **fields)
+    raise _bad(str(kind), f"unknown command kind {dumps_json(kind)[:40]}; expected one of "
+                          "followup, steer, inject, cancel, configure")
+
+
+@dataclass(slots=True)
+class InboxItem:
+    """A queued message; ``wakes`` is False for injected context."""
+
+    message: dict[str, JsonValue]
+    wakes: bool
+
+
+@dataclass(slots=True)
+class InboxLists:
+    """The two inbox lists; every mutation returns the splice data to log for it."""
+
+    next_turn: list[InboxItem] = field(default_factory=list)
+    next_step: list[InboxItem] = field(default_factory=list)
+
+    def _list(self, target: str) -> list[InboxItem]:
+        return self.next_turn if target == NEXT_TURN else self.next_step
+
+    def insert(self, command: MessageCommand) -> dict[str, JsonValue]:
+        queue = self._list(command.target)
+        message = command.message()
+        queue.append(InboxItem(message, command.wakes))
+        return {"target": command.target, "start": len(queue) - 1, "inserted": [message]}
+
+    @property
+    def wakes(self) -> bool:
+        """True when something queued asks for a turn (a follow-up or a steer)."""
+        return bool(self.next_turn) or any(item.wakes for item in self.next_step)
+
+    @property
+    def steered(self) -> bool:
+        """True when a waking next-step item (a steer) waits: the turn goes on for it."""
+        return any(item.wakes for item in self.next_step)
+
+    def claim_next_step(self) -> tuple[list[dict[str, JsonValue]], dict[str, JsonValue] | None]:
+        """Claim every next-step item: their messages and the splice, or ``([], None)``."""
+        return self._remove(NEXT_STEP, len(self.next_step), outcome=None)
+
+    def claim_next_turn(self) -> tuple[list[dict[str, JsonValue]], dict[str, JsonValue] | None]:
+        """Claim exactly one next-turn item (the oldest)."""
+        return self._remove(NEXT_TURN, min(1, len(self.next_turn)), outcome=None)
+
+    def cancel_all(self) -> list[dict[str, JsonValue]]:
+        """Drop everything queued; the splices to log (``outcome:"canceled"``)."""
+        splices = []
+        for target in (NEXT_TURN, NEXT_STEP):
+            _, splice = self._remove(target, len(self._list(target)), outcome="canceled")
+            if splice is not None:
+                splices.append(splice)
+        return splices
+
+    def _remove(self, target: str, count: int, *, outcome: str | None
+                ) -> tuple[list[dict[str, JsonValue]], dict[str, JsonValue] | None]:
+        if count == 0:
+            return [], None
+        queue = self._list(target)
+        removed = [item.message for item in queue[:count]]
+        del queue[:count]
+        splice: dict[str, JsonValue] = {
+            "target": target, "start": 0, "removedCount": count, "inserted": [],
+        }
+        if outcome is not None:
+            splice["outcome"] = outcome
+        return removed, splice
+
+    def apply_splice(self, data: JsonValue, *, seq: int) -> None:
+        """Fold a logged splice (rebuild after a restart).
+
+        A rebuilt next-step item is treated as injected (it does not wake): the log does not
+        say whether it came from a steer, and waking a model on a guess would spend tokens no
+        one asked for. It enters with the next wake.
+        """
+        if not isinstance(data, Mapping) or data.get("target") not in (NEXT_TURN, NEXT_STEP):
+            raise EventError("splice data needs target next-turn or next-step", seq=seq,
+                             type=SPLICE_TYPE, rule="inbox-splice")
+        queue = self._list(str(data["target"]))
+        start = data.get("start", 0)
+        removed = data.get("removedCount", 0)
+        inserted = data.get("inserted", [])
+        if not (isinstance(start, int) and isinstance(removed, int) and isinstance(inserted, list)
+                and 0 <= start <= len(queue) and 0 <= removed <= len(queue) - start):
+            raise EventError(f"splice start/removedCount/inserted do not fit a list of "
+                             f"{len(queue)} items", seq=seq, type=SPLICE_TYPE,
+                             rule="inbox-splice")
+        wakes = data["target"] == NEXT_TURN
+        queue[start:start + removed] = [InboxItem(dict(m), wakes) for m in inserted]

@@ -1,0 +1,137 @@
+"""What the turn state machine asks for (effects) and what it is told back (results).
+
+The machine (:mod:`pipeline.core.turn_machine`) never performs I/O. It returns one effect at a
+time; the runner performs it and reports the outcome through the machine's methods. Every
+event the machine appends is already in the :class:`SessionLog` (validated, seq and time
+stamped) when the runner sees it; the runner only has to publish it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
+
+from pipeline.core.events import JsonValue
+
+TOOL_CANCELED: Final = {"name": "ToolCanceledError", "code": "TOOL_CANCELED"}
+TOOL_NOT_STARTED: Final = {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """What a request header says: provider, model and the optional knobs.
+
+    ``tools`` holds tool *definitions* (``{name, description, parameters}``) so the logged
+    header alone says what the model was offered.
+    """
+
+    provider: str
+    model: str
+    system: str | None = None
+    tools: tuple[JsonValue, ...] | None = None
+    reasoning_effort: str | None = None
+    max_tokens: int | None = None
+
+    def header(self) -> dict[str, JsonValue]:
+        """The ``request/header`` ``data.header`` for this configuration."""
+        config: dict[str, JsonValue] = {"provider": self.provider, "model": self.model}
+        if self.reasoning_effort is not None:
+            config["reasoningEffort"] = self.reasoning_effort
+        if self.max_tokens is not None:
+            config["maxTokens"] = self.max_tokens
+        header: dict[str, JsonValue] = {"config": config}
+        if self.system is not None:
+            header["system"] = self.system
+        if self.tools is not None:
+            header["tools"] = list(self.tools)
+        return header
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool-call block of an assistant message, in model order."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a tool gave back: content blocks, and on failure ``error={name, code}``."""
+
+    content: tuple[JsonValue, ...]
+    is_error: bool = False
+    error: Mapping[str, str] | None = None
+    meta: JsonValue = None
+
+    @classmethod
+    def text(cls, text: str) -> ToolOutcome:
+        return cls(({"type": "text", "text": text},))
+
+    @classmethod
+    def failure(cls, text: str, *, name: str, code: str) -> ToolOutcome:
+        return cls(({"type": "text", "text": text},), True, {"name": name, "code": code})
+
+
+@dataclass(frozen=True, slots=True)
+class HookDecision:
+    """A pre-step hook chain's answer: the (possibly rewritten) messages, or a rejection."""
+
+    messages: tuple[dict[str, JsonValue], ...]
+    rejected: bool = False
+    reason: str | None = None
+
+
+# -- effects -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunPreStepHooks:
+    """Run the pre-step hook chain over the messages claimed for this step."""
+
+    turn: int
+    step: int
+    messages: tuple[dict[str, JsonValue], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallModel:
+    """Stream one model request; report chunks, then the end or the failure.
+
+    ``request`` is a :class:`pipeline.core.model.ModelRequest` (typed loosely here so the
+    effect types do not depend on the model module's import order).
+    """
+
+    request: Any
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunTools:
+    """Run these calls (model order); report each start and each outcome."""
+
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait before the next attempt (retry backoff), then call ``sleep_done``."""
+
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepBoundary:
+    """A flush point: what was appended so far should become durable and visible."""
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """No woken work: the turn (if any) is closed; wait for the next command."""
+
+    last_end: Mapping[str, JsonValue] | None = field(default=None)
+
+
+Effect: TypeAlias = RunPreStepHooks | CallModel | RunTools | Sleep | StepBoundary | Idle

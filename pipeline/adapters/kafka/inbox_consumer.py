@@ -1,0 +1,125 @@
+"""The driver's consumer-group member on the inbox topic.
+
+Offsets are never committed by this consumer: the driver commits them inside its
+transactions (``send_offsets_to_transaction``), so ``enable_auto_commit`` is off. The
+consumer reads ``read_committed`` so inbox records written transactionally by other tools
+are seen only once committed.
+
+aiokafka rebalances eagerly: every rebalance revokes all partitions, then assigns (possibly
+the same ones again). The listener's callbacks are awaited inside the rebalance; slow work
+there delays the whole group, so the driver keeps them short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.records import InboxRecord, headers_of
+from pipeline.core.errors import BrokerError
+from pipeline.settings import Settings
+
+PartitionsCallback = Callable[[list[int]], Awaitable[None]]
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, on_assigned: PartitionsCallback, on_revoked: PartitionsCallback) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._on_revoked(sorted(tp.partition for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._on_assigned(sorted(tp.partition for tp in assigned))
+
+
+class InboxConsumer:
+    """A member of ``group_id`` consuming ``topic``; callbacks get partition numbers."""
+
+    def __init__(self, settings: Settings, *, topic: str, group_id: str,
+                 on_assigned: PartitionsCallback, on_revoked: PartitionsCallback,
+                 max_poll_interval_ms: int = 300_000, session_timeout_ms: int = 10_000,
+                 group_instance_id: str | None = None) -> None:
+        self.topic = topic
+        self.group_id = group_id
+        self._listener = _Listener(on_assigned, on_revoked)
+        self._consumer = AIOKafkaConsumer(
+            **client_options(settings), group_id=group_id, enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+            max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(session_timeout_ms // 4, 500),
+            group_instance_id=group_instance_id,
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._consumer.start()
+            self._consumer.subscribe([self.topic], listener=self._listener)
+        except KafkaError as exc:
+            await self._consumer.stop()
+            raise BrokerError(f"cannot join group {self.group_id!r} on {self.topic}: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+    async def poll(self, timeout_ms: int = 200, max_records: int = 500) -> list[InboxRecord]:
+        """Records from every assigned, unpaused partition (per partition in offset order)."""
+        try:
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms,
+                                                   max_records=max_records)
+        except KafkaError as exc:
+            raise BrokerError(f"consuming {self.topic} in group {self.group_id!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+        out: list[InboxRecord] = []
+        for tp, records in fetched.items():
+            out.extend(
+                InboxRecord(topic=tp.topic, partition=tp.partition, offset=r.offset,
+                            key=r.key, value=r.value, headers=headers_of(r.headers),
+                            timestamp_ms=r.timestamp or 0)
+                for r in records)
+        return out
+
+    def assigned(self) -> set[int]:
+        return {tp.partition for tp in self._consumer.assignment()}
+
+    def pause(self, partitions: set[int] | None = None) -> None:
+        """Stop fetching ``partitions`` (all assigned ones when None)."""
+        self._consumer.pause(*self._tps(partitions))
+
+    def resume(self, partitions: set[int] | None = None) -> None:
+        self._consumer.resume(*self._tps(partitions))
+
+    def paused(self) -> set[int]:
+        return {tp.partition for tp in self._consumer.paused()}
+
+    async def seek(self, partition: int, offset: int) -> None:
+        """Fetch ``partition`` again from ``offset`` (after the driver gave up its work)."""
+        tp = TopicPartition(self.topic, partition)
+        if tp in self._consumer.assignment():
+            self._consumer.seek(tp, offset)
+
+    async def committed(self, partition: int) -> int | None:
+        try:
+            result = await self._consumer.committed(TopicPartition(self.topic, partition))
+        except KafkaError as exc:
+            raise BrokerError(f"reading the committed offset of {self.topic}[{partition}] "
+                              f"failed: {type(exc).__name__}: {exc}") from None
+        return int(result) if result is not None else None
+
+    def _tps(self, partitions: set[int] | None) -> list[Any]:
+        assigned = self._consumer.assignment()
+        if partitions is None:
+            return list(assigned)
+        return [tp for tp in assigned if tp.partition in partitions]
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Leave the group (no offsets are committed here). Never raises."""
+        with contextlib.suppress(KafkaError, TimeoutError):
+            await asyncio.wait_for(self._consumer.stop(), timeout_s)

@@ -1,0 +1,43 @@
+"""A small idempotent (non-transactional) producer for one-off sends, e.g. ``dsh-pipeline send``.
+
+Records without a partition use aiokafka's default partitioner (murmur2 of the key, the same
+as the Java client), which is what keeps the inbox and the session topic co-partitioned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.records import OutRecord
+from pipeline.core.errors import BrokerError
+from pipeline.settings import Settings
+
+
+async def send_records(settings: Settings, records: Sequence[OutRecord], *,
+                       timeout_s: float = 30.0) -> list[tuple[int, int]]:
+    """Send ``records`` with acks=all and wait; returns (partition, offset) of each."""
+    producer = AIOKafkaProducer(**client_options(settings), enable_idempotence=True,
+                                acks="all")
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+        futures = [
+            await producer.send(r.topic, r.value, key=r.key, partition=r.partition,
+                                headers=list(r.headers) or None)
+            for r in records
+        ]
+        metas = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+    except TimeoutError:
+        raise BrokerError(f"sending {len(records)} record(s) to "
+                          f"{settings.bootstrap_servers} timed out after {timeout_s:.0f}s"
+                          ) from None
+    except KafkaError as exc:
+        raise BrokerError(f"sending to {settings.bootstrap_servers} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    finally:
+        await producer.stop()
+    return [(m.partition, m.offset) for m in metas]

@@ -1,0 +1,98 @@
+"""Read one partition of the session topic, read_committed, up to its end.
+
+Used by the driver on assignment of inbox partition p: sessions are co-partitioned, so
+partition p of the session topic holds every event of every session the driver now owns.
+"End" is the last stable offset at the time of the call (``end_offsets`` answers with the
+LSO under read_committed), taken *after* the new owner fenced the old one, so no open
+transaction of a previous owner can still commit below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from pipeline.adapters.kafka.options import client_options
+from pipeline.core.errors import BrokerError, CodecError
+from pipeline.core.events import Event
+from pipeline.settings import Settings
+
+Decoder = Callable[[bytes], tuple[str, Event]]
+
+
+@dataclass(slots=True)
+class PartitionContents:
+    """Every session's events found in one partition, in offset order."""
+
+    partition: int
+    end_offset: int = 0
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    undecodable: list[tuple[int, str]] = field(default_factory=list)  # (offset, reason)
+    records: int = 0
+
+
+async def read_session_partition(settings: Settings, topic: str, partition: int,
+                                 decode: Decoder, *, timeout_s: float = 120.0,
+                                 batch: int = 5000) -> PartitionContents:
+    """Read ``topic``/``partition`` from the beginning to the current LSO and decode it.
+
+    Undecodable records are listed (offset and reason) rather than raised: the caller
+    decides whether a session with a hole can be rebuilt (it cannot: its seqs would gap).
+    """
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
+                                enable_auto_commit=False, isolation_level="read_committed",
+                                auto_offset_reset="earliest")
+    tp = TopicPartition(topic, partition)
+    contents = PartitionContents(partition)
+    try:
+        await asyncio.wait_for(consumer.start(), timeout_s)
+        consumer.assign([tp])
+        contents.end_offset = (await asyncio.wait_for(consumer.end_offsets([tp]),
+                                                      timeout_s))[tp]
+        if contents.end_offset > 0:
+            await consumer.seek_to_beginning(tp)
+            await asyncio.wait_for(_read_to(consumer, tp, contents, decode, batch), timeout_s)
+    except TimeoutError:
+        raise BrokerError(f"reading {topic}[{partition}] up to offset "
+                          f"{contents.end_offset} took longer than {timeout_s:.0f}s") from None
+    except KafkaError as exc:
+        raise BrokerError(f"reading {topic}[{partition}] failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    finally:
+        await consumer.stop()
+    return contents
+
+
+async def _read_to(consumer: Any, tp: Any, contents: PartitionContents, decode: Decoder,
+                   batch: int) -> None:
+    # The position can jump past the end: the last offsets may be transaction markers.
+    while await consumer.position(tp) < contents.end_offset:
+        fetched = await consumer.getmany(tp, timeout_ms=500, max_records=batch)
+        for record in fetched.get(tp, ()):
+            if record.offset >= contents.end_offset:
+                return
+            contents.records += 1
+            _decode_into(contents, record, decode)
+
+
+def _decode_into(contents: PartitionContents, record: Any, decode: Decoder) -> None:
+    if record.value is None:
+        contents.undecodable.append((record.offset, "null value (tombstone)"))
+        return
+    try:
+        session_id, event = decode(record.value)
+    except CodecError as exc:
+        contents.undecodable.append((record.offset, str(exc)))
+        return
+    key = record.key.decode("utf-8", "replace") if record.key is not None else session_id
+    if key != session_id:
+        contents.undecodable.append(
+            (record.offset, f"record key {key!r} differs from the event's session {session_id!r}"))
+        return
+    contents.events.setdefault(session_id, []).append(event)

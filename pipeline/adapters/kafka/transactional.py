@@ -1,0 +1,155 @@
+"""A transactional producer owned by one inbox partition.
+
+Fencing without KIP-447 (aiokafka speaks only the old offsets-in-transaction protocol): the
+transactional id is derived from the *input* partition, ``<group>-driver-p<partition>``, so the
+driver that is assigned inbox partition p fences every earlier owner of p when it starts its
+producer (InitProducerId bumps the epoch and aborts the old owner's open transaction).
+
+One :meth:`PartitionProducer.commit` is one Kafka transaction: the records and, optionally,
+the consumer-group offset of the inbox partition are committed atomically, or nothing is.
+Every aiokafka failure is translated here into :class:`BrokerError`; ``fenced`` tells the
+caller that another owner exists and the partition must be given up (not retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    ProducerFenced,
+    TransactionCoordinatorFenced,
+)
+from aiokafka.structs import TopicPartition
+
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.records import OutRecord
+from pipeline.core.errors import BrokerError
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_FENCING_ERRORS = (ProducerFenced, InvalidProducerEpoch, TransactionCoordinatorFenced)
+
+
+def transactional_id_for(group_id: str, partition: int) -> str:
+    """The transactional id of the driver that owns inbox partition ``partition``."""
+    return f"{group_id}-driver-p{partition}"
+
+
+class FencedError(BrokerError):
+    """Another producer with the same transactional id exists: this owner must give up."""
+
+
+class PartitionProducer:
+    """The transactional producer of one owned inbox partition."""
+
+    def __init__(self, settings: Settings, *, group_id: str, partition: int,
+                 transaction_timeout_ms: int = 60_000, request_timeout_s: float = 30.0) -> None:
+        self.group_id = group_id
+        self.partition = partition
+        self.transactional_id = transactional_id_for(group_id, partition)
+        self._settings = settings
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._request_timeout_s = request_timeout_s
+        self._producer: Any = None
+        self.fenced = False
+        self.transactions_committed = 0
+
+    async def start(self) -> None:
+        """Start and fence older owners: waits until this producer holds the newest epoch."""
+        producer = AIOKafkaProducer(
+            **client_options(self._settings),
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            enable_idempotence=True, acks="all", linger_ms=0,
+        )
+        try:
+            await producer.start()
+            self._producer = producer
+            # An empty transaction waits for InitProducerId, which is the fencing step.
+            await self._guarded(self._empty_transaction(), "initialise transactions")
+        except BaseException:
+            await self._stop_quietly(producer)
+            self._producer = None
+            raise
+
+    async def _empty_transaction(self) -> None:
+        await self._producer.begin_transaction()
+        await self._producer.commit_transaction()
+
+    async def commit(self, records: Sequence[OutRecord],
+                     inbox_offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """One transaction: ``records`` plus the group's next inbox offsets, atomically.
+
+        ``inbox_offsets`` maps (topic, partition) to the offset of the next record to
+        consume. On failure the transaction is aborted (if still possible) and
+        :class:`BrokerError` (:class:`FencedError` when fenced) is raised.
+        """
+        if self._producer is None:
+            raise BrokerError(f"producer {self.transactional_id} is not started")
+        await self._guarded(self._transaction(records, inbox_offsets), "commit a transaction")
+        self.transactions_committed += 1
+
+    async def _transaction(self, records: Sequence[OutRecord],
+                           inbox_offsets: Mapping[tuple[str, int], int] | None) -> None:
+        producer = self._producer
+        await producer.begin_transaction()
+        try:
+            futures = [
+                await producer.send(r.topic, r.value, key=r.key, partition=r.partition,
+                                    headers=list(r.headers) or None)
+                for r in records
+            ]
+            if futures:
+                await asyncio.gather(*futures)
+            if inbox_offsets:
+                offsets = {TopicPartition(t, p): o for (t, p), o in inbox_offsets.items()}
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+        except BaseException:
+            await self._abort_quietly()
+            raise
+        await producer.commit_transaction()
+
+    async def _abort_quietly(self) -> None:
+        try:
+            if not self._producer._txn_manager.is_fatal_error():
+                await asyncio.wait_for(self._producer.abort_transaction(),
+                                       self._request_timeout_s)
+        except (KafkaError, TimeoutError, AssertionError) as exc:
+            log.debug("abort of %s failed: %r", self.transactional_id, exc)
+
+    async def _guarded(self, work: Any, what: str) -> None:
+        """Run ``work`` with a timeout, translating aiokafka errors into BrokerError."""
+        try:
+            await asyncio.wait_for(work, self._request_timeout_s)
+        except _FENCING_ERRORS as exc:
+            self.fenced = True
+            raise FencedError(
+                f"producer {self.transactional_id} was fenced while trying to {what}: another "
+                f"driver owns inbox partition {self.partition} now ({type(exc).__name__})"
+            ) from None
+        except TimeoutError:
+            raise BrokerError(f"producer {self.transactional_id} timed out after "
+                              f"{self._request_timeout_s:.0f}s trying to {what}") from None
+        except KafkaError as exc:
+            raise BrokerError(f"producer {self.transactional_id} failed to {what}: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+    async def close(self) -> None:
+        """Abort any open transaction and stop. Never raises."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        await self._stop_quietly(producer)
+
+    async def _stop_quietly(self, producer: Any) -> None:
+        try:
+            await asyncio.wait_for(producer.stop(), self._request_timeout_s)
+        except (KafkaError, TimeoutError, AssertionError) as exc:
+            log.debug("stop of %s failed: %r", self.transactional_id, exc)

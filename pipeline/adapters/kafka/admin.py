@@ -1,0 +1,191 @@
+"""The project's topics (DESIGN.md section 2): planned from settings, created idempotently, checked.
+
+``ensure_topics(settings)`` creates what is missing and checks what exists. An existing topic
+whose partition count or cleanup policy differs from the plan is refused with a
+:class:`BrokerError` naming the topic, what was found, what was expected and what to do: a
+compacted session-events topic would destroy logs, and a partition count that differs between
+``session-events`` and ``inbox`` breaks co-partitioning (one writer per session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.core.errors import BrokerError
+from pipeline.settings import Settings
+
+INFINITE: Final = "-1"
+ADMIN_TIMEOUT_MS: Final = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One topic as the project needs it."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str] = field(default_factory=dict)
+    role: str = ""
+
+    @property
+    def cleanup_policy(self) -> str:
+        return self.configs["cleanup.policy"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureReport:
+    """What :func:`ensure_topics` did: names created and names found already matching."""
+
+    created: tuple[str, ...]
+    existing: tuple[str, ...]
+
+
+def plan_topics(settings: Settings) -> list[TopicSpec]:
+    """Every topic of the project for ``settings``, in creation order."""
+    names = settings.topics
+    parts, rf = settings.partitions, settings.replication_factor
+    keep_forever = {"cleanup.policy": "delete", "retention.ms": INFINITE,
+                    "retention.bytes": INFINITE}
+    compact = {"cleanup.policy": "compact"}
+    specs = [
+        TopicSpec(names.session_events, parts, rf, dict(keep_forever), "source of truth"),
+        TopicSpec(names.inbox, parts, rf, {"cleanup.policy": "delete"},
+                  "co-partitioned with session-events"),
+        TopicSpec(names.derived_messages, parts, rf, dict(compact), "derived output"),
+        TopicSpec(names.usage, parts, rf, dict(compact), "derived output"),
+        TopicSpec(names.fleet, parts, rf, dict(compact), "derived output"),
+    ]
+    for source in (names.session_events, names.inbox):
+        # Dead letters keep the original key and bytes; kept forever so nothing is lost.
+        specs.append(TopicSpec(names.dlq(source), parts, rf, dict(keep_forever), "dead letters"))
+    return specs
+
+
+async def ensure_topics(settings: Settings) -> EnsureReport:
+    """Create the project's missing topics and check the existing ones against the plan.
+
+    Idempotent and safe to run from several processes at once. Raises :class:`BrokerError`
+    when the broker cannot be used or an existing topic does not match the plan.
+    """
+    specs = plan_topics(settings)
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
+    with broker_errors(f"connect to {settings.bootstrap_servers}"):
+        await admin.start()
+    try:
+        found = await _partition_counts(admin, [s.name for s in specs])
+        missing = [s for s in specs if s.name not in found]
+        created = await _create(admin, missing)
+        found.update(await _partition_counts(admin, [s.name for s in missing]))
+        policies = await _cleanup_policies(admin, [s.name for s in specs])
+        for spec in specs:
+            check_topic(spec, found.get(spec.name), policies.get(spec.name))
+    finally:
+        await admin.close()
+    existing = tuple(s.name for s in specs if s.name not in created)
+    return EnsureReport(created=tuple(created), existing=existing)
+
+
+def check_topic(spec: TopicSpec, partitions: int | None, cleanup_policy: str | None) -> None:
+    """Refuse a topic whose partition count or cleanup policy differs from ``spec``."""
+    if partitions is None:
+        raise BrokerError(f"topic {spec.name!r} was created but is not visible in the metadata")
+    if partitions != spec.partitions:
+        raise BrokerError(
+            f"topic {spec.name!r} ({spec.role}) has {partitions} partitions, expected "
+            f"{spec.partitions} (DSH_PARTITIONS): session-events, inbox and the topics derived "
+            "from them must share one partition count. Set DSH_PARTITIONS to match the existing "
+            "topics, or use a new DSH_TOPIC_PREFIX; never repartition a live topic in place."
+        )
+    found_policy = sorted(p.strip() for p in (cleanup_policy or "").split(",") if p.strip())
+    if found_policy != [spec.cleanup_policy]:
+        raise BrokerError(
+            f"topic {spec.name!r} ({spec.role}) has cleanup.policy="
+            f"{cleanup_policy!r}, expected {spec.cleanup_policy!r}"
+            + _policy_hint(spec)
+        )
+
+
+def _policy_hint(spec: TopicSpec) -> str:
+    if spec.cleanup_policy == "delete":
+        return (": compaction keeps only the last record per key and would destroy this data. "
+                f"Set it with kafka-configs --alter --topic {spec.name} --add-config "
+                "cleanup.policy=delete, or use a new DSH_TOPIC_PREFIX.")
+    return (f": derived outputs keep the latest value per key. Set it with kafka-configs --alter "
+            f"--topic {spec.name} --add-config cleanup.policy=compact.")
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, int]:
+    """Partition count of each topic in ``names`` that exists."""
+    if not names:
+        return {}
+    with broker_errors("describe topics"):
+        described: list[dict[str, Any]] = await admin.describe_topics(list(names))
+    counts: dict[str, int] = {}
+    for topic in described:
+        if topic["error_code"] == 0:
+            counts[topic["topic"]] = len(topic["partitions"])
+    return counts
+
+
+async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:
+    """Create ``specs``; a topic created meanwhile by someone else is not an error."""
+    new = [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
+           for s in specs]
+    if not new:
+        return []
+    with broker_errors("create topics"):
+        response = await admin.create_topics(new, timeout_ms=ADMIN_TIMEOUT_MS)
+    created: list[str] = []
+    for name, code, message in (tuple(e)[:3] for e in response.topic_errors):
+        if code == 0:
+            created.append(name)
+        elif for_code(code) is not TopicAlreadyExistsError:
+            raise BrokerError(
+                f"create topic {name!r}: {for_code(code).__name__}"
+                + (f": {message}" if message else "")
+            )
+    return created
+
+
+async def _cleanup_policies(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, str]:
+    """The effective ``cleanup.policy`` of each topic in ``names``."""
+    wanted = {"cleanup.policy": None}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
+    configs = await describe_topic_configs(admin, resources)
+    return {name: values.get("cleanup.policy", "") for name, values in configs.items()}
+
+
+async def describe_topic_configs(
+    admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource]
+) -> dict[str, dict[str, str]]:
+    """Topic name -> {config name: value} for ``resources`` (``configs=None``: every config)."""
+    with broker_errors("describe topic configs"):
+        responses = await admin.describe_configs(list(resources))
+    result: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for code, message, _type, name, entries in (tuple(r)[:5] for r in response.resources):
+            if code != 0:
+                raise BrokerError(f"describe configs of {name!r}: {for_code(code).__name__}"
+                                  + (f": {message}" if message else ""))
+            result[name] = {str(e[0]): str(e[1]) for e in entries}
+    return result
+
+
+async def topic_configs(settings: Settings, topic: str) -> dict[str, str]:
+    """Every effective config of ``topic`` (used by operators' checks and by tests)."""
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
+    with broker_errors(f"connect to {settings.bootstrap_servers}"):
+        await admin.start()
+    try:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+        return (await describe_topic_configs(admin, [resource])).get(topic, {})
+    finally:
+        await admin.close()

@@ -1,0 +1,258 @@
+"""Streaming ``POST {base}/chat/completions`` over httpx: DeepSeek and any OpenAI-compatible API.
+
+This is the only module that meets httpx for model calls; every foreign failure is
+translated here, in :func:`translate_http_error` and :func:`error_from_response`, into
+:class:`ProviderError` with a code:
+
+    401/403 AUTH   402 QUOTA   408 TIMEOUT   413 or 400 "context length" CONTEXT_WINDOW_EXCEEDED
+    other 4xx BAD_REQUEST   429 RATE_LIMIT (+ retry_after_ms)   503/529 OVERLOADED
+    other 5xx SERVER   connection failures NETWORK   idle/connect timeouts TIMEOUT
+    malformed or truncated streams PROTOCOL   an empty answer EMPTY_RESPONSE
+
+The adapter does not retry: the turn machine decides (``RetryPolicy``) and logs each retry.
+The API key is sent as a bearer token only; it is never put in a message, a log line or a
+repr, and any text echoed by the server is scrubbed of it before it reaches an error.
+
+Consumers should close the stream with ``contextlib.aclosing`` (or ``aclose()``): closing
+the iterator closes the HTTP response, which is how a cancelled turn stops the provider.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
+from typing import Any, Final
+
+import httpx
+
+from pipeline.adapters.llm.openai_messages import (
+    DEEPSEEK_DIALECT,
+    OPENAI_DIALECT,
+    ChatDialect,
+    build_chat_body,
+)
+from pipeline.adapters.llm.openai_stream import DONE, ChatStreamTranslator, SSEDecoder, excerpt
+from pipeline.core.errors import ConfigError, ProviderError
+from pipeline.core.model import Chunk, ModelRequest
+from pipeline.settings import MASK, Secret
+
+log = logging.getLogger(__name__)
+
+NO_KEY: Final = Secret("")
+DEEPSEEK_BASE_URL: Final = "https://api.deepseek.com"
+REQUEST_ID_HEADERS: Final = ("x-request-id", "request-id", "x-ds-request-id", "cf-ray")
+CONTEXT_WINDOW_PATTERN: Final = re.compile(
+    r"context[ _-]?(length|window)|maximum context|too many tokens|prompt is too long|"
+    r"reduce the length", re.IGNORECASE)
+STATUS_CODES: Final = {401: "AUTH", 403: "AUTH", 402: "QUOTA", 408: "TIMEOUT", 413:
+                       "CONTEXT_WINDOW_EXCEEDED", 429: "RATE_LIMIT", 503: "OVERLOADED",
+                       529: "OVERLOADED"}
+MAX_ERROR_BODY: Final = 64 * 1024
+
+
+def parse_retry_after_ms(headers: Mapping[str, str], now: float) -> int | None:
+    """``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date) in milliseconds."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0, round(float(raw_ms)))
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(0, round(float(raw) * 1000))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0, round((when.timestamp() - now) * 1000))
+
+
+def request_id_of(headers: Mapping[str, str]) -> str | None:
+    for name in REQUEST_ID_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
+def _server_message(body: str) -> str:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return excerpt(body.strip()) or "(empty body)"
+    if isinstance(payload, Mapping):
+        error = payload.get("error", payload)
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return excerpt(error["message"])
+        if isinstance(error, str):
+            return excerpt(error)
+    return excerpt(body.strip())
+
+
+def error_from_response(status: int, headers: Mapping[str, str], body: str, *,
+                        provider: str, now: float) -> ProviderError:
+    """The ProviderError for a non-200 answer (body already read, at most 64 KiB)."""
+    message = _server_message(body)
+    code = STATUS_CODES.get(status)
+    if code is None:
+        if status == 400 and CONTEXT_WINDOW_PATTERN.search(message):
+            code = "CONTEXT_WINDOW_EXCEEDED"
+        elif 400 <= status < 500:
+            code = "BAD_REQUEST"
+        elif status >= 500:
+            code = "SERVER"
+        else:
+            code = "PROTOCOL"
+    return ProviderError(f"{provider} answered HTTP {status} ({code}): {message}", code=code,
+                         status=status, retry_after_ms=parse_retry_after_ms(headers, now),
+                         request_id=request_id_of(headers))
+
+
+def translate_http_error(exc: Exception, *, provider: str, url: str,
+                         request_id: str | None = None) -> ProviderError:
+    """The one place where httpx's exceptions become ProviderError."""
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        what = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting for data"
+        return ProviderError(f"{provider} timed out {what} ({kind}) at {url}", code="TIMEOUT",
+                             request_id=request_id)
+    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects | httpx.LocalProtocolError):
+        return ProviderError(f"{provider} sent a response that cannot be read ({kind}) at {url}",
+                             code="PROTOCOL", request_id=request_id)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return ProviderError(f"{provider} closed the connection mid-response ({kind}) at {url}",
+                             code="NETWORK", request_id=request_id)
+    return ProviderError(f"{provider} could not be reached ({kind}) at {url}", code="NETWORK",
+                         request_id=request_id)
+
+
+class OpenAICompatibleProvider:
+    """Streams chat completions from any OpenAI-compatible endpoint (``base_url`` + key)."""
+
+    def __init__(self, base_url: str, api_key: Secret = NO_KEY, *,
+                 dialect: ChatDialect = OPENAI_DIALECT, idle_timeout_s: float = 120.0,
+                 connect_timeout_s: float = 10.0, max_connections: int = 256) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"provider base URL must start with http:// or https://, got "
+                              f"{base_url!r}")
+        self.name = dialect.name
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self._dialect = dialect
+        self._api_key = api_key
+        timeout = httpx.Timeout(connect=connect_timeout_s, read=idle_timeout_s, write=30.0,
+                                pool=connect_timeout_s)
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r}, api_key={self._api_key!r})"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        return headers
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """The dsh chunks of one streamed answer; raises ProviderError on any failure."""
+        body = build_chat_body(request, self._dialect)
+        log.debug("POST %s model=%s messages=%d", self.url, request.model,
+                  len(body["messages"]))
+        try:
+            async with aclosing(self._stream_body(body)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except ProviderError as exc:
+            error = self._scrubbed(exc)
+            log.info("%s call failed: code=%s status=%s request_id=%s", self.name, error.code,
+                     error.status, error.request_id)
+            raise error from None
+
+    async def _stream_body(self, body: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
+        request_id: str | None = None
+        try:
+            async with self._client.stream("POST", self.url, json=body,
+                                           headers=self._headers()) as response:
+                request_id = request_id_of(response.headers)
+                await self._check_status(response)
+                async with aclosing(self._chunks(response, request_id)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise translate_http_error(exc, provider=self.name, url=self.url,
+                                       request_id=request_id) from None
+
+    async def _check_status(self, response: httpx.Response) -> None:
+        if response.status_code == 200:
+            content_type = response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type:
+                raise ProviderError(f"{self.name} answered {content_type or 'no content type'}"
+                                    f" instead of text/event-stream at {self.url}",
+                                    code="PROTOCOL", status=200,
+                                    request_id=request_id_of(response.headers))
+            return
+        raw = b""
+        async for piece in response.aiter_bytes():
+            raw += piece
+            if len(raw) >= MAX_ERROR_BODY:
+                break
+        raise error_from_response(response.status_code, response.headers,
+                                  raw.decode("utf-8", "replace"), provider=self.name,
+                                  now=time.time())
+
+    async def _chunks(self, response: httpx.Response,
+                      request_id: str | None) -> AsyncGenerator[Chunk, None]:
+        translator = ChatStreamTranslator(request_id)
+        decoder = SSEDecoder()
+        async for line in response.aiter_lines():
+            data = decoder.feed_line(line)
+            if data is None:
+                continue
+            if data == DONE:
+                break
+            for chunk in translator.feed(data):
+                yield chunk
+        else:  # the body ended without [DONE]: a last event may lack its blank line
+            data = decoder.flush()
+            if data is not None and data != DONE:
+                for chunk in translator.feed(data):
+                    yield chunk
+        for chunk in translator.end():
+            yield chunk
+
+    def _scrubbed(self, error: ProviderError) -> ProviderError:
+        """The same error with the API key masked, in case the server echoed it."""
+        key = self._api_key.reveal()
+        text = str(error)
+        if not key or key not in text:
+            return error
+        return ProviderError(text.replace(key, MASK), code=error.code, status=error.status,
+                             retry_after_ms=error.retry_after_ms, request_id=error.request_id)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class DeepSeekProvider(OpenAICompatibleProvider):
+    """DeepSeek's API: thinking mode switch, ``reasoning_content`` passed back on tool turns."""
+
+    def __init__(self, api_key: Secret, base_url: str = DEEPSEEK_BASE_URL, *,
+                 idle_timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
+                 max_connections: int = 256) -> None:
+        if not api_key:
+            raise ConfigError("the DeepSeek provider needs an API key: set DEEPSEEK_API_KEY "
+                              "(or DSH_DEEPSEEK_API_KEY)")
+        super().__init__(base_url, api_key, dialect=DEEPSEEK_DIALECT,
+                         idle_timeout_s=idle_timeout_s, connect_timeout_s=connect_timeout_s,
+                         max_connections=max_connections)

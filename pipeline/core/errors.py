@@ -62,6 +62,12 @@ class SequenceError(EventError):
 class SessionFileError(DshError):
     """A session file cannot be read: names the path and the line."""
 
+    def __init__(self, message: str, *, path: str | None = None,
+                 line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
 
 class CodecError(DshError):
     """Bytes that cannot be decoded, or an event that cannot be encoded."""

@@ -1,0 +1,488 @@
+"""Read and write dsh session files (format 0): ``.jsonl`` and ``.jsonl.zstd``.
+
+Layout: line 1 is a header ``{"type":"session","version":0,"id",...}`` (optional here: the
+spec's example has none); every later line is one event, or one packed chunk row that expands
+to consecutive ``assistant/chunk`` events::
+
+    {"type":"text-chunks"|"reasoning-chunks","seq0":S,"time0":T,
+     "data":{"turn","step","index","dt":[...],"texts":[...]}}
+    {"type":"tool-call-chunks","seq0":S,"time0":T,
+     "data":{"turn","step","index","dt":[...],"id","name"?,"args":[...]}}
+
+Member k becomes seq ``S+k`` at time ``T + dt[0] + ... + dt[k-1]`` (``len(dt) == n-1``) with
+``data = {turn, step, chunk}`` and chunk ``{type:"text-delta"|"reasoning-delta", index, text}``
+or ``{type:"tool-call-delta", index, id, name?, argumentsDelta}`` (``name`` on every member when
+the row has one). Writing packs runs of at least 3 such deltas of one block (same kind, turn,
+step, index; for tool calls the same id and name) whose events carry nothing else, at most 1024
+per row, as dsh does; shorter runs stay event lines.
+
+A ``.zstd`` file is concatenated zstd frames, stream-decompressed frame by frame. A torn tail
+(an unterminated last line that does not parse, or an incomplete last zstd frame) is dropped
+with a warning, returned to the caller (the codec prints nothing). Every other problem is a
+:class:`SessionFileError` naming the path and the line: bad UTF-8 or JSON, non-lossless
+numbers, a bad header or packed row, an envelope error, a seq gap or repeat.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, Final
+
+import zstandard
+
+from pipeline.core.errors import DshError, EventError, SessionFileError
+from pipeline.core.events import Event, JsonValue, dumps_json, event_from_json
+from pipeline.core.log import Mode, SessionLog
+from pipeline.core.lossless import LosslessJsonError, loads_lossless
+
+ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+PACKED_TYPES: Final = {"text-chunks": "text-delta", "reasoning-chunks": "reasoning-delta",
+                       "tool-call-chunks": "tool-call-delta"}
+PACK_MIN_RUN: Final = 3
+PACK_MAX_RUN: Final = 1024
+_READ_BLOCK: Final = 1 << 20
+_FRAME_LINES: Final = 4096  # lines per zstd frame when writing
+
+
+@dataclass(frozen=True, slots=True)
+class FileProblem:
+    """One problem found in a file: where, and the error (EventError keeps seq/type/rule)."""
+
+    path: str
+    line: int | None
+    error: DshError
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        error = self.error
+        if isinstance(error, EventError):
+            parts = [f"seq {error.seq}" if error.seq is not None else None,
+                     f"type {error.type}" if error.type is not None else None]
+            head = ", ".join(p for p in parts if p)
+            rule = f" [rule: {error.rule}]" if error.rule else ""
+            return f"{where}: {head + ': ' if head else ''}{error.detail}{rule}"
+        detail = str(error)
+        prefix = f"{where}: "
+        return detail if detail.startswith(prefix) else prefix + detail
+
+    def as_error(self) -> SessionFileError:
+        return SessionFileError(str(self), path=self.path, line=self.line)
+
+
+@dataclass(frozen=True)
+class SessionFile:
+    """A read session file: header (None if absent), events, the line of each event."""
+
+    path: str
+    header: dict[str, JsonValue] | None
+    events: tuple[Event, ...]
+    lines: tuple[int, ...]
+    warnings: tuple[str, ...] = ()
+    _line_by_seq: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def session_id(self) -> str | None:
+        value = self.header.get("id") if self.header else None
+        return value if isinstance(value, str) else None
+
+    def line_of(self, seq: int) -> int | None:
+        """The 1-based line holding event ``seq`` (a packed row holds several)."""
+        return self._line_by_seq.get(seq)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def read_session_file(path: str | os.PathLike[str]) -> SessionFile:
+    """Read a whole file; the first problem raises :class:`SessionFileError`."""
+    result, problems = scan_session_file(path)
+    if problems:
+        raise problems[0].as_error() from problems[0].error
+    return result
+
+
+def scan_session_file(path: str | os.PathLike[str]) -> tuple[SessionFile, list[FileProblem]]:
+    """Read a file, collecting every line problem instead of stopping at the first.
+
+    Bad lines are skipped; after one, the next event's seq is taken as is (no second report
+    for the same hole). The returned events are therefore contiguous only when there are no
+    problems.
+    """
+    name = os.fspath(path)
+    warnings: list[str] = []
+    problems: list[FileProblem] = []
+    try:
+        with open(name, "rb") as handle:
+            reader = _Reader(name, warnings, problems)
+            reader.consume(_lines(_decoded_chunks(handle, name, warnings)))
+    except OSError as exc:
+        raise SessionFileError(f"{name}: cannot read: {exc.strerror or exc}", path=name) from exc
+    except SessionFileError as exc:
+        problems.append(FileProblem(name, exc.line, exc))
+        reader_events: tuple[Event, ...] = ()
+        return SessionFile(name, None, reader_events, (), tuple(warnings)), problems
+    events = tuple(reader.events)
+    lines = tuple(reader.lines)
+    by_seq = {event.seq: line for event, line in zip(events, lines, strict=True)}
+    return SessionFile(name, reader.header, events, lines, tuple(warnings), by_seq), problems
+
+
+def load_session(path: str | os.PathLike[str], *, mode: Mode = "ingest") -> tuple[
+        SessionFile, SessionLog]:
+    """Read and fold a file. A refused event raises :class:`SessionFileError` with its line
+    (the :class:`EventError` is its ``__cause__``)."""
+    session_file = read_session_file(path)
+    log = SessionLog(session_file.session_id or "", mode=mode)
+    for event, line in zip(session_file.events, session_file.lines, strict=True):
+        try:
+            log.append(event)
+        except EventError as exc:
+            raise FileProblem(session_file.path, line, exc).as_error() from exc
+    return session_file, log
+
+
+def _decoded_chunks(handle: IO[bytes], path: str, warnings: list[str]) -> Iterator[bytes]:
+    head = handle.read(4)
+    handle.seek(0)
+    if head == ZSTD_MAGIC:
+        yield from _zstd_chunks(handle, path, warnings)
+        return
+    if path.endswith((".zstd", ".zst")) and head:
+        raise SessionFileError(f"{path}: named like a zstd file but does not start with a "
+                               "zstd frame", path=path)
+    while block := handle.read(_READ_BLOCK):
+        yield block
+
+
+def _zstd_chunks(handle: IO[bytes], path: str, warnings: list[str]) -> Iterator[bytes]:
+    """Decompress concatenated frames; a frame's output is yielded once the frame is whole."""
+    decompressor = zstandard.ZstdDecompressor()
+    frame: Any = None
+    frame_output: list[bytes] = []
+    offset = 0
+    while block := handle.read(_READ_BLOCK):
+        data = block
+        while data:
+            if frame is None:
+                frame = decompressor.decompressobj()
+                frame_output = []
+            try:
+                frame_output.append(frame.decompress(data))
+            except zstandard.ZstdError as exc:
+                raise SessionFileError(f"{path}: corrupt zstd data near byte {offset}: {exc}",
+                                       path=path) from exc
+            if not frame.eof:
+                break
+            yield b"".join(frame_output)
+            data = frame.unused_data
+            frame = None
+        offset += len(block)
+    if frame is not None:
+        warnings.append(f"{path}: torn zstd frame at the end of the file was dropped")
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, line bytes without newline, terminated by a newline)."""
+    carry = b""
+    number = 0
+    for chunk in chunks:
+        parts = (carry + chunk).split(b"\n") if carry else chunk.split(b"\n")
+        carry = parts.pop()
+        for part in parts:
+            number += 1
+            yield number, part, True
+    if carry:
+        yield number + 1, carry, False
+
+
+class _Reader:
+    """Turns lines into header + events, recording problems with their line numbers."""
+
+    def __init__(self, path: str, warnings: list[str], problems: list[FileProblem]) -> None:
+        self.path = path
+        self.warnings = warnings
+        self.problems = problems
+        self.header: dict[str, JsonValue] | None = None
+        self.events: list[Event] = []
+        self.lines: list[int] = []
+        self.expected = 0
+        self.resync = False
+        self.seen_content = False
+
+    def consume(self, lines: Iterable[tuple[int, bytes, bool]]) -> None:
+        pending: tuple[int, bytes, bool] | None = None
+        for item in lines:
+            if pending is not None:
+                self._line(*pending, last=False)
+            pending = item
+        if pending is not None:
+            self._line(*pending, last=True)
+
+    def _problem(self, line: int, error: DshError) -> None:
+        self.problems.append(FileProblem(self.path, line, error))
+        self.resync = True
+
+    def _line(self, number: int, raw: bytes, terminated: bool, *, last: bool) -> None:
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            return
+        try:
+            obj = loads_lossless(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            self._problem(number, SessionFileError("line is not valid UTF-8"))
+            return
+        except LosslessJsonError as exc:
+            self._problem(number, SessionFileError(f"not lossless JSON: {exc}"))
+            return
+        except (ValueError, RecursionError) as exc:
+            if last and not terminated:
+                self.warnings.append(f"{self.path}:{number}: torn last line dropped "
+                                     f"({len(raw)} bytes)")
+                return
+            self._problem(number, SessionFileError(f"not valid JSON: {_short(exc)}"))
+            return
+        first = not self.seen_content
+        self.seen_content = True
+        try:
+            if first and _is_header(obj):
+                self.header = _check_header(obj)
+            else:
+                self._add(number, obj)
+        except DshError as exc:
+            self._problem(number, exc)
+
+    def _add(self, number: int, obj: JsonValue) -> None:
+        if isinstance(obj, dict) and obj.get("type") in PACKED_TYPES and "seq" not in obj:
+            new_events = expand_packed_row(obj)
+        else:
+            new_events = [event_from_json(obj)]
+        first = new_events[0]
+        if first.seq != self.expected and not self.resync:
+            kind = "gap" if first.seq > self.expected else "repeat"
+            raise SessionFileError(f"seq {kind}: expected seq {self.expected}, found "
+                                   f"{first.seq} (type {first.type})")
+        self.resync = False
+        self.events.extend(new_events)
+        self.lines.extend([number] * len(new_events))
+        self.expected = new_events[-1].seq + 1
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc)[:200] or type(exc).__name__
+
+
+def _is_header(obj: JsonValue) -> bool:
+    return isinstance(obj, dict) and obj.get("type") == "session" and "seq" not in obj
+
+
+def _check_header(obj: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    if obj.get("version") != 0 or type(obj.get("version")) is not int:
+        raise SessionFileError(f"unsupported session format version {obj.get('version')!r} "
+                               "(this reader knows version 0)")
+    if not isinstance(obj.get("id"), str):
+        raise SessionFileError("the session header needs a string 'id'")
+    return obj
+
+
+def _row_error(row_type: str, detail: str) -> SessionFileError:
+    return SessionFileError(f"malformed {row_type} row: {detail}")
+
+
+def expand_packed_row(row: dict[str, JsonValue]) -> list[Event]:
+    """The ``assistant/chunk`` events a packed row stands for (checks the row's shape)."""
+    row_type = str(row["type"])
+    if set(row) != {"type", "seq0", "time0", "data"}:
+        raise _row_error(row_type, f"keys must be type, seq0, time0, data; got {sorted(row)}")
+    seq0, time0, data = row["seq0"], row["time0"], row["data"]
+    if type(seq0) is not int or seq0 < 0 or type(time0) is not int:
+        raise _row_error(row_type, "seq0 must be a non-negative integer and time0 an integer")
+    tool = row_type == "tool-call-chunks"
+    members_key = "args" if tool else "texts"
+    allowed = {"turn", "step", "index", "dt", members_key} | ({"id", "name"} if tool else set())
+    if not isinstance(data, dict) or not set(data) <= allowed or (
+            {"turn", "step", "index", "dt", members_key} - set(data)):
+        raise _row_error(row_type, f"data keys must be {sorted(allowed)}")
+    members, gaps = data[members_key], data["dt"]
+    if (not isinstance(members, list) or not members
+            or not all(isinstance(m, str) for m in members)):
+        raise _row_error(row_type, f"{members_key} must be a non-empty array of strings")
+    if (not isinstance(gaps, list) or len(gaps) != len(members) - 1
+            or not all(type(g) is int for g in gaps)):
+        raise _row_error(row_type, f"dt must hold {len(members) - 1} integers")
+    if not all(type(data[k]) is int for k in ("turn", "step", "index")):
+        raise _row_error(row_type, "turn, step and index must be integers")
+    if tool and (not isinstance(data.get("id"), str)
+                 or ("name" in data and not isinstance(data["name"], str))):
+        raise _row_error(row_type, "id (and name, when present) must be strings")
+    return _expand(row_type, seq0, time0, data, members, gaps)
+
+
+def _expand(row_type: str, seq0: int, time0: int, data: dict[str, Any],
+            members: list[str], gaps: list[int]) -> list[Event]:
+    kind = PACKED_TYPES[row_type]
+    turn, step, index = data["turn"], data["step"], data["index"]
+    events: list[Event] = []
+    time = time0
+    for k, member in enumerate(members):
+        if k:
+            time += gaps[k - 1]
+        if kind == "tool-call-delta":
+            chunk: dict[str, JsonValue] = {"type": kind, "index": index, "id": data["id"]}
+            if "name" in data:
+                chunk["name"] = data["name"]
+            chunk["argumentsDelta"] = member
+        else:
+            chunk = {"type": kind, "index": index, "text": member}
+        events.append(Event("assistant/chunk", seq0 + k, time,
+                            {"turn": turn, "step": step, "chunk": chunk}))
+    return events
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def encode_lines(events: Iterable[Event], *, header: dict[str, JsonValue] | None = None,
+                 packed: bool = False) -> Iterator[str]:
+    """The file's lines (without newlines): header first, then events or packed rows."""
+    if header is not None:
+        yield dumps_json(header)
+    if not packed:
+        for event in events:
+            yield event.to_line()
+        return
+    run: list[tuple[Event, _Member]] = []
+    for event in events:
+        member = _packable(event)
+        if run and (member is None or not _continues(run[-1], event, member)):
+            yield from _flush_run(run)
+            run = []
+        if member is None:
+            yield event.to_line()
+        else:
+            run.append((event, member))
+    yield from _flush_run(run)
+
+
+def write_session_file(path: str | os.PathLike[str], events: Iterable[Event], *,
+                       header: dict[str, JsonValue] | None = None, packed: bool = False,
+                       compress: bool | None = None) -> None:
+    """Write a session file; ``compress`` None: zstd when the name ends in .zstd/.zst.
+
+    Written to a temporary name and renamed, so a reader never sees half a file.
+    """
+    name = os.fspath(path)
+    use_zstd = name.endswith((".zstd", ".zst")) if compress is None else compress
+    lines = encode_lines(events, header=header, packed=packed)
+    temporary = f"{name}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as handle:
+            if use_zstd:
+                _write_zstd(handle, lines)
+            else:
+                _write_plain(handle, lines)
+        os.replace(temporary, name)
+    except OSError as exc:
+        raise SessionFileError(f"{name}: cannot write: {exc.strerror or exc}",
+                               path=name) from exc
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _write_plain(handle: IO[bytes], lines: Iterable[str]) -> None:
+    buffer = io.TextIOWrapper(handle, encoding="utf-8", newline="\n", write_through=False)
+    for line in lines:
+        buffer.write(line)
+        buffer.write("\n")
+    buffer.flush()
+    buffer.detach()
+
+
+def _write_zstd(handle: IO[bytes], lines: Iterable[str]) -> None:
+    """One zstd frame per batch of lines: the file is concatenated frames, as dsh writes."""
+    compressor = zstandard.ZstdCompressor(level=3)
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) >= _FRAME_LINES:
+            handle.write(compressor.compress(("\n".join(batch) + "\n").encode("utf-8")))
+            batch = []
+    if batch:
+        handle.write(compressor.compress(("\n".join(batch) + "\n").encode("utf-8")))
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    kind: str
+    turn: int
+    step: int
+    index: int
+    text: str
+    call_id: str | None = None
+    name: str | None = None
+    has_name: bool = False
+
+
+def _packable(event: Event) -> _Member | None:
+    """The delta an event holds if packing it loses nothing; None otherwise."""
+    if (event.type != "assistant/chunk" or event.surface_op is not None
+            or event.source_event_seqs is not None or event.ignorable is not None):
+        return None
+    data = event.data
+    if not isinstance(data, dict) or set(data) != {"turn", "step", "chunk"}:
+        return None
+    turn, step, chunk = data["turn"], data["step"], data["chunk"]
+    if type(turn) is not int or type(step) is not int or not isinstance(chunk, dict):
+        return None
+    kind, index = chunk.get("type"), chunk.get("index")
+    if type(index) is not int:
+        return None
+    if kind in ("text-delta", "reasoning-delta") and set(chunk) == {"type", "index", "text"}:
+        text = chunk["text"]
+        return _Member(kind, turn, step, index, text) if isinstance(text, str) else None
+    if kind != "tool-call-delta":
+        return None
+    has_name = "name" in chunk
+    keys = {"type", "index", "id", "argumentsDelta"} | ({"name"} if has_name else set())
+    if set(chunk) != keys or not isinstance(chunk["id"], str) or not isinstance(
+            chunk["argumentsDelta"], str) or (has_name and not isinstance(chunk["name"], str)):
+        return None
+    return _Member(kind, turn, step, index, chunk["argumentsDelta"], chunk["id"],
+                   chunk.get("name"), has_name)
+
+
+def _continues(previous: tuple[Event, _Member], event: Event, member: _Member) -> bool:
+    before_event, before = previous
+    return (event.seq == before_event.seq + 1 and member.kind == before.kind
+            and member.turn == before.turn and member.step == before.step
+            and member.index == before.index and member.call_id == before.call_id
+            and member.has_name == before.has_name and member.name == before.name)
+
+
+def _flush_run(run: list[tuple[Event, _Member]]) -> Iterator[str]:
+    start = 0
+    while len(run) - start >= PACK_MIN_RUN:
+        piece = run[start:start + PACK_MAX_RUN]
+        yield dumps_json(_packed_row(piece))
+        start += len(piece)
+    for event, _ in run[start:]:
+        yield event.to_line()
+
+
+def _packed_row(run: list[tuple[Event, _Member]]) -> dict[str, JsonValue]:
+    first_event, first = run[0]
+    gaps = [run[i][0].time - run[i - 1][0].time for i in range(1, len(run))]
+    texts = [member.text for _, member in run]
+    data: dict[str, JsonValue] = {"turn": first.turn, "step": first.step,
+                                  "index": first.index, "dt": gaps}
+    if first.kind == "tool-call-delta":
+        data["id"] = first.call_id
+        if first.has_name:
+            data["name"] = first.name
+        data["args"] = texts
+        row_type = "tool-call-chunks"
+    else:
+        data["texts"] = texts
+        row_type = "text-chunks" if first.kind == "text-delta" else "reasoning-chunks"
+    return {"type": row_type, "seq0": first_event.seq, "time0": first_event.time, "data": data}

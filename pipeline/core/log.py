@@ -1,0 +1,145 @@
+"""One session's log: validates each appended event and folds it incrementally.
+
+:class:`SessionLog` is the one place the rules come together: seq contiguity, the event-local
+rules of :mod:`pipeline.core.validation`, the surface rules of :mod:`pipeline.core.surface` and
+the turn bookkeeping of :mod:`pipeline.core.turns`. ``append`` checks everything first and only
+then changes state, so a refused event leaves no trace.
+
+Cost per append is O(size of the event) plus O(1) for an append to the surface and
+O(surface length) for a replace; nothing is recomputed over the whole log. The derived messages
+are built lazily and cached until the surface changes. ``messages_at(seq)`` replays the
+recorded surface changes up to ``seq`` (surface events only, not the whole log) and caches the
+last answer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+from pipeline.core.errors import EventError, SequenceError
+from pipeline.core.events import Event, JsonValue
+from pipeline.core.rules import MODES, Mode
+from pipeline.core.surface import (
+    SurfaceChange,
+    SurfaceFold,
+    SurfaceNode,
+    apply_changes,
+    derive_from_nodes,
+)
+from pipeline.core.turns import TurnState
+from pipeline.core.validation import validate_event
+
+__all__ = ["Mode", "SessionLog", "derive_messages"]
+
+
+class EventsView(Sequence[Event]):
+    """A read-only, O(1) view of the log's events (no copy per access)."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: list[Event]) -> None:
+        self._events = events
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Event, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Event | tuple[Event, ...]:
+        if isinstance(index, slice):
+            return tuple(self._events[index])
+        return self._events[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+
+class SessionLog:
+    """One session's log: validates each appended event and folds it incrementally."""
+
+    def __init__(self, session_id: str, *, mode: Mode = "strict") -> None:
+        if mode not in MODES:
+            raise EventError(f"unknown validation mode {mode!r}", rule="mode")
+        self.session_id = session_id
+        self.mode: Mode = mode
+        self.turn: TurnState = TurnState()
+        self._events: list[Event] = []
+        self._view = EventsView(self._events)
+        self._surface = SurfaceFold()
+        self._change_seqs: list[int] = []  # seq of each surface change, ascending
+        self._changes: list[SurfaceChange] = []
+        self._at_cache: tuple[int, tuple[JsonValue, ...]] | None = None
+
+    @classmethod
+    def from_events(cls, session_id: str, events: Iterable[Event], *,
+                    mode: Mode = "strict") -> SessionLog:
+        log = cls(session_id, mode=mode)
+        log.extend(events)
+        return log
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event must carry."""
+        return len(self._events)
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return self._view
+
+    def append(self, event: Event) -> SurfaceChange | None:
+        """Validate and fold ``event``; returns what it changed on the surface (or None).
+
+        Raises :class:`SequenceError` / :class:`EventError`; on error nothing changes.
+        """
+        if event.seq != len(self._events):
+            raise SequenceError(expected=len(self._events), found=event.seq, type=event.type)
+        validate_event(event, mode=self.mode)
+        change = self._surface.plan(event)
+        turn = self.turn.advance(event)
+        # Commit: nothing below can fail.
+        self._events.append(event)
+        self._surface.commit(event, change)
+        self.turn = turn
+        if change is not None:
+            self._change_seqs.append(event.seq)
+            self._changes.append(change)
+        return change
+
+    def extend(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.append(event)
+
+    def messages(self) -> tuple[JsonValue, ...]:
+        """The current derived messages (each the JSON object as it stands in its event)."""
+        return self._surface.messages()
+
+    def surface(self) -> tuple[SurfaceNode, ...]:
+        """The live surface nodes in order (seq and projected message of each)."""
+        return self._surface.nodes()
+
+    def messages_at(self, seq: int) -> tuple[JsonValue, ...]:
+        """The derived messages as of just after event ``seq`` (-1: before any event)."""
+        if seq < -1 or seq >= len(self._events):
+            raise EventError(f"messages_at({seq}): the log holds seqs 0..{len(self._events) - 1}",
+                             seq=seq, rule="seq-in-log")
+        count = bisect_right(self._change_seqs, seq)
+        if count == len(self._changes):
+            return self.messages()
+        if self._at_cache is not None and self._at_cache[0] == count:
+            return self._at_cache[1]
+        nodes = apply_changes((), self._changes[:count])
+        result = derive_from_nodes(nodes)
+        self._at_cache = (count, result)
+        return result
+
+
+def derive_messages(events: Iterable[Event], *, mode: Mode = "ingest") -> tuple[JsonValue, ...]:
+    """The derived messages of a whole log (validated as it is folded)."""
+    log = SessionLog("", mode=mode)
+    log.extend(events)
+    return log.messages()

@@ -1,0 +1,96 @@
+"""Lossless JSON: the only values an event's data may hold.
+
+Plain objects with string keys, arrays, strings (valid Unicode: no lone surrogates, which no
+UTF-8 encoder can write), finite numbers other than negative zero, booleans and null. Anything
+else would not survive a JSON or Avro round trip unchanged.
+
+Python's :mod:`json` parses ``NaN``/``Infinity`` and ``-0.0`` silently (and ``-0`` as int 0,
+losing the sign), so file readers must parse with :func:`loads_lossless`, which refuses them at
+parse time; :func:`find_lossless_violation` checks values built in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Final
+
+from pipeline.core.events import JsonValue
+
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class LosslessJsonError(ValueError):
+    """Raised by :func:`loads_lossless` for a value JSON cannot carry losslessly."""
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise LosslessJsonError(f"number {text} is not finite in a double")
+    if value == 0.0 and text.lstrip().startswith("-"):
+        raise LosslessJsonError(f"negative zero ({text}) is not lossless JSON")
+    return value
+
+
+def _parse_int(text: str) -> int:
+    if text.startswith("-") and text.strip("-0") == "":
+        raise LosslessJsonError(f"negative zero ({text}) is not lossless JSON")
+    return int(text)
+
+
+def _parse_constant(name: str) -> Any:
+    raise LosslessJsonError(f"{name} is not lossless JSON")
+
+
+_DECODER: Final = json.JSONDecoder(
+    parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant
+)
+
+
+def loads_lossless(text: str) -> JsonValue:
+    """Parse one JSON document, refusing NaN, infinities and negative zero.
+
+    Raises :class:`LosslessJsonError` for those, :class:`json.JSONDecodeError` for bad syntax
+    and :class:`RecursionError` for absurd nesting (callers translate all three).
+    """
+    value = _DECODER.decode(text)
+    if _ESCAPED_SURROGATE.search(text) is not None or _LONE_SURROGATE.search(text):
+        # Escaped surrogates (\ud800) only show after decoding: check the decoded strings.
+        problem = find_lossless_violation(value)
+        if problem is not None:
+            raise LosslessJsonError(problem)
+    return value
+
+
+def find_lossless_violation(value: JsonValue) -> str | None:
+    """The first reason ``value`` is not lossless JSON, with its path; None when it is.
+
+    Iterative (an explicit stack), so deep nesting cannot overflow the interpreter stack.
+    """
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if _LONE_SURROGATE.search(item) is not None:
+                return f"{path}: string holds a lone UTF-16 surrogate"
+        elif kind is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return f"{path}: object key {key!r} is not a string"
+                stack.append((f"{path}.{key}", child))
+        elif kind is list:
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+        elif kind is float:
+            if not math.isfinite(item):
+                return f"{path}: {item} is not a finite number"
+            if item == 0.0 and math.copysign(1.0, item) < 0:
+                return f"{path}: negative zero is not lossless JSON"
+        elif item is None or kind is bool or kind is int:
+            continue
+        else:
+            return f"{path}: {kind.__name__} is not a JSON value"
+    return None

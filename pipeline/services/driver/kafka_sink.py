@@ -1,0 +1,187 @@
+"""The runner's event sink on Kafka: short transactions per owned inbox partition.
+
+One :class:`PartitionSink` per owned inbox partition p. Runners of every session of p emit
+into it; a flusher task commits what has accumulated as ONE transaction of p's
+transactional producer every ``linger_ms`` (or at once when a runner calls
+:meth:`PartitionSink.flush` at a step boundary). A transaction holds, atomically:
+
+- the session events emitted since the previous transaction (for any session of p), in
+  emission order, all to partition p of the session topic;
+- dead letters of bad inbox records of p;
+- the inbox offset of p up to which every command's effect is logged (see
+  :class:`InboxOffsets`), via ``send_offsets_to_transaction``.
+
+So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
+offset past it commit together, or neither does. A crash between transactions loses only
+uncommitted events; the next owner rebuilds every session from the committed ones, repairs
+open turns, and the inbox re-delivers every command after the committed offset: the driver
+recognises the ones already logged by their message id and skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pipeline.adapters.kafka.records import Headers, OutRecord
+from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.core.errors import BrokerError, DshError
+from pipeline.core.events import Event
+
+log = logging.getLogger(__name__)
+
+EventEncoder = Callable[[str, Event], bytes]
+SPLICE_TYPE = "agent/inbox/spliced"
+
+
+def event_headers(event: Event, traceparent: str | None = None) -> Headers:
+    """``dsh.type`` and ``dsh.seq`` (and ``traceparent`` when known): skip without decoding."""
+    headers: Headers = (("dsh.type", event.type.encode("utf-8")),
+                        ("dsh.seq", str(event.seq).encode("ascii")))
+    if traceparent:
+        headers = (*headers, ("traceparent", traceparent.encode("ascii")))
+    return headers
+
+
+def logged_message_ids(event: Event) -> Iterator[str]:
+    """Message ids an event records as having entered the session (splice or user message)."""
+    data = event.data
+    if not isinstance(data, Mapping):
+        return
+    if event.type == SPLICE_TYPE:
+        inserted = data.get("inserted")
+        for item in inserted if isinstance(inserted, list) else ():
+            if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+                yield item["id"]
+    elif event.type == "user/message" and isinstance(data.get("id"), str):
+        yield data["id"]
+
+
+@dataclass(slots=True)
+class InboxOffsets:
+    """Which inbox offsets of one partition are dispatched and which are done.
+
+    Offsets are not contiguous (transaction markers take offsets), so the commit point is
+    the first dispatched offset not yet done, or one past the last one seen.
+    """
+
+    committed: int
+    pending: dict[int, bool] = field(default_factory=dict)  # offset -> done, offset order
+    last_seen: int = -1
+
+    def seen(self, offset: int) -> bool:
+        return offset < self.committed or offset <= self.last_seen
+
+    def start(self, offset: int) -> None:
+        self.pending[offset] = False
+        self.last_seen = max(self.last_seen, offset)
+
+    def done(self, offset: int) -> None:
+        if offset in self.pending:
+            self.pending[offset] = True
+
+    def advance(self) -> int | None:
+        """The new commit point if it moved since the last call, else None."""
+        for offset in list(self.pending):
+            if not self.pending[offset]:
+                break
+            del self.pending[offset]
+        point = next(iter(self.pending), self.last_seen + 1)
+        if point > self.committed:
+            self.committed = point
+            return point
+        return None
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for done in self.pending.values() if not done)
+
+
+class PartitionSink:
+    """Buffers records of one partition and commits them in short transactions."""
+
+    def __init__(self, producer: PartitionProducer, *, events_topic: str, inbox_topic: str,
+                 partition: int, encode: EventEncoder, offsets: InboxOffsets,
+                 on_logged: Callable[[str, str], None], linger_ms: float = 25.0) -> None:
+        self.producer = producer
+        self.partition = partition
+        self.offsets = offsets
+        self._events_topic = events_topic
+        self._inbox_topic = inbox_topic
+        self._encode = encode
+        self._on_logged = on_logged
+        self._linger_s = linger_ms / 1000
+        self._buffer: list[OutRecord] = []
+        self._wake = asyncio.Event()
+        self._committed_gen = 0
+        self._emitted_gen = 0
+        self._commit_done = asyncio.Condition()
+        self.failure: DshError | None = None
+        self.events_committed = 0
+
+    async def emit(self, session_id: str, events: Sequence[Event]) -> None:
+        """Encode and buffer ``events``; they commit with the next transaction."""
+        self._raise_if_failed()
+        key = session_id.encode("utf-8")
+        for event in events:
+            self._buffer.append(OutRecord(self._events_topic, key, self._encode(session_id, event),
+                                          event_headers(event), self.partition))
+            for message_id in logged_message_ids(event):
+                self._on_logged(session_id, message_id)
+        self._emitted_gen += 1
+        self._wake.set()
+
+    async def flush(self, session_id: str) -> None:
+        """Wait until everything emitted so far is committed (a step boundary)."""
+        target = self._emitted_gen
+        self._wake.set()
+        async with self._commit_done:
+            await self._commit_done.wait_for(
+                lambda: self._committed_gen >= target or self.failure is not None)
+        self._raise_if_failed()
+
+    def add(self, record: OutRecord, *, done_offset: int | None = None) -> None:
+        """Buffer ``record`` (e.g. a dead letter) and mark an inbox offset done with it."""
+        self._buffer.append(record)
+        if done_offset is not None:
+            self.offsets.done(done_offset)
+        self._emitted_gen += 1
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Something changed (an offset is done): commit soon even with no records."""
+        self._wake.set()
+
+    def _raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise BrokerError(f"inbox partition {self.partition} is no longer writable: "
+                              f"{self.failure}")
+
+    async def run(self) -> None:
+        """The flusher: one transaction per wake-up, at most every ``linger_ms``."""
+        try:
+            while True:
+                await self._wake.wait()
+                await asyncio.sleep(self._linger_s)
+                self._wake.clear()
+                await self.commit_pending()
+        except DshError as exc:
+            self.failure = exc
+            async with self._commit_done:
+                self._commit_done.notify_all()
+            raise
+
+    async def commit_pending(self) -> None:
+        """Commit buffered records and the offset progress now (no-op when nothing changed)."""
+        records, self._buffer = self._buffer, []
+        generation = self._emitted_gen
+        point = self.offsets.advance()
+        if records or point is not None:
+            offsets = {(self._inbox_topic, self.partition): point} if point is not None else None
+            await self.producer.commit(records, offsets)
+            self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
+        self._committed_gen = generation
+        async with self._commit_done:
+            self._commit_done.notify_all()

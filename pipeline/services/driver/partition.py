@@ -1,0 +1,309 @@
+"""One owned inbox partition: its producer, its sink, its sessions and their runners.
+
+Built on assignment (:func:`build_partition`): start the transactional producer of the
+partition (this fences any older owner and aborts its open transaction), read the same
+partition of the session topic read_committed up to its end, rebuild each session's
+:class:`SessionLog`, create a runner per session and let it repair an open turn
+(``runner.recover()``), then continue pending inbox work. Inbox commands are then
+dispatched to the session's runner; each session's turns run in one task, off the poll loop.
+
+Idempotency after a crash or takeover: every message command (followup, steer, inject)
+enters the log as an ``agent/inbox/spliced`` record carrying its message id; a re-delivered
+command whose id is already in the log is skipped and its offset marked done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pipeline.adapters.kafka.dlq import dead_letter
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.session_reader import Decoder, read_session_partition
+from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.core.errors import CodecError, DshError, EventError
+from pipeline.core.events import Event
+from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.log import Mode, SessionLog
+from pipeline.services.driver.kafka_sink import (
+    EventEncoder,
+    InboxOffsets,
+    PartitionSink,
+    logged_message_ids,
+)
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class SessionRunnerLike(Protocol):
+    """What the driver needs of a session runner (``runner.SessionRunner``)."""
+
+    async def recover(self) -> None: ...
+    def submit(self, command: InboxCommand) -> None: ...
+    async def run_until_idle(self) -> None: ...
+    @property
+    def busy(self) -> bool: ...
+
+
+RunnerFactory = Callable[[SessionLog, PartitionSink], SessionRunnerLike]
+CommandDecoder = Callable[[bytes], InboxCommand]
+
+
+@dataclass(slots=True)
+class DriverMetrics:
+    """Plain counters; the dashboard engineer exports them to Prometheus."""
+
+    commands: int = 0
+    duplicates: int = 0
+    redelivered: int = 0
+    dead_letters: int = 0
+    sessions_rebuilt: int = 0
+    turns_repaired: int = 0
+    session_failures: int = 0
+    partitions_built: int = 0
+    partitions_lost: int = 0
+    fenced: int = 0
+    broker_failures: int = 0
+    pauses: int = 0
+    events_committed: int = 0
+    transactions: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class SessionSlot:
+    """A session owned through its partition: log, runner, and the offsets it works on."""
+
+    session_id: str
+    log: SessionLog
+    runner: SessionRunnerLike | None
+    message_ids: set[str] = field(default_factory=set)
+    offsets: list[int] = field(default_factory=list)      # submitted, not yet idle
+    awaiting: dict[str, int] = field(default_factory=dict)  # message id -> inbox offset
+    task: asyncio.Task[None] | None = None
+    failure: str | None = None
+
+    @property
+    def driving(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionContext:
+    """What every owned partition shares (built once by the service)."""
+
+    settings: Settings
+    group_id: str
+    decode_event: Decoder
+    encode_event: EventEncoder
+    decode_command: CommandDecoder
+    runner_factory: RunnerFactory
+    metrics: DriverMetrics
+    linger_ms: float = 25.0
+    rebuild_mode: Mode = "strict"
+
+
+class OwnedPartition:
+    """Everything the driver holds for one owned inbox partition."""
+
+    def __init__(self, ctx: PartitionContext, partition: int, producer: PartitionProducer,
+                 committed: int) -> None:
+        self.ctx = ctx
+        self.partition = partition
+        self.producer = producer
+        topics = ctx.settings.topics
+        self.sessions: dict[str, SessionSlot] = {}
+        self.sink = PartitionSink(producer, events_topic=topics.session_events,
+                                  inbox_topic=topics.inbox, partition=partition,
+                                  encode=ctx.encode_event, offsets=InboxOffsets(committed),
+                                  on_logged=self._on_logged, linger_ms=ctx.linger_ms)
+        self.sink_task: asyncio.Task[None] | None = None
+        self.accepting = False
+
+    @property
+    def turns_in_flight(self) -> int:
+        return sum(1 for slot in self.sessions.values() if slot.driving)
+
+    def start_sink(self) -> None:
+        self.sink_task = asyncio.create_task(self.sink.run(), name=f"sink-p{self.partition}")
+
+    def adopt(self, session_id: str, events: list[Event]) -> SessionSlot:
+        """A slot for a session rebuilt from its committed events (failed if invalid)."""
+        log_ = SessionLog(session_id, mode=self.ctx.rebuild_mode)
+        slot = SessionSlot(session_id, log_, None)
+        try:
+            log_.extend(events)
+        except EventError as exc:
+            slot.failure = f"its log on the session topic does not rebuild: {exc}"
+            log.error("session %s in partition %d: %s", session_id, self.partition, slot.failure)
+            self.sessions[session_id] = slot
+            return slot
+        for event in events:
+            slot.message_ids.update(logged_message_ids(event))
+        slot.runner = self.ctx.runner_factory(log_, self.sink)
+        self.sessions[session_id] = slot
+        return slot
+
+    def _on_logged(self, session_id: str, message_id: str) -> None:
+        slot = self.sessions.get(session_id)
+        if slot is None:
+            return
+        slot.message_ids.add(message_id)
+        offset = slot.awaiting.pop(message_id, None)
+        if offset is not None:
+            self.sink.offsets.done(offset)
+
+    # -- inbox records -------------------------------------------------------------------
+
+    def handle(self, record: InboxRecord) -> None:
+        """Dispatch one inbox record of this partition (never raises for bad input)."""
+        offsets = self.sink.offsets
+        if offsets.seen(record.offset):
+            self.ctx.metrics.redelivered += 1
+            return
+        offsets.start(record.offset)
+        self.ctx.metrics.commands += 1
+        try:
+            command = self._command_of(record)
+        except DshError as exc:
+            self._dead_letter(record, exc)
+            return
+        slot = self.sessions.get(command.session_id)
+        if slot is None:
+            slot = self.adopt(command.session_id, [])
+        if slot.failure is not None or slot.runner is None:
+            self._dead_letter(record, EventError(
+                f"session {command.session_id!r} cannot take commands: {slot.failure}",
+                rule="session-failed"))
+            return
+        self._submit(slot, record.offset, command)
+
+    def _command_of(self, record: InboxRecord) -> InboxCommand:
+        if record.value is None:
+            raise CodecError("inbox record has no value (tombstone)")
+        command = self.ctx.decode_command(record.value)
+        key = record.key.decode("utf-8", "replace") if record.key is not None else None
+        if key != command.session_id:
+            raise CodecError(f"inbox record key {key!r} differs from the command's session "
+                             f"{command.session_id!r}: the key decides the owning partition")
+        return command
+
+    def _dead_letter(self, record: InboxRecord, error: DshError) -> None:
+        log.warning("inbox %s[%d]@%d to the dead-letter topic: %s", record.topic,
+                    record.partition, record.offset, error)
+        self.sink.add(dead_letter(record, error), done_offset=record.offset)
+        self.ctx.metrics.dead_letters += 1
+
+    def _submit(self, slot: SessionSlot, offset: int, command: InboxCommand) -> None:
+        assert slot.runner is not None
+        if isinstance(command, FollowUp | Steer | Inject):
+            if command.message_id in slot.message_ids:
+                self.ctx.metrics.duplicates += 1
+                self.sink.offsets.done(offset)
+                self.sink.wake()
+                return
+            slot.awaiting[command.message_id] = offset
+        elif not isinstance(command, Cancel | Configure):  # pragma: no cover - exhaustive
+            raise TypeError(type(command).__name__)
+        slot.offsets.append(offset)
+        slot.runner.submit(command)
+        self.drive(slot)
+
+    # -- running sessions ----------------------------------------------------------------
+
+    def drive(self, slot: SessionSlot) -> None:
+        """Make sure the session's turn task runs (one task, hence one turn, per session)."""
+        if not slot.driving and slot.runner is not None and slot.failure is None:
+            slot.task = asyncio.create_task(self._drive(slot), name=f"session-{slot.session_id}")
+
+    async def _drive(self, slot: SessionSlot) -> None:
+        assert slot.runner is not None
+        taken: list[int] = []
+        try:
+            while True:
+                taken, slot.offsets = slot.offsets, []
+                await slot.runner.run_until_idle()
+                self._offsets_done(slot, taken)
+                if not slot.offsets:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a runner bug must not stop the other sessions
+            slot.failure = f"its runner failed: {type(exc).__name__}: {exc}"
+            log.exception("session %s in partition %d failed", slot.session_id, self.partition)
+            self.ctx.metrics.session_failures += 1
+            self._offsets_done(slot, taken + slot.offsets)
+            slot.offsets = []
+
+    def _offsets_done(self, slot: SessionSlot, offsets: list[int]) -> None:
+        for offset in offsets:
+            self.sink.offsets.done(offset)
+        done = set(offsets)
+        for message_id in [m for m, o in slot.awaiting.items() if o in done]:
+            del slot.awaiting[message_id]
+        self.sink.wake()
+
+    async def release(self, *, grace_s: float) -> None:
+        """Stop at a safe point: let turns finish within ``grace_s``, commit, close."""
+        self.accepting = False
+        tasks = [s.task for s in self.sessions.values() if s.task is not None and not s.task.done()]
+        if tasks and grace_s > 0:
+            await asyncio.wait(tasks, timeout=grace_s)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.sink_task is not None and not self.sink_task.done():
+            self.sink_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, DshError):
+                await self.sink_task
+        if self.sink.failure is None:
+            with contextlib.suppress(DshError):
+                await self.sink.commit_pending()
+        self.ctx.metrics.events_committed += self.sink.events_committed
+        self.ctx.metrics.transactions += self.producer.transactions_committed
+        await self.producer.close()
+
+
+async def build_partition(ctx: PartitionContext, partition: int,
+                          committed: int) -> OwnedPartition:
+    """Fence, rebuild every session of ``partition`` from the session topic, repair, resume."""
+    producer = PartitionProducer(ctx.settings, group_id=ctx.group_id, partition=partition)
+    await producer.start()
+    try:
+        contents = await read_session_partition(ctx.settings, ctx.settings.topics.session_events,
+                                                partition, ctx.decode_event)
+        owned = OwnedPartition(ctx, partition, producer, committed)
+        for offset, reason in contents.undecodable:
+            log.error("session topic partition %d offset %d is undecodable: %s", partition,
+                      offset, reason)
+        for session_id, events in contents.events.items():
+            owned.adopt(session_id, events)
+        ctx.metrics.sessions_rebuilt += len(contents.events)
+        owned.start_sink()
+        await _recover_sessions(owned)
+    except BaseException:
+        await producer.close()
+        raise
+    owned.accepting = True
+    ctx.metrics.partitions_built += 1
+    return owned
+
+
+async def _recover_sessions(owned: OwnedPartition) -> None:
+    for slot in owned.sessions.values():
+        if slot.runner is None:
+            continue
+        before = slot.log.next_seq
+        await slot.runner.recover()
+        if slot.log.next_seq != before:
+            owned.ctx.metrics.turns_repaired += 1
+        owned.drive(slot)  # continue work the rebuilt inbox lists still hold

@@ -1,0 +1,228 @@
+"""The driver service: a consumer group on the inbox that runs agent turns.
+
+Ownership: inbox and session topic are co-partitioned (same partition count, same murmur2
+partitioner, key = session id), so the member assigned inbox partition p owns every session
+whose events live in partition p of the session topic, and is their only writer: its
+transactional producer (``<group>-driver-p<p>``) fences every older owner of p.
+
+What is atomic (one Kafka transaction of p's producer, see ``kafka_sink``): a batch of
+events of p's sessions (at most ``linger_ms`` old, or up to a step boundary), the dead
+letters of bad inbox records, and the inbox offset of p up to which every command's effect
+is logged. A message command is "logged" when its ``agent/inbox/spliced`` record is in the
+batch; a cancel or configure when its session's runner went idle after it.
+
+On a crash between transactions: events not committed are lost (readers never saw them:
+they read committed); the next owner fences the dead producer (its open transaction is
+aborted), rebuilds each session from the committed events, writes crash-repair closers for
+an open turn (``turn/end interrupted``), and gets every command after the committed inbox
+offset again. Commands whose message id is in the log are skipped; the inbox lists are
+rebuilt from the splices, so queued work continues. A cancel or configure whose effect was
+committed but whose offset was not is applied a second time (see the report on limits).
+
+Eager rebalances (aiokafka has no cooperative protocol): on revocation nothing is torn
+down; on the following assignment partitions no longer assigned are released (their turns
+stopped at the next await point, buffered events committed if the producer is not fenced
+yet, producer closed) and new ones are built in background tasks while paused. Kept
+partitions carry on: a member that lost a partition in between would have been fenced.
+
+Backpressure: when more than ``max_turns_in_flight`` sessions are running a turn, every
+partition is paused; fetching resumes once no more than ``resume_below`` are running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from pipeline.adapters.kafka.inbox_consumer import InboxConsumer
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.transactional import FencedError
+from pipeline.core.errors import ConfigError, DshError
+from pipeline.services.driver.partition import (
+    DriverMetrics,
+    OwnedPartition,
+    PartitionContext,
+    build_partition,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DriverConfig:
+    """Tuning of the driver; defaults suit a laptop and a small cluster."""
+
+    linger_ms: float = 25.0
+    max_turns_in_flight: int = 256
+    resume_below: int = 192
+    shutdown_grace_s: float = 10.0
+    poll_timeout_ms: int = 100
+    rebuild_retry_s: float = 2.0
+    session_timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.resume_below < self.max_turns_in_flight:
+            raise ConfigError(f"driver resume_below ({self.resume_below}) must be below "
+                              f"max_turns_in_flight ({self.max_turns_in_flight}) and >= 0")
+        if self.linger_ms < 0:
+            raise ConfigError(f"driver linger_ms must be >= 0, got {self.linger_ms}")
+
+
+class DriverService:
+    """Runs until ``stop`` is set, then shuts down gracefully and leaves the group."""
+
+    def __init__(self, ctx: PartitionContext, config: DriverConfig | None = None) -> None:
+        self.ctx = ctx
+        self.config = config or DriverConfig()
+        self.metrics: DriverMetrics = ctx.metrics
+        self.owned: dict[int, OwnedPartition] = {}
+        self._building: dict[int, asyncio.Task[OwnedPartition]] = {}
+        self._assigned: set[int] = set()
+        self._given_up: set[int] = set()  # fenced: wait for the next assignment
+        self._throttled = False
+        self._consumer: InboxConsumer | None = None
+        self.ready = asyncio.Event()  # set once every assigned partition is built
+
+    async def run(self, stop: asyncio.Event) -> None:
+        settings = self.ctx.settings
+        self._consumer = InboxConsumer(
+            settings, topic=settings.topics.inbox, group_id=self.ctx.group_id,
+            on_assigned=self._on_assigned, on_revoked=self._on_revoked,
+            session_timeout_ms=self.config.session_timeout_ms)
+        await self._consumer.start()
+        try:
+            while not stop.is_set():
+                await self._collect_builds()
+                await self._check_sinks()
+                self._apply_pauses()
+                for record in await self._consumer.poll(self.config.poll_timeout_ms):
+                    self._handle(record)
+        finally:
+            await self._shutdown()
+
+    # -- group membership ----------------------------------------------------------------
+
+    async def _on_revoked(self, partitions: list[int]) -> None:
+        log.info("inbox partitions revoked: %s (kept running until the next assignment)",
+                 partitions)
+
+    async def _on_assigned(self, partitions: list[int]) -> None:
+        assigned = set(partitions)
+        log.info("inbox partitions assigned: %s", sorted(assigned))
+        self._assigned = assigned
+        self._given_up.clear()
+        for partition in sorted(set(self.owned) - assigned):
+            self.metrics.partitions_lost += 1
+            await self.owned.pop(partition).release(grace_s=0)
+        for partition in sorted(set(self._building) - assigned):
+            self._building.pop(partition).cancel()
+        for partition in sorted(assigned - set(self.owned) - set(self._building)):
+            self._start_build(partition)
+        self._update_ready()
+
+    def _start_build(self, partition: int, delay_s: float = 0.0) -> None:
+        self._building[partition] = asyncio.create_task(self._build(partition, delay_s),
+                                                        name=f"build-p{partition}")
+        self.ready.clear()
+
+    async def _build(self, partition: int, delay_s: float) -> OwnedPartition:
+        assert self._consumer is not None
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        committed = await self._consumer.committed(partition)
+        owned = await build_partition(self.ctx, partition, committed or 0)
+        # Fetch from the committed offset: records fetched while building were dropped.
+        await self._consumer.seek(partition, committed or 0)
+        return owned
+
+    async def _collect_builds(self) -> None:
+        for partition, task in list(self._building.items()):
+            if not task.done():
+                continue
+            del self._building[partition]
+            try:
+                owned = task.result()
+            except asyncio.CancelledError:
+                continue
+            except DshError as exc:
+                log.error("building inbox partition %d failed: %s; retrying", partition, exc)
+                self.metrics.broker_failures += 1
+                if partition in self._assigned:
+                    self._start_build(partition, self.config.rebuild_retry_s)
+                continue
+            if partition in self._assigned:
+                self.owned[partition] = owned
+            else:
+                await owned.release(grace_s=0)
+        self._update_ready()
+
+    def _update_ready(self) -> None:
+        if not self._building and self._assigned and set(self.owned) >= (
+                self._assigned - self._given_up):
+            self.ready.set()
+
+    async def _check_sinks(self) -> None:
+        """Give up a partition whose producer was fenced; rebuild one that failed otherwise."""
+        for partition, owned in list(self.owned.items()):
+            task = owned.sink_task
+            if task is None or not task.done():
+                continue
+            del self.owned[partition]
+            error = owned.sink.failure
+            await owned.release(grace_s=0)
+            if isinstance(error, FencedError):
+                log.warning("inbox partition %d given up: %s", partition, error)
+                self.metrics.fenced += 1
+                self._given_up.add(partition)
+            else:
+                log.error("inbox partition %d failed (%s); rebuilding it", partition, error)
+                self.metrics.broker_failures += 1
+                if partition in self._assigned:
+                    self._start_build(partition)
+
+    # -- records and backpressure --------------------------------------------------------
+
+    def _handle(self, record: InboxRecord) -> None:
+        owned = self.owned.get(record.partition)
+        if owned is None or not owned.accepting:
+            return  # building or given up: fetched again from the committed offset
+        owned.handle(record)
+
+    @property
+    def turns_in_flight(self) -> int:
+        return sum(owned.turns_in_flight for owned in self.owned.values())
+
+    def _apply_pauses(self) -> None:
+        assert self._consumer is not None
+        in_flight = self.turns_in_flight
+        if not self._throttled and in_flight >= self.config.max_turns_in_flight:
+            self._throttled = True
+            self.metrics.pauses += 1
+        elif self._throttled and in_flight <= self.config.resume_below:
+            self._throttled = False
+        assigned = self._consumer.assigned()
+        ready = {p for p, owned in self.owned.items() if owned.accepting}
+        paused = assigned if self._throttled else assigned - ready
+        if paused != self._consumer.paused():
+            self._consumer.pause(paused)
+            self._consumer.resume(assigned - paused)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        """Stop claiming, let turns finish (grace), commit or abort, close, leave the group."""
+        for task in self._building.values():
+            task.cancel()
+        for task in self._building.values():
+            with contextlib.suppress(asyncio.CancelledError, DshError):
+                owned = await task
+                await owned.release(grace_s=0)
+        self._building.clear()
+        owned_now = list(self.owned.values())
+        self.owned.clear()
+        await asyncio.gather(*(o.release(grace_s=self.config.shutdown_grace_s)
+                               for o in owned_now), return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()

@@ -17,6 +17,7 @@ from pipeline.settings import Settings
 
 # One module per command group, registered in this order (the order of --help).
 COMMAND_MODULES: tuple[str, ...] = (
+    "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_files",
     "pipeline.cli.cmd_config",

@@ -1,0 +1,157 @@
+"""Fleet status: per session, where it is (idle or in a turn, which step), and fleet counters.
+
+Folded from the boundary events (``turn/*``, ``step/*``), errors (``turn/end`` with an error
+reason, ``tool/result`` with an error, ``llm/retry``) and the time of every folded event.
+``assistant/chunk`` events are not folded here (the processors skip them by header without
+decoding), so ``last_activity_ms`` is the time of the last non-chunk event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Final
+
+from pipeline.core.events import Event, JsonValue
+
+IDLE: Final = "idle"
+IN_TURN: Final = "in-turn"
+
+
+@dataclass(slots=True)
+class FleetStatus:
+    """One session's live status (the value of the fleet table and of ``dsh.fleet``)."""
+
+    session_id: str
+    state: str = IDLE
+    turn: int | None = None
+    step: int | None = None
+    last_end_reason: str | None = None
+    last_error: str | None = None
+    last_activity_ms: int | None = None
+    last_seq: int = -1
+    turns: int = 0
+    steps: int = 0
+    turn_errors: int = 0
+    tool_errors: int = 0
+    retries: int = 0
+
+    def apply(self, event: Event) -> bool:
+        """Fold one event; True when the status changed in a way worth publishing."""
+        data = event.data if isinstance(event.data, Mapping) else {}
+        self.last_seq = event.seq
+        self.last_activity_ms = event.time
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(self, data)
+            return True
+        return False
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> FleetStatus:
+        return cls(**raw)
+
+
+def _int_or_none(value: JsonValue) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _turn_start(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.state, status.turn, status.step = IN_TURN, _int_or_none(data.get("turn")), None
+    status.turns += 1
+
+
+def _turn_end(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.state, status.step = IDLE, None
+    reason = data.get("reason")
+    kind = reason.get("kind") if isinstance(reason, Mapping) else None
+    status.last_end_reason = kind if isinstance(kind, str) else None
+    if kind == "error" and isinstance(reason, Mapping):
+        error = reason.get("error")
+        code = error.get("code") if isinstance(error, Mapping) else None
+        status.last_error = str(code) if code is not None else "error"
+        status.turn_errors += 1
+
+
+def _step_start(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.state = IN_TURN
+    status.turn = _int_or_none(data.get("turn")) or status.turn
+    status.step = _int_or_none(data.get("step"))
+    status.steps += 1
+
+
+def _step_end(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.step = None
+
+
+def _tool_result(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    error = data.get("error")
+    if isinstance(error, Mapping):
+        status.tool_errors += 1
+        code = error.get("code")
+        status.last_error = str(code) if code is not None else "tool-error"
+
+
+def _retry(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.retries += 1
+
+
+_HANDLERS: Final = {
+    "turn/start": _turn_start, "turn/end": _turn_end, "step/start": _step_start,
+    "step/end": _step_end, "tool/result": _tool_result, "llm/retry": _retry,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounters:
+    """Counters over a set of sessions at a moment ``now_ms`` given by the caller."""
+
+    sessions: int
+    active_sessions: int
+    turns_in_flight: int
+    steps_in_flight: int
+    turn_errors: int
+    steps_per_second: float
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return asdict(self)
+
+
+def fleet_counters(statuses: Iterable[FleetStatus], *, now_ms: int, active_within_ms: int,
+                   steps_per_second: float = 0.0) -> FleetCounters:
+    """Active = in a turn, or any activity within ``active_within_ms`` before ``now_ms``."""
+    sessions = active = turns = steps = errors = 0
+    for status in statuses:
+        sessions += 1
+        recent = (status.last_activity_ms is not None
+                  and now_ms - status.last_activity_ms <= active_within_ms)
+        active += status.state == IN_TURN or recent
+        turns += status.state == IN_TURN
+        steps += status.step is not None
+        errors += status.turn_errors
+    return FleetCounters(sessions, active, turns, steps, errors, steps_per_second)
+
+
+@dataclass(slots=True)
+class StepRate:
+    """Steps per second over a sliding span: fed ``(now_ms, steps started)`` observations."""
+
+    span_ms: int = 10_000
+    _samples: deque[tuple[int, int]] = field(default_factory=deque)
+    _total: int = 0
+
+    def observe(self, now_ms: int, new_steps: int) -> None:
+        self._total += new_steps
+        self._samples.append((now_ms, self._total))
+        while len(self._samples) > 2 and now_ms - self._samples[0][0] > self.span_ms:
+            self._samples.popleft()
+
+    def per_second(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        return 0.0 if t1 <= t0 else (n1 - n0) * 1000.0 / (t1 - t0)

@@ -1,0 +1,172 @@
+"""The derived conversation as a sequence of CHANGES, in a form that survives log compaction.
+
+The processors publish the derived messages of every session to a compacted topic, one record
+per surface change, so that one event costs O(size of the change) and a consumer rebuilds the
+conversation from whatever compaction left.
+
+**Representation: slots.** Each node on the surface sits in a *slot*, named by the seq of the
+event that was first *appended* there. A replace ``{start, end}`` puts the new node in the slot
+of ``start`` (the first removed node, whose slot is the smallest of the range because the range
+is contiguous in surface order) and empties the slots of the other removed nodes. Hence:
+
+* slot order is surface order (appends take ever larger seqs; replaces reuse a slot in place),
+  so the conversation is the live slots sorted by slot number;
+* a record keyed ``<session>/<slot, zero-padded>`` always carries the current occupant of that
+  slot, and an emptied slot gets a tombstone (``None`` value): after compaction exactly the live
+  nodes remain, which is the right final state, whatever order replaces came in.
+
+Positions would not work as keys: a replace of k nodes shifts every later position by k-1,
+which would cost O(surface length) records per replace.
+
+A node whose projection is nothing (an ``assistant/message`` with empty content) still occupies
+its slot (it may be a replace endpoint later); its record has ``"message": null``.
+
+Everything here is pure: :class:`SurfaceSlots` is the per-session state a table stores (only
+seqs, never messages); what a node projects to is core's
+:func:`pipeline.core.validation.projected_message`. The surface rules beyond the range
+(``sourceEventSeqs`` naming shadowed nodes, tool-result replacement limits) are checked where
+events are appended (:class:`pipeline.core.surface.SurfaceFold`), not again here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from pipeline.core.errors import EventError
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, Replace
+
+SLOT_DIGITS: Final = 12
+ChangeKind = Literal["append", "replace", "remove"]
+
+
+def slot_key(session_id: str, slot: int) -> str:
+    """The compacted-topic key of a slot: zero-padded so lexical order is surface order."""
+    return f"{session_id}/{slot:0{SLOT_DIGITS}d}"
+
+
+def parse_slot_key(key: str) -> tuple[str, int]:
+    """Inverse of :func:`slot_key`; raises EventError naming the bad key."""
+    session_id, sep, slot = key.rpartition("/")
+    if not sep or not session_id or not slot.isdigit():
+        raise EventError(f"derived-messages key {key[:120]!r} is not '<session>/<slot>'",
+                         rule="derived-key-shape")
+    return session_id, int(slot)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageChange:
+    """One record of the derived-messages topic (``remove`` is a tombstone)."""
+
+    session_id: str
+    slot: int
+    seq: int
+    change_seq: int
+    kind: ChangeKind
+    message: JsonValue | None
+
+    @property
+    def key(self) -> str:
+        return slot_key(self.session_id, self.slot)
+
+    def to_json(self) -> dict[str, JsonValue] | None:
+        """The record value; None for a removal (a tombstone, so compaction drops the slot)."""
+        if self.kind == "remove":
+            return None
+        return {"session": self.session_id, "slot": self.slot, "seq": self.seq,
+                "changeSeq": self.change_seq, "op": self.kind, "message": self.message}
+
+
+@dataclass(slots=True)
+class SurfaceSlots:
+    """The surface of one session as ``[slot, seq]`` pairs in surface order, plus its op log.
+
+    ``ops`` keeps every surface op (``[seq]`` for an append, ``[seq, start, end]`` for a
+    replace) so the surface as of any earlier seq can be recomputed (``?at_seq=``) without
+    reading the session back from Kafka. Append is O(1); replace is O(surface length).
+    """
+
+    nodes: list[list[int]] = field(default_factory=list)
+    ops: list[list[int]] = field(default_factory=list)
+
+    def apply(self, event: Event, message: JsonValue | None) -> list[MessageChange]:
+        """Fold one surface event; returns the changes to publish (empty for other types)."""
+        if event.type not in SURFACE_TYPES or event.surface_op is None:
+            return []
+        op = event.surface_op
+        if isinstance(op, Replace):
+            return self._replace(event, op, message)
+        self.nodes.append([event.seq, event.seq])
+        self.ops.append([event.seq])
+        return [MessageChange("", event.seq, event.seq, event.seq, "append", message)]
+
+    def _replace(self, event: Event, op: Replace, message: JsonValue | None
+                 ) -> list[MessageChange]:
+        first = self._index_of(op.start, event)
+        last = self._index_of(op.end, event)
+        if first > last:
+            raise EventError(f"replace start {op.start} comes after end {op.end} on the surface",
+                             seq=event.seq, type=event.type, rule="replace-order")
+        removed = self.nodes[first:last + 1]
+        slot = removed[0][0]
+        self.nodes[first:last + 1] = [[slot, event.seq]]
+        self.ops.append([event.seq, op.start, op.end])
+        changes = [MessageChange("", slot, event.seq, event.seq, "replace", message)]
+        changes += [MessageChange("", s, q, event.seq, "remove", None) for s, q in removed[1:]]
+        return changes
+
+    def _index_of(self, seq: int, event: Event) -> int:
+        for index, (_slot, node_seq) in enumerate(self.nodes):
+            if node_seq == seq:
+                return index
+        raise EventError(f"replace names seq {seq}, which is not on the surface",
+                         seq=event.seq, type=event.type, rule="replace-on-surface")
+
+    def seqs(self) -> list[int]:
+        return [seq for _slot, seq in self.nodes]
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"nodes": self.nodes, "ops": self.ops}
+
+    @classmethod
+    def from_json(cls, raw: JsonValue) -> SurfaceSlots:
+        if raw is None:
+            return cls()
+        return cls([list(n) for n in raw["nodes"]], [list(o) for o in raw["ops"]])
+
+
+def surface_seqs_at(ops: Iterable[list[int]], at_seq: int) -> list[int]:
+    """The surface (node seqs in order) as it was once every event up to ``at_seq`` applied."""
+    seqs: list[int] = []
+    for op in ops:
+        if op[0] > at_seq:
+            break
+        if len(op) == 1:
+            seqs.append(op[0])
+            continue
+        first, last = seqs.index(op[1]), seqs.index(op[2])
+        seqs[first:last + 1] = [op[0]]
+    return seqs
+
+
+def with_session(changes: Iterable[MessageChange], session_id: str) -> list[MessageChange]:
+    """The same changes stamped with their session id (the fold itself does not know it)."""
+    return [MessageChange(session_id, c.slot, c.seq, c.change_seq, c.kind, c.message)
+            for c in changes]
+
+
+def rebuild_conversations(records: Iterable[tuple[str, JsonValue | None]]
+                          ) -> dict[str, list[JsonValue]]:
+    """What a consumer of the compacted topic does: key/value records (in topic order, values
+    decoded, None for tombstones) -> derived messages per session."""
+    live: dict[str, dict[int, JsonValue | None]] = {}
+    for key, value in records:
+        session_id, slot = parse_slot_key(key)
+        slots = live.setdefault(session_id, {})
+        if value is None:
+            slots.pop(slot, None)
+        else:
+            slots[slot] = value.get("message") if isinstance(value, Mapping) else None
+    return {sid: [m for _s, m in sorted(slots.items()) if m is not None]
+            for sid, slots in live.items()}

@@ -1,0 +1,207 @@
+"""Session events as Avro: the envelope record, the two wire framings, :class:`EventSerde`.
+
+Wire framings (DESIGN.md section 2); one decoder accepts both, dispatching on the first byte:
+
+- Confluent wire format: ``00`` + 4-byte big-endian registry schema id + Avro body;
+- Avro single-object encoding: ``C3 01`` + 8-byte little-endian CRC-64-AVRO fingerprint of
+  the writer schema's parsing canonical form + Avro body.
+
+Records are read with their *writer* schema and turned back into JSON by the generic codec of
+:mod:`pipeline.codec.payload`: the writer schema determines the JSON exactly, so an event
+written with any committed version (or a later one this code has never seen) comes back
+identical. Reading through today's schema by Avro resolution could only drop what the writer
+knew and the reader does not; the registry's BACKWARD_TRANSITIVE rule is what keeps that
+resolution possible for other readers (Spark, DuckDB, Java).
+
+Every failure is a :class:`CodecError` (or :class:`SchemaError`) naming what was wrong;
+fastavro's and struct's exceptions never leave this module.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from pipeline.codec.payload import (
+    JSON_PAYLOAD,
+    RecordPlan,
+    Unrepresentable,
+    event_type_plans,
+    json_text,
+    json_text_ascii,
+    parse_json_text,
+)
+from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_schema
+from pipeline.core.errors import CodecError
+from pipeline.core.events import APPEND, Event, Replace, SurfaceOp
+
+CONFLUENT_MAGIC: Final = 0x00
+SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
+CONFLUENT_HEADER_LEN: Final = 5
+SINGLE_OBJECT_HEADER_LEN: Final = 10
+Framing = Literal["confluent", "single-object"]
+
+
+class EventRecords:
+    """Event <-> the envelope record of one writer schema (today's, for writing)."""
+
+    def __init__(self, schema: WriterSchema | None = None) -> None:
+        self.schema = schema or current_event_schema()
+        self._type_plans: dict[str, RecordPlan] = event_type_plans(self.schema.parsed)
+
+    def to_record(self, session_id: str, event: Event, *, ascii_only: bool = False
+                  ) -> dict[str, Any]:
+        """The envelope record; ``ascii_only`` forces the JSON payload with escaped text
+        (the way to carry strings UTF-8 cannot encode, such as lone surrogates)."""
+        op = event.surface_op
+        sources = event.source_event_seqs
+        return {
+            "sessionId": session_id, "seq": event.seq, "time": event.time, "type": event.type,
+            "surfaceOp": None if op is None else _surface_op_record(op),
+            "sourceEventSeqs": None if sources is None else list(sources),
+            "ignorable": event.ignorable,
+            "payload": self._payload(event, ascii_only),
+        }
+
+    def _payload(self, event: Event, ascii_only: bool) -> tuple[str, dict[str, Any]]:
+        plan = None if ascii_only else self._type_plans.get(event.type)
+        try:
+            if plan is not None:
+                try:
+                    return plan.name, plan.encode(event.data)
+                except Unrepresentable:
+                    pass  # carried exactly by the generic payload instead
+            text = json_text_ascii(event.data) if ascii_only else json_text(event.data)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise CodecError(f"seq {event.seq}, type {event.type!r}: data is not lossless "
+                             f"JSON ({exc})") from None
+        return JSON_PAYLOAD, {"data": text}
+
+
+def _surface_op_record(op: SurfaceOp) -> Any:
+    if isinstance(op, Replace):
+        return {"start": op.start, "end": op.end}
+    return op
+
+
+def event_from_record(record: Mapping[str, Any], writer: WriterSchema) -> tuple[str, Event]:
+    """(session id, event) from an envelope record read with ``writer`` (record names
+    returned, as ``return_record_name=True, return_record_name_override=True`` give them)."""
+    seq, type_ = record["seq"], record["type"]
+    where = f"seq {seq}, type {type_!r}"
+    if seq < 0 or not type_:
+        raise CodecError(f"{where}: decoded an invalid envelope (negative seq or empty type)")
+    payload = record["payload"]
+    if not isinstance(payload, tuple):
+        raise CodecError(f"{where}: payload union read without its record name")
+    name, body = payload
+    if name == JSON_PAYLOAD:
+        data = parse_json_text(body["data"], f"{where}: payload")
+    else:
+        plan = writer.plans.get(name)
+        if plan is None:
+            raise CodecError(f"{where}: payload record {name!r} is not in the writer schema")
+        data = plan.decode(body)
+    sources = record["sourceEventSeqs"]
+    return record["sessionId"], Event(
+        type_, seq, record["time"], data, _surface_op_from(record["surfaceOp"], where),
+        None if sources is None else tuple(sources), record["ignorable"])
+
+
+def _surface_op_from(raw: Any, where: str) -> SurfaceOp | None:
+    if raw is None:
+        return None
+    if raw == APPEND:
+        return APPEND
+    if isinstance(raw, Mapping):
+        return Replace(raw["start"], raw["end"])
+    raise CodecError(f"{where}: unexpected surfaceOp {raw!r}")
+
+
+class EventSerde:
+    """Synchronous, fast encode/decode of session events for Kafka record values.
+
+    Writes today's schema, Confluent-framed when given the registry id of today's schema
+    (register it once up front, e.g. with ``pipeline.adapters.registry``), else as Avro
+    single-object encoding. Decodes both framings, with any committed schema version, and
+    with registry ids resolved through the table's lookup (once per id).
+    """
+
+    def __init__(self, table: SchemaTable | None = None, *, schema_id: int | None = None
+                 ) -> None:
+        self.table = table or SchemaTable()
+        self.records = EventRecords()
+        self.writer = self.records.schema
+        if schema_id is not None:
+            if not 0 <= schema_id < 2**32:
+                raise CodecError(f"registry schema id {schema_id} does not fit 4 bytes")
+            self.table.add_id(schema_id, self.writer)
+            self.prefix = bytes([CONFLUENT_MAGIC]) + schema_id.to_bytes(4, "big")
+        else:
+            self.prefix = SINGLE_OBJECT_MAGIC + self.writer.fingerprint
+        self.framing: Framing = "confluent" if schema_id is not None else "single-object"
+        self.schema_id = schema_id
+
+    def encode(self, session_id: str, event: Event) -> bytes:
+        """The framed Avro bytes of one event. Raises CodecError if it cannot be encoded."""
+        out = io.BytesIO()
+        out.write(self.prefix)
+        try:
+            schemaless_writer(out, self.writer.parsed, self.records.to_record(session_id, event))
+        except UnicodeEncodeError:
+            return self._encode_ascii(session_id, event)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise CodecError(f"seq {event.seq}, type {event.type!r}: cannot encode as Avro: "
+                             f"{exc}") from None
+        return out.getvalue()
+
+    def _encode_ascii(self, session_id: str, event: Event) -> bytes:
+        out = io.BytesIO()
+        out.write(self.prefix)
+        try:
+            record = self.records.to_record(session_id, event, ascii_only=True)
+            schemaless_writer(out, self.writer.parsed, record)
+        except (ValueError, TypeError, OverflowError) as exc:  # UnicodeError is a ValueError
+            raise CodecError(f"seq {event.seq}, type {event.type!r}: cannot encode as Avro "
+                             f"(the session id or type is not valid Unicode?): {exc}") from None
+        return out.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, Event]:
+        """(session id, event) from framed bytes of either framing."""
+        writer, start = self.writer_of(data)
+        return decode_body(data, start, writer)
+
+    def writer_of(self, data: bytes) -> tuple[WriterSchema, int]:
+        """The writer schema of framed bytes and where the Avro body starts."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise CodecError(f"expected bytes to decode, got {type(data).__name__}")
+        if len(data) >= CONFLUENT_HEADER_LEN and data[0] == CONFLUENT_MAGIC:
+            return self.table.by_id(int.from_bytes(data[1:5], "big")), CONFLUENT_HEADER_LEN
+        if len(data) >= SINGLE_OBJECT_HEADER_LEN and data[:2] == SINGLE_OBJECT_MAGIC:
+            return self.table.by_fingerprint(bytes(data[2:10])), SINGLE_OBJECT_HEADER_LEN
+        head = bytes(data[:2]).hex() or "nothing"
+        raise CodecError(f"not a framed Avro event: {len(data)} bytes starting with {head} "
+                         f"(expected 00 + schema id, or c3 01 + fingerprint)")
+
+
+def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Event]:
+    """Decode the Avro body at ``data[start:]``, which must be exactly one record."""
+    buf = io.BytesIO(data)
+    buf.seek(start)
+    try:
+        record: Any = schemaless_reader(buf, writer.parsed, None, return_record_name=True,
+                                   return_record_name_override=True)
+    except Exception as exc:  # fastavro raises many types on bad bytes; translate them all
+        raise CodecError(f"undecodable Avro body ({len(data) - start} bytes): "
+                         f"{type(exc).__name__}: {exc}"[:300]) from None
+    if not isinstance(record, dict):
+        raise CodecError("decoded Avro body is not a record")
+    if buf.tell() != len(data):
+        raise CodecError(f"{len(data) - buf.tell()} trailing bytes after the Avro record")
+    try:
+        return event_from_record(record, writer)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CodecError(f"decoded record does not fit the envelope: {exc}") from None

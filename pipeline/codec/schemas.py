@@ -1,0 +1,155 @@
+"""The session-event schema, its history, fingerprints and the writer-schema table.
+
+``schemas/dsh.SessionEvent.avsc`` is today's schema; ``schemas/history/`` keeps every
+committed version (``dsh.SessionEvent.v<N>.avsc``), because a record on the session topic is
+never deleted and must stay readable. A writer schema is found by its CRC-64-AVRO
+fingerprint (single-object encoding: looked up among the history) or by its registry id
+(Confluent framing: fetched once through a lookup function, then cached).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+from fastavro.schema import SchemaParseException, fingerprint, parse_schema
+from fastavro.schema import to_parsing_canonical_form as _canonical_form
+
+from pipeline.codec.payload import RecordPlan, payload_plans
+from pipeline.core.errors import DshError, SchemaError
+
+SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
+HISTORY_DIR: Final = SCHEMA_DIR / "history"
+EVENT_SCHEMA_FILE: Final = "dsh.SessionEvent.avsc"
+EVENT_HISTORY_GLOB: Final = "dsh.SessionEvent.v*.avsc"
+
+SchemaLookup = Callable[[int], str]
+"""Registry id -> schema text (e.g. ``RegistryClient.get_schema``); raises if unknown."""
+
+
+def canonical_form(schema: Mapping[str, Any]) -> str:
+    """The Avro parsing canonical form (what fingerprints and compatibility are about)."""
+    return str(_canonical_form(dict(schema)))
+
+
+def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
+    """CRC-64-AVRO of the parsing canonical form: the 8 bytes single-object encoding uses."""
+    return bytes.fromhex(fingerprint(canonical_form(schema), "CRC-64-AVRO"))
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSchema:
+    """A parsed writer schema with what decoding needs, built once."""
+
+    schema: dict[str, Any]
+    parsed: dict[str, Any] = field(repr=False)
+    fingerprint: bytes
+    plans: dict[str, RecordPlan] = field(repr=False)
+    version: int | None = None
+
+    @classmethod
+    def from_json(cls, schema: Mapping[str, Any], version: int | None = None) -> WriterSchema:
+        try:
+            parsed: Any = parse_schema(dict(schema))
+        except (SchemaParseException, ValueError, TypeError, KeyError) as exc:
+            raise SchemaError(f"not a valid Avro schema: {exc}") from None
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            raise SchemaError("a session-event schema must be an Avro record")
+        return cls(dict(schema), parsed, schema_fingerprint(schema), payload_plans(parsed),
+                   version)
+
+    @classmethod
+    def from_text(cls, text: str, version: int | None = None) -> WriterSchema:
+        try:
+            schema = json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"schema text is not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise SchemaError("schema text is not a JSON object")
+        return cls.from_json(schema, version)
+
+    def text(self) -> str:
+        """The schema as JSON text (what gets registered)."""
+        return json.dumps(self.schema, separators=(",", ":"))
+
+
+def _read_schema_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            schema: dict[str, Any] = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise SchemaError(f"cannot read schema {path}: {exc}") from None
+    return schema
+
+
+def _version_of(path: Path) -> int:
+    stem = path.name.removesuffix(".avsc")
+    try:
+        return int(stem.rsplit(".v", 1)[1])
+    except (IndexError, ValueError):
+        raise SchemaError(f"history file {path.name} is not named <name>.v<N>.avsc") from None
+
+
+@cache
+def current_event_schema() -> WriterSchema:
+    """Today's session-event schema (the one every writer uses)."""
+    return WriterSchema.from_json(_read_schema_file(SCHEMA_DIR / EVENT_SCHEMA_FILE))
+
+
+@cache
+def event_schema_history() -> tuple[WriterSchema, ...]:
+    """Every committed version of the session-event schema, oldest first."""
+    paths = sorted(HISTORY_DIR.glob(EVENT_HISTORY_GLOB), key=_version_of)
+    return tuple(WriterSchema.from_json(_read_schema_file(p), _version_of(p)) for p in paths)
+
+
+class SchemaTable:
+    """Writer schemas by fingerprint (the history) and by registry id (fetched, cached).
+
+    Thread-safe; a registry lookup happens once per unknown id, never per record.
+    """
+
+    def __init__(self, lookup: SchemaLookup | None = None,
+                 known: tuple[WriterSchema, ...] | None = None) -> None:
+        self._lookup = lookup
+        self._by_fp: dict[bytes, WriterSchema] = {}
+        self._by_id: dict[int, WriterSchema] = {}
+        self._lock = threading.Lock()
+        for schema in (*(known if known is not None else event_schema_history()),
+                       current_event_schema()):
+            self._by_fp.setdefault(schema.fingerprint, schema)
+
+    def add_id(self, schema_id: int, schema: WriterSchema) -> None:
+        """Remember the registry id of a schema (e.g. today's, after registering it)."""
+        with self._lock:
+            self._by_id[schema_id] = self._by_fp.setdefault(schema.fingerprint, schema)
+
+    def by_fingerprint(self, fp: bytes) -> WriterSchema:
+        found = self._by_fp.get(fp)
+        if found is None:
+            raise SchemaError(f"unknown writer schema fingerprint {fp.hex()}: not among the "
+                              f"{len(self._by_fp)} known versions in schemas/history/")
+        return found
+
+    def by_id(self, schema_id: int) -> WriterSchema:
+        found = self._by_id.get(schema_id)
+        if found is not None:
+            return found
+        if self._lookup is None:
+            raise SchemaError(f"unknown registry schema id {schema_id} (no registry "
+                              f"configured to look it up)")
+        try:
+            text = self._lookup(schema_id)
+        except DshError:
+            raise  # e.g. RegistryError: the registry is down, which is not a codec problem
+        except Exception as exc:  # a foreign lookup function's own error
+            raise SchemaError(f"registry schema id {schema_id} could not be fetched: "
+                              f"{exc}") from exc
+        schema = WriterSchema.from_text(text)
+        self.add_id(schema_id, schema)
+        return self._by_id[schema_id]

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_files",
     "pipeline.cli.cmd_config",
+    "pipeline.cli.cmd_driver",
 )
 
 

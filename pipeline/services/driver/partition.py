@@ -27,7 +27,7 @@ from pipeline.adapters.kafka.session_reader import Decoder, read_session_partiti
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.core.errors import CodecError, DshError, EventError
 from pipeline.core.events import Event
-from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.services.driver.kafka_sink import (
     EventEncoder,
@@ -183,7 +183,7 @@ class OwnedPartition:
                 f"session {command.session_id!r} cannot take commands: {slot.failure}",
                 rule="session-failed"))
             return
-        self._submit(slot, record.offset, command)
+        self._submit(slot, record, command)
 
     def _command_of(self, record: InboxRecord) -> InboxCommand:
         if record.value is None:
@@ -201,19 +201,22 @@ class OwnedPartition:
         self.sink.add(dead_letter(record, error), done_offset=record.offset)
         self.ctx.metrics.dead_letters += 1
 
-    def _submit(self, slot: SessionSlot, offset: int, command: InboxCommand) -> None:
+    def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:
         assert slot.runner is not None
-        if isinstance(command, FollowUp | Steer | Inject):
-            if command.message_id in slot.message_ids:
-                self.ctx.metrics.duplicates += 1
-                self.sink.offsets.done(offset)
-                self.sink.wake()
-                return
-            slot.awaiting[command.message_id] = offset
-        elif not isinstance(command, Cancel | Configure):  # pragma: no cover - exhaustive
-            raise TypeError(type(command).__name__)
-        slot.offsets.append(offset)
-        slot.runner.submit(command)
+        is_message = isinstance(command, FollowUp | Steer | Inject)
+        if is_message and command.message_id in slot.message_ids:
+            self.ctx.metrics.duplicates += 1
+            self.sink.offsets.done(record.offset)
+            self.sink.wake()
+            return
+        try:
+            slot.runner.submit(command)  # refuses e.g. a configure naming an unknown tool
+        except DshError as exc:
+            self._dead_letter(record, exc)
+            return
+        if is_message:
+            slot.awaiting[command.message_id] = record.offset
+        slot.offsets.append(record.offset)
         self.drive(slot)
 
     # -- running sessions ----------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""``dsh-pipeline driver`` (run agent turns from the inbox) and ``dsh-pipeline send``.
+
+``driver`` joins the consumer group ``<DSH_GROUP_ID_PREFIX>driver`` on the inbox topic and runs
+turns until SIGTERM or Ctrl-C, then shuts down gracefully (stops claiming, lets turns finish
+for ``--grace`` seconds, commits or aborts, closes producers, leaves the group).
+
+``send SESSION`` puts one command on the inbox: ``--followup TEXT``, ``--steer TEXT``,
+``--inject TEXT``, ``--cancel [--keep-queue]`` or ``--configure`` with any of ``--provider``,
+``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``, ``--max-tokens``. It prints
+one JSON line ``{"sessionId", "messageId", "kind", "partition", "offset"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import uuid
+from typing import Any
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.plain_producer import send_records
+from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.llm.factory import provider_from_settings
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.inbox import InboxCodec
+from pipeline.core.errors import ConfigError
+from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.log import SessionLog
+from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.kafka_sink import PartitionSink
+from pipeline.services.driver.partition import DriverMetrics, PartitionContext
+from pipeline.services.driver.runner import ModelProvider, SessionRunner
+from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.services.driver.tools import ToolRegistry, builtin_registry
+from pipeline.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    driver = subparsers.add_parser("driver", help="run agent turns from the inbox topic")
+    driver.add_argument("--group", help="consumer group (default <prefix>driver)")
+    driver.add_argument("--linger-ms", type=float, default=25.0,
+                        help="longest time events wait before their transaction commits")
+    driver.add_argument("--max-turns", type=int, default=256,
+                        help="pause the inbox when this many sessions run a turn")
+    driver.add_argument("--resume-below", type=int, default=192,
+                        help="resume the inbox when at most this many turns run")
+    driver.add_argument("--grace", type=float, default=10.0,
+                        help="seconds running turns get to finish on shutdown")
+    driver.add_argument("--enable-host-tools", action="store_true",
+                        help="offer tools that touch the host (bash); off by default")
+    driver.set_defaults(func=run_driver)
+    send = subparsers.add_parser("send", help="put one command on a session's inbox")
+    send.add_argument("session", help="session id (the record key)")
+    kind = send.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--followup", metavar="TEXT", help="a follow-up (next turn)")
+    kind.add_argument("--steer", metavar="TEXT", help="steering (next step; wakes)")
+    kind.add_argument("--inject", metavar="TEXT", help="context (next step; does not wake)")
+    kind.add_argument("--cancel", action="store_true", help="abort the current turn")
+    kind.add_argument("--configure", action="store_true", help="change the configuration")
+    send.add_argument("--keep-queue", action="store_true", help="with --cancel")
+    for name in ("provider", "model", "system", "reasoning-effort"):
+        send.add_argument(f"--{name}", help="with --configure")
+    send.add_argument("--tools", help="with --configure: comma-separated tool names ('' = none)")
+    send.add_argument("--max-tokens", type=int, help="with --configure")
+    send.add_argument("--message-id", help="default: a new UUID")
+    send.set_defaults(func=run_send)
+
+
+# -- send ------------------------------------------------------------------------------
+
+
+def command_from_args(args: argparse.Namespace) -> InboxCommand:
+    """The command ``send``'s arguments describe (ConfigError when they do not fit)."""
+    common = {"session_id": args.session, "message_id": args.message_id or str(uuid.uuid4())}
+    for flag, cls in (("followup", FollowUp), ("steer", Steer), ("inject", Inject)):
+        text = getattr(args, flag)
+        if text is not None:
+            return cls(**common, content=({"type": "text", "text": text},))
+    if args.cancel:
+        return Cancel(**common, keep_queue=args.keep_queue)
+    tools = None if args.tools is None else tuple(t for t in args.tools.split(",") if t)
+    configure = Configure(**common, provider=args.provider, model=args.model,
+                          system=args.system, tools=tools,
+                          reasoning_effort=args.reasoning_effort, max_tokens=args.max_tokens)
+    if all(getattr(configure, f) is None for f in
+           ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")):
+        raise ConfigError("send --configure needs at least one of --provider, --model, "
+                          "--system, --tools, --reasoning-effort, --max-tokens")
+    return configure
+
+
+def run_send(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        command = command_from_args(args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # EventError from the command's own checks
+        raise ConfigError(f"send: {exc}") from None
+    record = OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
+                       InboxCodec().encode(command))
+    [(partition, offset)] = asyncio.run(send_records(settings, [record]))
+    print(json.dumps({"sessionId": command.session_id, "messageId": command.message_id,
+                      "kind": command.kind, "partition": partition, "offset": offset}))
+    return 0
+
+
+# -- driver ----------------------------------------------------------------------------
+
+
+def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
+                   linger_ms: float = 25.0) -> PartitionContext:
+    """The composition of the Kafka driver: codecs, providers, tools, runners."""
+    serde = EventSerde()
+    inbox_codec = InboxCodec()
+    providers: dict[str, ModelProvider] = {}
+
+    def provider_factory(provider: str, model: str) -> ModelProvider:
+        if provider not in providers:
+            providers[provider] = provider_from_settings(settings, provider)
+        return providers[provider]
+
+    default_config = SessionConfig(provider=settings.provider, model=settings.model)
+
+    def runner_factory(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+        return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
+                             config=default_config)
+
+    return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
+                            encode_event=serde.encode, decode_command=inbox_codec.decode,
+                            runner_factory=runner_factory, metrics=DriverMetrics(),
+                            linger_ms=linger_ms)
+
+
+def run_driver(args: argparse.Namespace, settings: Settings) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = DriverConfig(linger_ms=args.linger_ms, max_turns_in_flight=args.max_turns,
+                          resume_below=args.resume_below, shutdown_grace_s=args.grace)
+    group = args.group or f"{settings.group_id_prefix}driver"
+    tools = builtin_registry(enable_host_tools=args.enable_host_tools)
+    ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms)
+    asyncio.run(_serve(settings, DriverService(ctx, config)))
+    print(json.dumps({"stopped": True, **ctx.metrics.snapshot()}), flush=True)
+    return 0
+
+
+async def _serve(settings: Settings, service: DriverService) -> None:
+    await ensure_topics(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    ready = asyncio.create_task(_announce_ready(service))
+    try:
+        await service.run(stop)
+    finally:
+        ready.cancel()
+
+
+async def _announce_ready(service: DriverService) -> None:
+    await service.ready.wait()
+    print(f"ready group={service.ctx.group_id} partitions={sorted(service.owned)}", flush=True)

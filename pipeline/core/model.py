@@ -92,7 +92,7 @@ def reasoning_delta(index: int, text: str) -> Chunk:
 
 def tool_call_delta(index: int, call_id: str, arguments_delta: str,
                     name: str | None = None) -> Chunk:
-    """``name`` is given on the first delta of a call (as providers send it), else omitted."""
+    """dsh repeats the call's ``name`` on every delta (so packed rows can carry it once)."""
     chunk: Chunk = {"type": "tool-call-delta", "index": index, "id": call_id}
     if name is not None:
         chunk["name"] = name

@@ -220,7 +220,7 @@ class ChatStreamTranslator:
             out.append(tool_call_delta(block.index, call_id, arguments, name=name))
         elif arguments:
             block.arguments.append(arguments)
-            out.append(tool_call_delta(block.index, block.call_id, arguments))
+            out.append(tool_call_delta(block.index, block.call_id, arguments, name=block.name))
 
     def end(self) -> list[Chunk]:
         """The closing chunks once the body ended: block-ends, usage, finish."""

@@ -99,9 +99,8 @@ def content_chunks(reply: ScriptedReply, step: int) -> tuple[list[Chunk], list[C
     for n, call in enumerate(reply.tool_calls):
         index, call_id = len(blocks), call.id or f"call_{step}_{n}"
         streamed.append(block_start(index, "tool-call"))
-        for i, piece in enumerate(_split(call.arguments, reply.pieces)):
-            streamed.append(tool_call_delta(index, call_id, piece,
-                                            name=call.name if i == 0 else None))
+        streamed.extend(tool_call_delta(index, call_id, piece, name=call.name)
+                        for piece in _split(call.arguments, reply.pieces))
         blocks.append({"type": "tool-call", "id": call_id, "name": call.name,
                        "arguments": call.arguments})
     closing = [block_end(i, block) for i, block in enumerate(blocks)]

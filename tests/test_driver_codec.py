@@ -1,0 +1,120 @@
+"""Pure tests of the driver's pieces: inbox command codec, offset tracking, dead letters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.adapters.kafka.dlq import dead_letter
+from pipeline.adapters.kafka.records import InboxRecord, header_value
+from pipeline.codec.inbox import InboxCodec
+from pipeline.core.errors import CodecError, SchemaError
+from pipeline.core.events import Event
+from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.services.driver.kafka_sink import InboxOffsets, event_headers, logged_message_ids
+
+COMMANDS: list[InboxCommand] = [
+    FollowUp("s-1", "m-1", ({"type": "text", "text": "héllo ✓"},)),
+    Steer("s-1", "m-2", ({"type": "text", "text": "left"}, {"type": "future-kind", "x": [1, 2.5]}),
+          source={"kind": "plugin", "plugin": "p"}),
+    Inject("s-1", "m-3", ({"type": "text", "text": ""},)),
+    Cancel("s-1", "m-4", keep_queue=True),
+    Cancel("s-1", "m-5"),
+    Configure("s-1", "m-6", provider="deepseek", model="deepseek-chat", system="be brief",
+              tools=(), reasoning_effort="high", max_tokens=4096),
+    Configure("s-1", "m-7", tools=("echo", "clock")),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"{c.kind}-{c.message_id}")
+def test_inbox_commands_round_trip_in_both_framings(command: InboxCommand) -> None:
+    single = InboxCodec()
+    confluent = InboxCodec(confluent_id=42)
+    assert single.decode(single.encode(command)) == command
+    framed = confluent.encode(command)
+    assert framed[0] == 0 and int.from_bytes(framed[1:5], "big") == 42
+    assert confluent.decode(framed) == command
+    assert confluent.decode(single.encode(command)) == command  # a reader accepts both
+
+
+def test_unknown_registry_id_and_fingerprint_are_schema_errors() -> None:
+    data = InboxCodec(confluent_id=7).encode(COMMANDS[0])
+    with pytest.raises(SchemaError, match="schema id 7"):
+        InboxCodec().decode(data)
+    single = InboxCodec().encode(COMMANDS[0])
+    with pytest.raises(SchemaError, match="fingerprint"):
+        InboxCodec().decode(single[:2] + bytes(8) + single[10:])
+
+
+def test_invalid_command_is_a_codec_error_naming_the_problem() -> None:
+    codec = InboxCodec()
+    data = bytearray(codec.encode(Cancel("s", "m")))
+    # kind "cancel" -> "cancex": a kind nobody knows
+    at = data.index(b"cancel")
+    data[at:at + 6] = b"cancex"
+    with pytest.raises(CodecError, match="unknown command kind"):
+        codec.decode(bytes(data))
+
+
+def test_random_and_mutated_bytes_never_escape_as_foreign_exceptions() -> None:
+    codec = InboxCodec()
+    rng = random.Random(4)
+    samples = [codec.encode(c) for c in COMMANDS]
+    for _ in range(2000):
+        base = bytearray(rng.choice(samples))
+        for _ in range(rng.randint(1, 4)):
+            base[rng.randrange(len(base))] = rng.randrange(256)
+        cut = bytes(base[: rng.randint(0, len(base))]) if rng.random() < 0.3 else bytes(base)
+        try:
+            codec.decode(cut)
+        except CodecError:
+            pass
+    for _ in range(500):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))
+        try:
+            codec.decode(junk)
+        except CodecError:
+            pass
+
+
+def test_offsets_commit_point_waits_for_the_oldest_unfinished_command() -> None:
+    offsets = InboxOffsets(committed=10)
+    for offset in (10, 11, 13, 14):  # 12 is a transaction marker: never seen
+        offsets.start(offset)
+    assert offsets.advance() is None
+    offsets.done(11)
+    offsets.done(13)
+    assert offsets.advance() is None and offsets.in_flight == 2
+    offsets.done(10)
+    assert offsets.advance() == 14
+    offsets.done(14)
+    assert offsets.advance() == 15
+    assert offsets.advance() is None
+    assert offsets.seen(9) and offsets.seen(14) and not offsets.seen(15)
+
+
+def test_dead_letter_keeps_key_bytes_and_headers_and_says_why() -> None:
+    record = InboxRecord(topic="x.inbox", partition=2, offset=77, key=b"s-1", value=b"\xffjunk",
+                         headers=(("traceparent", b"00-abc-def-01"),))
+    letter = dead_letter(record, CodecError("not framed Avro " + "x" * 2000))
+    assert letter.topic == "x.inbox.dlq" and letter.key == b"s-1" and letter.value == b"\xffjunk"
+    assert header_value(letter.headers, "traceparent") == b"00-abc-def-01"
+    assert header_value(letter.headers, "dsh.error.class") == b"CodecError"
+    message = header_value(letter.headers, "dsh.error.message")
+    assert message is not None and message.startswith(b"not framed Avro") and len(message) <= 1000
+    assert header_value(letter.headers, "dsh.original.topic") == b"x.inbox"
+    assert header_value(letter.headers, "dsh.original.partition") == b"2"
+    assert header_value(letter.headers, "dsh.original.offset") == b"77"
+
+
+def test_logged_message_ids_come_from_splices_and_user_messages() -> None:
+    splice = Event("agent/inbox/spliced", 0, 1, {"target": "next-turn", "start": 0,
+                                                 "inserted": [{"id": "m-1", "role": "user"}]})
+    claim = Event("agent/inbox/spliced", 2, 1, {"target": "next-turn", "start": 0,
+                                                "removedCount": 1, "inserted": []})
+    user = Event("user/message", 4, 1, {"id": "m-9", "role": "user", "content": []})
+    assert list(logged_message_ids(splice)) == ["m-1"]
+    assert list(logged_message_ids(claim)) == []
+    assert list(logged_message_ids(user)) == ["m-9"]
+    assert event_headers(user) == (("dsh.type", b"user/message"), ("dsh.seq", b"4"))

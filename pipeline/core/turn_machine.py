@@ -1,0 +1,538 @@
+"""The turn state machine of one session: sans-I/O, no clock, no randomness.
+
+Modelled on httpx's auth flow: the caller (the driver's runner) asks :meth:`next_effect` what to
+do, performs it (:mod:`pipeline.core.turn_effects`), and reports back through a method
+(:meth:`hooks_done`, :meth:`chunk`, :meth:`stream_ended`, :meth:`stream_failed`,
+:meth:`sleep_done`, :meth:`tool_started`, :meth:`tool_finished`). Time always comes in as an
+argument.
+
+**Events.** The machine appends every event itself, through the session's
+:class:`~pipeline.core.log.SessionLog` (strict validation, seq stamped from ``log.next_seq``,
+the caller's time): an event the model breaks is refused before anything is published, and
+``sourceEventSeqs`` (chunk seqs, tool/call seqs) are known when they are needed. The caller
+takes the appended events with :meth:`take_events` and publishes them; nothing else may append
+to the log while a machine drives it.
+
+**Lifecycle** (DESIGN.md section 1, the fixtures event for event): at a turn boundary
+``turn/start``, the claim of every next-step item then of one next-turn item (each an
+``agent/inbox/spliced``), the pre-step hooks, ``step/start``, one ``user/message`` per entering
+message, ``request/header`` (+ ``request/context``) when the header changed, one
+``assistant/chunk`` per stream chunk, ``assistant/message`` (sources: that attempt's chunk seqs),
+``tool/call`` as each call starts, ``tool/result`` in model order, ``step/end``; tool calls or a
+waiting steer -> another step; else ``turn/end completed``.
+
+**The invariant**: a request is built only from ``log.messages()`` and the last logged header,
+and :meth:`check_request` refuses (``InvariantViolation``) any request that differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum, auto
+from typing import Any, Final
+
+from pipeline.core.errors import InvariantViolation, ProviderError, TurnError
+from pipeline.core.events import APPEND, Event, JsonValue
+from pipeline.core.inbox import (
+    SPLICE_TYPE,
+    Cancel,
+    Configure,
+    FollowUp,
+    InboxCommand,
+    InboxLists,
+    Inject,
+    Steer,
+)
+from pipeline.core.log import SessionLog
+from pipeline.core.model import (
+    SUCCESS_FINISH_KINDS,
+    ModelRequest,
+    RetryPolicy,
+    StreamAccumulator,
+    error_finish,
+    failure_of,
+    tool_calls_of,
+)
+from pipeline.core.turn_effects import (
+    TOOL_CANCELED,
+    TOOL_NOT_STARTED,
+    CallModel,
+    Effect,
+    HookDecision,
+    Idle,
+    RunPreStepHooks,
+    RunTools,
+    SessionConfig,
+    Sleep,
+    StepBoundary,
+    ToolCall,
+    ToolOutcome,
+)
+from pipeline.core.turn_history import History, config_from_header, scan_history
+from pipeline.core.turns import repair_closers
+
+NO_MODEL: Final = "NO_MODEL_CONFIGURED"
+_CANCELED_TEXT: Final = "The tool call was canceled before it started; it did not run."
+_TRUNCATED_TEXT: Final = ("The tool call was not run: the model's output was cut off at the "
+                          "token limit.")
+
+
+class Phase(Enum):
+    IDLE = auto()        # no turn open
+    CLAIM = auto()       # turn open, at a step boundary: claim and run hooks next
+    HOOKS = auto()       # waiting for hooks_done
+    CALL = auto()        # step open: a model call is due
+    STREAMING = auto()   # waiting for chunks and the end of the stream
+    RETRY_WAIT = auto()  # a retry is due after Sleep
+    TOOLS = auto()       # waiting for tool starts/outcomes
+    AFTER_STEP = auto()  # step closed: decide another step or the end
+
+
+class TurnMachine:
+    """Drives one session's turns over its :class:`SessionLog`."""
+
+    def __init__(self, log: SessionLog, *, new_id: Callable[[], str],
+                 config: SessionConfig | None = None,
+                 retry: RetryPolicy | None = None) -> None:
+        self.log = log
+        self._new_id = new_id
+        self._retry = retry or RetryPolicy()
+        history: History = scan_history(log.events)
+        self.inbox: InboxLists = history.inbox
+        self._seen_ids: set[str] = history.message_ids
+        self._turn = history.last_turn
+        self._header: dict[str, JsonValue] | None = history.header
+        self._config = config or (config_from_header(history.header) if history.header else None)
+        self._header_reason = "initial" if history.header is None else "resume"
+        self._outbox: list[Event] = []
+        self._repaired = False
+        self.phase = Phase.IDLE
+        self.cancel_requested = False
+        self._boundary = False
+        self._reset_turn()
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _reset_turn(self) -> None:
+        self._step = 0
+        self._end_reason: dict[str, JsonValue] | None = None
+        self._had_tool_calls = False
+        self._reset_attempt(1)
+        self._calls: list[ToolCall] = []
+        self._started: dict[str, int] = {}
+        self._outcomes: dict[str, ToolOutcome] = {}
+        self._logged_results = 0
+        self._dispatched = False
+
+    def _reset_attempt(self, attempt: int) -> None:
+        self._attempt = attempt
+        self._acc = StreamAccumulator()
+        self._chunk_seqs: list[int] = []
+        self._retry_delay: int | None = None
+
+    def _append(self, type_: str, data: JsonValue, now: int, *, surface: bool = False,
+                sources: Iterable[int] | None = None) -> int:
+        event = Event(type_, self.log.next_seq, now, data, APPEND if surface else None,
+                      None if sources is None else tuple(sources))
+        self.log.append(event)
+        self._outbox.append(event)
+        return event.seq
+
+    def take_events(self) -> list[Event]:
+        """The events appended since the last call, in seq order (for the caller to publish)."""
+        events, self._outbox = self._outbox, []
+        return events
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    @property
+    def config(self) -> SessionConfig | None:
+        return self._config
+
+    @property
+    def busy(self) -> bool:
+        """A turn is open (or a boundary still has to be reported)."""
+        return self.phase is not Phase.IDLE
+
+    # -- crash repair ---------------------------------------------------------------------
+
+    def recover(self, now: int) -> bool:
+        """Close the log's open turn (crash repair) if it has one; True if closers were written.
+
+        Called implicitly before anything else is appended, so a repaired log is the only
+        thing a machine ever extends.
+        """
+        if self._repaired:
+            return False
+        self._repaired = True
+        if not self.log.turn.in_turn:
+            return False
+        for closer in repair_closers(self.log, now):
+            self.log.append(closer)
+            self._outbox.append(closer)
+        self._boundary = True
+        return True
+
+    # -- inbox ----------------------------------------------------------------------------
+
+    def submit(self, command: InboxCommand, now: int, *,
+               tools: tuple[JsonValue, ...] | None = None) -> bool:
+        """Take one inbox command; False if it was a duplicate (already in the log).
+
+        ``tools`` are the resolved definitions of a :class:`Configure`'s tool names.
+        """
+        self.recover(now)
+        if isinstance(command, FollowUp | Steer | Inject):
+            if command.message_id in self._seen_ids:
+                return False
+            self._seen_ids.add(command.message_id)
+            self._append(SPLICE_TYPE, self.inbox.insert(command), now)
+        elif isinstance(command, Cancel):
+            if not command.keep_queue:
+                for splice in self.inbox.cancel_all():
+                    self._append(SPLICE_TYPE, splice, now)
+            if self.phase is not Phase.IDLE:
+                self.cancel_requested = True
+        elif isinstance(command, Configure):
+            self._configure(command, tools)
+        return True
+
+    def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None) -> None:
+        base = self._config
+        provider = command.provider or (base.provider if base else None)
+        model = command.model or (base.model if base else None)
+        if provider is None or model is None:
+            raise TurnError("the first configure of a session must name a provider and a model")
+        self._config = SessionConfig(
+            provider, model,
+            command.system if command.system is not None else (base.system if base else None),
+            tools if command.tools is not None else (base.tools if base else None),
+            command.reasoning_effort if command.reasoning_effort is not None
+            else (base.reasoning_effort if base else None),
+            command.max_tokens if command.max_tokens is not None
+            else (base.max_tokens if base else None))
+        if self._header is not None:
+            self._header_reason = "change"
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def next_effect(self, now: int) -> Effect:
+        """What the caller must do next. Appends whatever the decision logs."""
+        self.recover(now)
+        if self._boundary:
+            self._boundary = False
+            return StepBoundary()
+        if self.cancel_requested:
+            return self._abort(now)
+        if self.phase is Phase.IDLE:
+            if not self.inbox.wakes:
+                return Idle()
+            self._start_turn(now)
+        if self.phase is Phase.CLAIM:
+            return self._claim(now)
+        if self.phase is Phase.CALL:
+            return self._call_model()
+        if self.phase is Phase.RETRY_WAIT and self._retry_delay is not None:
+            delay, self._retry_delay = self._retry_delay, None
+            return Sleep(delay)
+        if self.phase is Phase.TOOLS:
+            return self._tools_effect(now)
+        if self.phase is Phase.AFTER_STEP:
+            return self._after_step(now)
+        raise TurnError(f"next_effect called while waiting for a result (phase {self.phase.name})")
+
+    def _start_turn(self, now: int) -> None:
+        self._reset_turn()
+        self._turn += 1
+        self._append("turn/start", {"turn": self._turn}, now)
+        self.phase = Phase.CLAIM
+
+    def _claim(self, now: int) -> RunPreStepHooks:
+        messages, splice = self.inbox.claim_next_step()
+        if splice is not None:
+            self._append(SPLICE_TYPE, splice, now)
+        if self._step == 0:
+            turn_messages, splice = self.inbox.claim_next_turn()
+            if splice is not None:
+                self._append(SPLICE_TYPE, splice, now)
+            messages += turn_messages
+        self.phase = Phase.HOOKS
+        return RunPreStepHooks(self._turn, self._step + 1, tuple(messages))
+
+    def hooks_done(self, decision: HookDecision, now: int) -> None:
+        """The pre-step hooks' verdict: open the step, or close the turn."""
+        self._expect(Phase.HOOKS, "hooks_done")
+        if self._step == 0 and (decision.rejected or not decision.messages):
+            self._end_turn({"kind": "blocked"}, now)
+            return
+        if decision.rejected:
+            reason: dict[str, JsonValue] = {"kind": "hook"}
+            if decision.reason is not None:
+                reason["reason"] = decision.reason
+            self._end_turn({"kind": "aborted", "reason": reason}, now)
+            return
+        self._step += 1
+        self._had_tool_calls = False
+        self._append("step/start", {"turn": self._turn, "step": self._step}, now)
+        for message in decision.messages:
+            self._append("user/message", message, now, surface=True)
+        if self._config is None:
+            self._close_step(now)
+            self._end_turn(_error_reason("no provider/model configured for this session; "
+                                         "send a configure command first", NO_MODEL), now)
+            return
+        self._log_header_if_changed(now)
+        self._reset_attempt(1)
+        self.phase = Phase.CALL
+
+    def _log_header_if_changed(self, now: int) -> None:
+        assert self._config is not None
+        header = self._config.header()
+        if header == self._header:
+            return
+        self._append("request/header", {"header": header, "reason": self._header_reason}, now)
+        self._append("request/context", {"provider": self._config.provider,
+                                         "model": self._config.model}, now)
+        self._header = header
+        self._header_reason = "change"
+
+    # -- the model call -------------------------------------------------------------------
+
+    def expected_request(self) -> ModelRequest:
+        """The only request the log allows now: derived messages + last logged header."""
+        if self._header is None:
+            raise TurnError("no request/header has been logged yet")
+        config = config_from_header(self._header)
+        return ModelRequest(
+            provider=config.provider, model=config.model,
+            messages=tuple(self.log.messages()), system=config.system, tools=config.tools,
+            reasoning_effort=config.reasoning_effort, max_tokens=config.max_tokens)
+
+    def check_request(self, request: ModelRequest) -> None:
+        """Refuse a request that differs from what the log derives (a bug: fail loudly)."""
+        expected = self.expected_request()
+        if request == expected:
+            return
+        raise InvariantViolation(
+            f"session {self.log.session_id!r} turn {self._turn} step {self._step}: the model "
+            f"request differs from the log in {', '.join(_request_diff(expected, request))}")
+
+    def _call_model(self) -> CallModel:
+        self.phase = Phase.STREAMING
+        return CallModel(self.expected_request(), self._attempt)
+
+    def chunk(self, chunk: Mapping[str, JsonValue], now: int) -> None:
+        """One stream chunk, logged as ``assistant/chunk`` as it comes."""
+        self._expect(Phase.STREAMING, "chunk")
+        self._chunk_seqs.append(self._append(
+            "assistant/chunk", {"turn": self._turn, "step": self._step, "chunk": dict(chunk)},
+            now))
+        self._acc.add(chunk)
+
+    def stream_ended(self, now: int) -> None:
+        """The stream ended normally: log the message, then tools, the end, or a new step."""
+        self._expect(Phase.STREAMING, "stream_ended")
+        kind = self._acc.finish_kind
+        if kind not in SUCCESS_FINISH_KINDS:
+            self._failed(_stream_error(self._acc.finish), now, log_finish=kind != "error")
+            return
+        content = self._acc.content()
+        self._append_assistant(content, now, usage=self._acc.usage)
+        self._calls = [ToolCall(str(b["id"]), str(b["name"]), str(b["arguments"]))
+                       for b in tool_calls_of(content)]
+        self._had_tool_calls = bool(self._calls)
+        if kind == "max-tokens":
+            self._end_reason = {"kind": "max-tokens"}  # sticky: never continues by itself
+            self._close_unanswered(TOOL_NOT_STARTED, _TRUNCATED_TEXT, now)
+            self._close_step(now)
+        elif self._calls:
+            self._dispatched = False
+            self.phase = Phase.TOOLS
+        else:
+            self._close_step(now)
+
+    def _append_assistant(self, content: list[JsonValue], now: int, *,
+                          usage: JsonValue = None, interrupted: bool = False) -> None:
+        assert self._config is not None
+        source: dict[str, JsonValue] = {"kind": "model", "provider": self._config.provider,
+                                        "model": self._config.model}
+        message = {"id": self._new_id(), "role": "assistant", "content": content,
+                   "source": source}
+        data: dict[str, JsonValue] = {"turn": self._turn, "step": self._step,
+                                      "message": message}
+        if usage is not None:
+            data["usage"] = usage
+        if interrupted:
+            data["interrupted"] = True
+        self._append("assistant/message", data, now, surface=True, sources=self._chunk_seqs)
+
+    def stream_failed(self, error: ProviderError, now: int, *, jitter: float = 0.5) -> None:
+        """The provider call failed (possibly mid-stream): retry in this step, or end."""
+        self._expect(Phase.STREAMING, "stream_failed")
+        self._failed(error, now, log_finish=self._acc.finish_kind != "error", jitter=jitter)
+
+    def _failed(self, error: ProviderError, now: int, *, log_finish: bool,
+                jitter: float = 0.5) -> None:
+        if log_finish:
+            self.chunk(error_finish(error), now)
+        if self._retry.should_retry(self._attempt, error):
+            delay = self._retry.delay_ms(self._attempt, error, jitter)
+            self._append("llm/retry", {
+                "turn": self._turn, "step": self._step, "attempt": self._attempt,
+                "delayMs": delay, "error": failure_of(error)}, now)
+            self._retry_delay = delay
+            self.phase = Phase.RETRY_WAIT
+            return
+        self._close_step(now)
+        self._end_turn({"kind": "error", "error": failure_of(error)}, now)
+
+    def sleep_done(self, now: int) -> None:
+        """The backoff is over: log the new attempt and call the model again."""
+        self._expect(Phase.RETRY_WAIT, "sleep_done")
+        self._reset_attempt(self._attempt + 1)
+        self._append("llm/retry-started", {"turn": self._turn, "step": self._step,
+                                           "attempt": self._attempt}, now)
+        self.phase = Phase.CALL
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def _tools_effect(self, now: int) -> Effect:
+        if not self._dispatched:
+            self._dispatched = True
+            return RunTools(tuple(self._calls))
+        if self._logged_results < len(self._calls):
+            raise TurnError(f"next_effect called with {len(self._calls) - self._logged_results}"
+                            " tool calls unanswered")
+        self._close_step(now)
+        return self.next_effect(now)
+
+    def tool_started(self, call_id: str, now: int) -> None:
+        """A call starts: log its ``tool/call`` (refused once a cancel is pending)."""
+        self._expect(Phase.TOOLS, "tool_started")
+        if self.cancel_requested:
+            raise TurnError(f"tool call {call_id!r} must not start: the turn is being canceled")
+        call = self._call(call_id)
+        if call_id in self._started:
+            raise TurnError(f"tool call {call_id!r} started twice")
+        self._started[call_id] = self._append("tool/call", {
+            "turn": self._turn, "step": self._step, "callId": call.call_id, "name": call.name,
+            "arguments": call.arguments}, now)
+
+    def tool_finished(self, call_id: str, outcome: ToolOutcome, now: int) -> None:
+        """A call's outcome; results are logged in model order as soon as they can be."""
+        self._expect(Phase.TOOLS, "tool_finished")
+        self._call(call_id)
+        if call_id not in self._started:
+            raise TurnError(f"tool call {call_id!r} finished without having started")
+        self._outcomes[call_id] = outcome
+        while self._logged_results < len(self._calls):
+            call = self._calls[self._logged_results]
+            if call.call_id not in self._outcomes:
+                break
+            self._append_result(call, self._outcomes[call.call_id], now,
+                                sources=(self._started[call.call_id],))
+
+    def _call(self, call_id: str) -> ToolCall:
+        for call in self._calls:
+            if call.call_id == call_id:
+                return call
+        raise TurnError(f"no tool call {call_id!r} in step {self._step} of turn {self._turn}")
+
+    def _append_result(self, call: ToolCall, outcome: ToolOutcome, now: int, *,
+                       sources: tuple[int, ...] | None) -> None:
+        block: dict[str, JsonValue] = {"type": "tool-result", "toolCallId": call.call_id,
+                                       "content": list(outcome.content),
+                                       "isError": outcome.is_error}
+        message = {"id": self._new_id(), "role": "user",
+                   "source": {"kind": "tool", "callId": call.call_id}, "content": [block]}
+        data: dict[str, JsonValue] = {"turn": self._turn, "step": self._step,
+                                      "message": message}
+        if outcome.error is not None:
+            data["error"] = dict(outcome.error)
+        if outcome.meta is not None:
+            data["meta"] = outcome.meta
+        self._append("tool/result", data, now, surface=True, sources=sources)
+        self._logged_results += 1
+
+    def _close_unanswered(self, error: Mapping[str, str], text: str, now: int) -> None:
+        """Answer every call without a result (none may be running) with an error result."""
+        for call in self._calls[self._logged_results:]:
+            if call.call_id in self._started and call.call_id not in self._outcomes:
+                raise TurnError(f"tool call {call.call_id!r} is still running")
+            outcome = self._outcomes.get(call.call_id) or ToolOutcome.failure(
+                text, name=error["name"], code=error["code"])
+            started = self._started.get(call.call_id)
+            # like crash repair: a call never started has no tool/call to point at
+            self._append_result(call, outcome, now,
+                                sources=None if started is None else (started,))
+
+    # -- ends -----------------------------------------------------------------------------
+
+    def _close_step(self, now: int) -> None:
+        self._append("step/end", {"turn": self._turn, "step": self._step}, now)
+        self._boundary = True
+        self.phase = Phase.AFTER_STEP
+
+    def _end_turn(self, reason: dict[str, JsonValue], now: int) -> None:
+        self._append("turn/end", {"turn": self._turn, "reason": reason}, now)
+        self._boundary = True
+        self.cancel_requested = False
+        self.phase = Phase.IDLE
+
+    def _after_step(self, now: int) -> Effect:
+        if self._end_reason is not None:
+            self._end_turn(self._end_reason, now)
+        elif self._had_tool_calls or self.inbox.steered:
+            self.phase = Phase.CLAIM
+        else:
+            self._end_turn({"kind": "completed"}, now)
+        return self.next_effect(now)
+
+    def _abort(self, now: int) -> Effect:
+        """Close the turn for a user cancel, from whatever point it had reached."""
+        if self.phase is Phase.STREAMING:
+            self._append_assistant(self._acc.partial_content(), now, interrupted=True)
+            self._calls = [ToolCall(str(b["id"]), str(b["name"]), str(b["arguments"]))
+                           for b in tool_calls_of(self._acc.partial_content())]
+        if self.phase in (Phase.STREAMING, Phase.TOOLS):
+            self._close_unanswered(TOOL_CANCELED, _CANCELED_TEXT, now)
+        if self.phase in (Phase.CALL, Phase.STREAMING, Phase.RETRY_WAIT, Phase.TOOLS):
+            self._close_step(now)
+        self._end_turn({"kind": "aborted", "reason": {"kind": "user"}}, now)
+        self._boundary = False
+        return StepBoundary()
+
+    def _expect(self, phase: Phase, what: str) -> None:
+        if self.phase is not phase:
+            raise TurnError(f"{what} called in phase {self.phase.name}, expected {phase.name}")
+
+
+def _error_reason(message: str, code: str) -> dict[str, JsonValue]:
+    return {"kind": "error", "error": {"message": message, "code": code}}
+
+
+def _stream_error(finish: Mapping[str, Any] | None) -> ProviderError:
+    """The failure a stream reported in its own error finish, or the lack of a finish."""
+    if finish is not None and finish.get("kind") == "error":
+        failure = finish.get("failure") or {}
+        return ProviderError(str(failure.get("message", "provider error")),
+                             code=str(failure.get("code", "UNKNOWN")),
+                             status=failure.get("status"),
+                             retry_after_ms=failure.get("providerRetryAfterMs"),
+                             request_id=failure.get("requestId"))
+    return ProviderError("the stream ended without a finish chunk", code="EMPTY_RESPONSE")
+
+
+def _request_diff(expected: ModelRequest, actual: ModelRequest) -> list[str]:
+    """Names of the parts that differ (never their content: it may be large or private)."""
+    parts = [name for name in ("provider", "model", "system", "tools", "reasoning_effort",
+                               "max_tokens") if getattr(expected, name) != getattr(actual, name)]
+    if expected.messages != actual.messages:
+        first = next((i for i, (a, b) in enumerate(zip(expected.messages, actual.messages,
+                                                       strict=False)) if a != b),
+                     min(len(expected.messages), len(actual.messages)))
+        parts.append(f"messages (log derives {len(expected.messages)}, request has "
+                     f"{len(actual.messages)}, first difference at index {first})")
+    return parts or ["an unnamed field"]

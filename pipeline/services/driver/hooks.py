@@ -1,0 +1,56 @@
+"""Pre-step hooks: a waterfall chain over the messages claimed for a step.
+
+Each hook gets the step's context, the claimed messages and ``next``; it delegates by calling
+``await next(messages)`` (with the messages as they are, or rewritten) and may look at or change
+the decision it gets back; it rejects by returning :func:`reject` without calling ``next``.
+The end of the chain accepts whatever messages reach it. A rejected (or emptied) first claim of
+a turn closes the turn with no steps (``turn/end blocked``); a rejection later in the turn
+aborts it (``turn/end aborted`` with ``reason.kind == "hook"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pipeline.core.events import JsonValue
+from pipeline.core.turn_effects import HookDecision
+
+Messages = tuple[dict[str, JsonValue], ...]
+NextHook = Callable[[Messages], Awaitable[HookDecision]]
+
+
+@dataclass(frozen=True, slots=True)
+class PreStepContext:
+    """Which step the claimed messages are about to enter."""
+
+    session_id: str
+    turn: int
+    step: int
+
+
+class PreStepHook(Protocol):
+    async def __call__(self, context: PreStepContext, messages: Messages,
+                       next: NextHook) -> HookDecision: ...
+
+
+def reject(reason: str) -> HookDecision:
+    """A hook's rejection of the claimed messages."""
+    return HookDecision((), rejected=True, reason=reason)
+
+
+async def run_pre_step_hooks(hooks: Sequence[PreStepHook], context: PreStepContext,
+                             messages: Messages) -> HookDecision:
+    """Run the chain; without hooks the claimed messages enter unchanged."""
+
+    async def call(index: int, current: Messages) -> HookDecision:
+        if index == len(hooks):
+            return HookDecision(tuple(current))
+
+        async def next_hook(rewritten: Messages) -> HookDecision:
+            return await call(index + 1, tuple(rewritten))
+
+        return await hooks[index](context, current, next_hook)
+
+    return await call(0, messages)

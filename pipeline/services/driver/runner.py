@@ -1,0 +1,311 @@
+"""The per-session runner: performs the I/O the turn machine asks for.
+
+:class:`SessionRunner` owns one session's :class:`~pipeline.core.turn_machine.TurnMachine` and
+performs its effects: the pre-step hook chain, the provider stream, tool calls (parallel-safe
+ones together, results logged in model order), retry backoff; it hands every appended event
+to an :class:`EventSink` and flushes the sink at each step boundary. One turn at a time per
+session; many sessions run concurrently on one event loop.
+
+:class:`MemorySink` and :class:`Driver` are the in-memory sink and router: the whole turn logic
+runs without a broker (unit tests, demos, benchmarks). The Kafka driver plugs its own sink (a
+transactional producer per inbox partition) into the same :class:`SessionRunner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pipeline.core.errors import EventError, ProviderError
+from pipeline.core.events import Event, JsonValue
+from pipeline.core.inbox import Configure, InboxCommand
+from pipeline.core.log import SessionLog
+from pipeline.core.model import ModelRequest, RetryPolicy
+from pipeline.core.turn_effects import (
+    CallModel,
+    Effect,
+    Idle,
+    RunPreStepHooks,
+    RunTools,
+    SessionConfig,
+    Sleep,
+    StepBoundary,
+    ToolCall,
+    ToolOutcome,
+)
+from pipeline.core.turn_machine import TurnMachine
+from pipeline.services.driver.hooks import PreStepContext, PreStepHook, run_pre_step_hooks
+from pipeline.services.driver.tools import ToolRegistry
+
+
+def ms_clock() -> int:
+    """Wall-clock epoch milliseconds (event times; never used for ordering)."""
+    return time.time_ns() // 1_000_000
+
+
+def uuid_id() -> str:
+    return str(uuid.uuid4())
+
+
+class ModelProvider(Protocol):
+    """What the runner needs of a provider (``pipeline.adapters.llm`` providers fit it)."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[dict[str, JsonValue]]: ...
+
+
+ProviderFactory = Callable[[str, str], ModelProvider]
+"""``(provider, model) -> provider``; called once per pair and cached by the runner."""
+
+
+class EventSink(Protocol):
+    async def emit(self, session_id: str, events: Sequence[Event]) -> None:
+        """Take appended events (in seq order); may buffer and batch."""
+
+    async def flush(self, session_id: str) -> None:
+        """A step boundary: make what was emitted durable and visible."""
+
+
+class MemorySink:
+    """Keeps every emitted event per session; counts flushes."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[Event]] = {}
+        self.flushes: dict[str, int] = {}
+
+    async def emit(self, session_id: str, events: Sequence[Event]) -> None:
+        self.events.setdefault(session_id, []).extend(events)
+
+    async def flush(self, session_id: str) -> None:
+        self.flushes[session_id] = self.flushes.get(session_id, 0) + 1
+
+
+class SessionRunner:
+    """Runs one session's turns. ``submit`` never blocks; a cancel takes effect mid-turn."""
+
+    def __init__(self, log: SessionLog, *, provider_factory: ProviderFactory,
+                 tools: ToolRegistry, sink: EventSink, clock: Callable[[], int] = ms_clock,
+                 hooks: Sequence[PreStepHook] = (), config: SessionConfig | None = None,
+                 retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
+                 jitter: Callable[[], float] = random.random,
+                 request_check: Callable[[ModelRequest], ModelRequest] | None = None) -> None:
+        """``config``: used until a configure command or a logged header says otherwise.
+
+        ``request_check`` (tests only) may rewrite the request just before it is checked
+        against the log and sent: a rewrite is caught as an ``InvariantViolation``.
+        """
+        self.session_id = log.session_id
+        self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry)
+        self._provider_factory = provider_factory
+        self._providers: dict[tuple[str, str], ModelProvider] = {}
+        self._tools = tools
+        self._sink = sink
+        self._clock = clock
+        self._hooks = tuple(hooks)
+        self._jitter = jitter
+        self._request_check = request_check
+        self._lock = asyncio.Lock()
+        self._interruptible: asyncio.Future[Any] | None = None
+
+    @property
+    def log(self) -> SessionLog:
+        return self.machine.log
+
+    @property
+    def busy(self) -> bool:
+        """A turn is open or the run loop is working."""
+        return self._lock.locked() or self.machine.busy
+
+    async def recover(self) -> None:
+        """Crash repair: close the log's open turn, if any, and publish the closers."""
+        async with self._lock:
+            if self.machine.recover(self._clock()):
+                await self._publish()
+                await self._sink.flush(self.session_id)
+
+    def submit(self, command: InboxCommand) -> None:
+        """Hand over one inbox command (its splice is published by the run loop).
+
+        A bad configure (unknown tool, no provider/model) raises ``ConfigError`` and changes
+        nothing. After submitting, call :meth:`run_until_idle` (the :class:`Driver` does).
+        """
+        tools = None
+        if isinstance(command, Configure) and command.tools is not None:
+            tools = self._tools.definitions(command.tools)
+        self.machine.submit(command, self._clock(), tools=tools)
+        if self.machine.cancel_requested and self._interruptible is not None:
+            self._interruptible.cancel()
+
+    async def run_until_idle(self) -> None:
+        """Run turns while woken work is pending; returns when the session is idle."""
+        async with self._lock:
+            while True:
+                effect = self.machine.next_effect(self._clock())
+                await self._publish()
+                if isinstance(effect, Idle):
+                    await self._sink.flush(self.session_id)
+                    if not self.machine.inbox.wakes:  # no await between check and return
+                        return
+                    continue
+                await self._perform(effect)
+
+    async def _perform(self, effect: Effect) -> None:
+        if isinstance(effect, StepBoundary):
+            await self._sink.flush(self.session_id)
+        elif isinstance(effect, RunPreStepHooks):
+            await self._run_hooks(effect)
+        elif isinstance(effect, CallModel):
+            await self._call_model(effect.request)
+        elif isinstance(effect, RunTools):
+            await self._run_tools(effect.calls)
+        elif isinstance(effect, Sleep) and await self._interruptibly(
+                asyncio.sleep(effect.ms / 1000)):
+            self.machine.sleep_done(self._clock())
+        await self._publish()
+
+    async def _publish(self) -> None:
+        events = self.machine.take_events()
+        if events:
+            await self._sink.emit(self.session_id, events)
+
+    async def _interruptibly(self, work: Any) -> bool:
+        """Run ``work`` so a cancel command can stop it; False if it was stopped."""
+        task = asyncio.ensure_future(work)
+        self._interruptible = task
+        try:
+            await asyncio.wait({task})
+        finally:
+            self._interruptible = None
+            if not task.done():  # we ourselves are being cancelled (shutdown)
+                task.cancel()
+        if task.cancelled():
+            return False
+        task.result()  # re-raise a failure of the work itself
+        return True
+
+    async def _run_hooks(self, effect: RunPreStepHooks) -> None:
+        context = PreStepContext(self.session_id, effect.turn, effect.step)
+        decision_box: list[Any] = []
+
+        async def run() -> None:
+            decision_box.append(await run_pre_step_hooks(self._hooks, context, effect.messages))
+
+        if await self._interruptibly(run()):
+            self.machine.hooks_done(decision_box[0], self._clock())
+
+    def _provider(self, request: ModelRequest) -> ModelProvider:
+        key = (request.provider, request.model)
+        provider = self._providers.get(key)
+        if provider is None:
+            provider = self._providers[key] = self._provider_factory(*key)
+        return provider
+
+    async def _call_model(self, request: ModelRequest) -> None:
+        if self._request_check is not None:
+            request = self._request_check(request)
+        self.machine.check_request(request)  # the invariant: raises InvariantViolation
+        await self._interruptibly(self._stream(request))
+
+    async def _stream(self, request: ModelRequest) -> None:
+        machine = self.machine
+        chunks = self._provider(request).stream(request)
+        try:
+            async for chunk in chunks:
+                try:
+                    machine.chunk(chunk, self._clock())
+                except EventError as exc:  # the provider sent something the log refuses
+                    raise ProviderError(f"the provider sent an invalid chunk: {exc}",
+                                        code="INVALID_RESPONSE") from exc
+                await self._publish()
+        except ProviderError as exc:
+            machine.stream_failed(exc, self._clock(), jitter=self._jitter())
+        else:
+            machine.stream_ended(self._clock())
+        finally:  # release the provider's connection even when cancelled mid-stream
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _run_tools(self, calls: Sequence[ToolCall]) -> None:
+        """Consecutive parallel-safe calls run together; any other call runs alone.
+
+        A cancel stops further batches; calls already started are drained (their results
+        are logged), the machine closes the unstarted ones.
+        """
+        for batch in _batches(calls, self._tools.parallel_safe):
+            if self.machine.cancel_requested:
+                return
+            for call in batch:
+                self.machine.tool_started(call.call_id, self._clock())
+            await self._publish()
+            for done in asyncio.as_completed([self._run_tool(call) for call in batch]):
+                call, outcome = await done
+                self.machine.tool_finished(call.call_id, outcome, self._clock())
+                await self._publish()
+
+    async def _run_tool(self, call: ToolCall) -> tuple[ToolCall, ToolOutcome]:
+        return call, await self._tools.run(call.name, call.arguments)
+
+
+def _batches(calls: Sequence[ToolCall], parallel_safe: Callable[[str], bool]
+             ) -> list[list[ToolCall]]:
+    batches: list[list[ToolCall]] = []
+    for call in calls:
+        safe = parallel_safe(call.name)
+        if safe and batches and all(parallel_safe(c.name) for c in batches[-1]):
+            batches[-1].append(call)
+        else:
+            batches.append([call])
+    return batches
+
+
+class Driver:
+    """In-memory driver: routes commands to runners by session id, one run task per session."""
+
+    def __init__(self, *, provider_factory: ProviderFactory, tools: ToolRegistry,
+                 sink: EventSink | None = None, clock: Callable[[], int] = ms_clock,
+                 hooks: Sequence[PreStepHook] = (), config: SessionConfig | None = None,
+                 retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
+                 jitter: Callable[[], float] = random.random) -> None:
+        self.sink: EventSink = sink if sink is not None else MemorySink()
+        self._options: Mapping[str, Any] = {
+            "provider_factory": provider_factory, "tools": tools, "sink": self.sink,
+            "clock": clock, "hooks": hooks, "config": config, "retry": retry,
+            "new_id": new_id, "jitter": jitter}
+        self.runners: dict[str, SessionRunner] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def runner(self, session_id: str, log: SessionLog | None = None) -> SessionRunner:
+        """The session's runner, created on first use (over ``log`` or a new empty log)."""
+        runner = self.runners.get(session_id)
+        if runner is None:
+            runner = SessionRunner(log or SessionLog(session_id), **self._options)
+            self.runners[session_id] = runner
+        return runner
+
+    def submit(self, command: InboxCommand) -> None:
+        self.runner(command.session_id).submit(command)
+        self._wake(command.session_id)
+
+    def submit_all(self, commands: Iterable[InboxCommand]) -> None:
+        for command in commands:
+            self.submit(command)
+
+    def _wake(self, session_id: str) -> None:
+        task = self._tasks.get(session_id)
+        if task is None or task.done():
+            self._tasks[session_id] = asyncio.ensure_future(
+                self.runners[session_id].run_until_idle())
+
+    async def drain(self) -> None:
+        """Wait until every session is idle; re-raises the first failure of a run loop."""
+        while True:
+            pending = [t for t in self._tasks.values() if not t.done()]
+            if not pending:
+                break
+            await asyncio.wait(pending)
+        for task in self._tasks.values():
+            task.result()

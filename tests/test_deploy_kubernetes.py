@@ -1,0 +1,289 @@
+"""deploy/kubernetes, validated offline: the Kubernetes schemas (kubernetes-validate, strict),
+a documented subset of the Strimzi CRDs, and the manifests kept in step with the settings and
+the topology of DESIGN.md (topics, co-partitioning, secrets, ports, scaling bounds)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from pipeline.settings import Secret, Settings, TopicNames
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S_DIR = ROOT / "deploy" / "kubernetes"
+STRIMZI_SCHEMA = Path(__file__).parent / "schemas" / "strimzi-v1beta2-subset.json"
+KUBERNETES_VERSION = "1.33"
+SETTINGS_VARS = {f"DSH_{f.name.upper()}" for f in fields(Settings)}
+SECRET_VARS = {f"DSH_{f.name.upper()}" for f in fields(Settings)
+               if isinstance(getattr(Settings(), f.name), Secret)}
+PORT_OF_WORKLOAD = {
+    "driver": Settings().driver_metrics_port,
+    "processors": Settings().processors_web_port,
+    "dashboard": Settings().dashboard_port,
+}
+Resource = dict[str, Any]
+
+
+def kustomization() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    return loaded
+
+
+def load_resources() -> list[Resource]:
+    docs: list[Resource] = []
+    for name in kustomization()["resources"]:
+        docs.extend(d for d in yaml.safe_load_all((K8S_DIR / name).read_text()) if d)
+    return docs
+
+
+RESOURCES = load_resources()
+
+
+def of_kind(kind: str) -> list[Resource]:
+    return [r for r in RESOURCES if r["kind"] == kind]
+
+
+def named(kind: str, name: str) -> Resource:
+    matches = [r for r in of_kind(kind) if r["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name!r}, found {len(matches)}"
+    return matches[0]
+
+
+def workloads() -> list[Resource]:
+    return [r for r in RESOURCES if r["kind"] in {"Deployment", "StatefulSet", "Job"}]
+
+
+def containers(workload: Resource) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def dsh_containers() -> Iterator[tuple[Resource, dict[str, Any]]]:
+    for workload in workloads():
+        for container in containers(workload):
+            if container["image"].startswith("dsh-pipeline"):
+                yield workload, container
+
+
+def strimzi_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(STRIMZI_SCHEMA.read_text())
+    validator: jsonschema.protocols.Validator = jsonschema.Draft202012Validator(schema)
+    return validator
+
+
+def validate(resource: Resource) -> None:
+    if resource["apiVersion"].startswith("kafka.strimzi.io/"):
+        strimzi_validator().validate(resource)
+    else:
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+
+
+def resource_id(resource: Resource) -> str:
+    return f"{resource['kind']}/{resource['metadata']['name']}"
+
+
+# --- schemas ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("resource", RESOURCES, ids=resource_id)
+def test_resource_is_valid_against_its_schema(resource: Resource) -> None:
+    validate(resource)
+
+
+@pytest.mark.parametrize(("kind", "name", "path", "bad"), [
+    ("Deployment", "driver", ("spec", "replicaz"), 3),
+    ("StatefulSet", "processors", ("spec", "template", "spec", "containers", 0, "resources",
+                                   "requestz"), {}),
+    ("KafkaTopic", "dsh-inbox", ("spec", "partition"), 12),
+    ("KafkaNodePool", "broker", ("spec", "roles", 0), "brokers"),
+    ("Kafka", "dsh", ("spec", "kafka", "listeners", 0, "type"), "interal"),
+])
+def test_validation_rejects_a_misspelt_field(kind: str, name: str, path: tuple[Any, ...],
+                                             bad: Any) -> None:
+    broken = copy.deepcopy(named(kind, name))
+    node = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+
+
+def test_kustomization_lists_every_manifest_and_nothing_else() -> None:
+    listed = set(kustomization()["resources"])
+    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+    assert kustomization()["namespace"] == named("Namespace", "dsh")["metadata"]["name"]
+    images = {i["name"] for i in kustomization()["images"]}
+    assert {c["image"] for _, c in dsh_containers()} == images == {"dsh-pipeline"}
+
+
+# --- topics (DESIGN.md section 2) ---------------------------------------------------------
+
+def topic(name: str) -> dict[str, Any]:
+    matches = [t["spec"] for t in of_kind("KafkaTopic") if t["spec"]["topicName"] == name]
+    assert len(matches) == 1, f"expected one KafkaTopic for {name!r}"
+    spec: dict[str, Any] = matches[0]
+    return spec
+
+
+def config_map() -> dict[str, str]:
+    data: dict[str, str] = named("ConfigMap", "dsh-config")["data"]
+    return data
+
+
+def test_topics_are_the_projects_with_their_cleanup_policies() -> None:
+    names = TopicNames(config_map()["DSH_TOPIC_PREFIX"])
+    expected = {names.session_events, names.inbox, names.derived_messages, names.usage,
+                names.fleet, names.dlq(names.session_events), names.dlq(names.inbox)}
+    assert {t["spec"]["topicName"] for t in of_kind("KafkaTopic")} == expected
+    events = topic(names.session_events)["config"]
+    assert events["cleanup.policy"] == "delete", "session events must never be compacted"
+    assert (events["retention.ms"], events["retention.bytes"]) == (-1, -1)
+    for derived in (names.derived_messages, names.usage, names.fleet):
+        assert topic(derived)["config"]["cleanup.policy"] == "compact"
+    for dlq in (names.dlq(names.session_events), names.dlq(names.inbox), names.inbox):
+        assert topic(dlq)["config"]["cleanup.policy"] == "delete"
+
+
+def test_inbox_and_session_events_are_co_partitioned_as_configured() -> None:
+    names = TopicNames(config_map()["DSH_TOPIC_PREFIX"])
+    settings = Settings.from_env(config_map())
+    assert topic(names.inbox)["partitions"] == topic(names.session_events)["partitions"]
+    assert topic(names.inbox)["partitions"] == settings.partitions
+    for spec in (t["spec"] for t in of_kind("KafkaTopic")):
+        assert spec["replicas"] == settings.replication_factor
+        assert spec["config"]["min.insync.replicas"] < spec["replicas"]
+
+
+def test_kafka_cluster_matches_the_settings() -> None:
+    kafka = named("Kafka", "dsh")
+    assert kafka["spec"]["kafka"]["version"].startswith("4.")
+    pools = of_kind("KafkaNodePool")
+    assert {p["metadata"]["labels"]["strimzi.io/cluster"] for p in pools} == {"dsh"}
+    roles = {role for p in pools for role in p["spec"]["roles"]}
+    assert roles == {"controller", "broker"}
+    brokers = sum(p["spec"]["replicas"] for p in pools if "broker" in p["spec"]["roles"])
+    assert brokers >= Settings.from_env(config_map()).replication_factor
+    plain = [lst for lst in kafka["spec"]["kafka"]["listeners"] if not lst["tls"]]
+    bootstrap = f"{kafka['metadata']['name']}-kafka-bootstrap:{plain[0]['port']}"
+    assert config_map()["DSH_BOOTSTRAP_SERVERS"] == bootstrap
+    assert {t["metadata"]["labels"]["strimzi.io/cluster"] for t in of_kind("KafkaTopic")} == {
+        "dsh"}
+
+
+# --- settings, secrets, ports -------------------------------------------------------------
+
+def env_vars(container: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = container.get("env", [])
+    return found
+
+
+def test_every_dsh_variable_is_a_setting_and_parses() -> None:
+    assert set(config_map()) <= SETTINGS_VARS
+    for workload, container in dsh_containers():
+        names = {e["name"] for e in env_vars(container)}
+        unknown = {n for n in names if n.startswith("DSH_")} - SETTINGS_VARS
+        assert not unknown, f"{resource_id(workload)}: {sorted(unknown)} are not settings"
+        literal = {e["name"]: e["value"] for e in env_vars(container) if "value" in e}
+        Settings.from_env(config_map() | literal)
+        assert container["envFrom"] == [{"configMapRef": {"name": "dsh-config"}}]
+
+
+def test_secrets_come_only_by_reference() -> None:
+    assert not of_kind("Secret"), "secret values must not live in the manifests"
+    assert not set(config_map()) & SECRET_VARS
+    for workload, container in dsh_containers():
+        for env in env_vars(container):
+            if env["name"] in SECRET_VARS or env["name"] == "DEEPSEEK_API_KEY":
+                assert "value" not in env, f"{resource_id(workload)}: {env['name']} inline"
+                assert env["valueFrom"]["secretKeyRef"]["name"] == "dsh-secrets"
+
+
+def port_named(container: dict[str, Any], name: Any) -> int:
+    if isinstance(name, int):
+        return name
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    return ports[name]
+
+
+@pytest.mark.parametrize("workload_name", sorted(PORT_OF_WORKLOAD))
+def test_probes_use_health_on_the_settings_port(workload_name: str) -> None:
+    workload = next(w for w in workloads() if w["metadata"]["name"] == workload_name)
+    (container,) = containers(workload)
+    probes = [container[k] for k in ("livenessProbe", "readinessProbe", "startupProbe")
+              if k in container]
+    assert len(probes) >= 2
+    for probe in probes:
+        assert probe["httpGet"]["path"] == "/health"
+        assert port_named(container, probe["httpGet"]["port"]) == PORT_OF_WORKLOAD[workload_name]
+    assert container["args"][0] == workload_name
+
+
+def test_every_container_has_requests_limits_and_runs_as_non_root() -> None:
+    for workload in workloads():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, resource_id(workload)
+        for container in containers(workload):
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), resource_id(workload)
+            assert "memory" in resources["limits"], resource_id(workload)
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+# --- workloads, budgets, autoscaling ------------------------------------------------------
+
+def selects(selector: dict[str, str], workload: Resource) -> bool:
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_services_and_budgets_select_their_pods() -> None:
+    for kind in ("Deployment", "StatefulSet"):
+        for workload in of_kind(kind):
+            assert selects(workload["spec"]["selector"]["matchLabels"], workload)
+            budgets = [b for b in of_kind("PodDisruptionBudget")
+                       if selects(b["spec"]["selector"]["matchLabels"], workload)]
+            assert len(budgets) == 1, f"{resource_id(workload)} needs one PodDisruptionBudget"
+    for service in of_kind("Service"):
+        assert any(selects(service["spec"]["selector"], w) for w in workloads())
+
+
+def test_processors_keep_state_on_persistent_volumes() -> None:
+    processors = named("StatefulSet", "processors")
+    (container,) = containers(processors)
+    state_dir = {e["name"]: e.get("value") for e in env_vars(container)}["DSH_STATE_DIR"]
+    claims = {c["metadata"]["name"] for c in processors["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts[state_dir] in claims
+    headless = named("Service", processors["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize(("workload_kind", "name", "source_topic"), [
+    ("Deployment", "driver", "inbox"),
+    ("StatefulSet", "processors", "session_events"),
+])
+def test_autoscaling_follows_consumer_lag_within_the_partitions(
+        workload_kind: str, name: str, source_topic: str) -> None:
+    hpa = named("HorizontalPodAutoscaler", name)
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == (workload_kind, name)
+    named(workload_kind, name)
+    topic_name = getattr(TopicNames(config_map()["DSH_TOPIC_PREFIX"]), source_topic)
+    (metric,) = hpa["spec"]["metrics"]
+    selector = metric["external"]["metric"]["selector"]["matchLabels"]
+    assert metric["external"]["metric"]["name"] == "kafka_consumergroup_lag"
+    assert selector["topic"] == topic_name
+    assert selector["consumergroup"] == f"{config_map()['DSH_GROUP_ID_PREFIX']}{name}"
+    partitions = topic(topic_name)["partitions"]
+    assert hpa["spec"]["minReplicas"] <= named(workload_kind, name)["spec"]["replicas"]
+    assert hpa["spec"]["maxReplicas"] <= partitions, "replicas past the partitions sit idle"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from turn_harness import (
+from test_turn_machine_harness import (
     CONFIG,
     Attempt,
     Harness,

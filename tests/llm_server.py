@@ -97,7 +97,8 @@ class LLMTestServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/chat/completions", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                   shutdown_timeout=1.0)
         self.base_url = ""
 
     def enqueue(self, *responses: ScriptedResponse) -> None:
@@ -105,7 +106,7 @@ class LLMTestServer:
 
     async def start(self) -> str:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=1.0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.base_url = f"http://{host}:{port}"

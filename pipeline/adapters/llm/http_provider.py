@@ -136,6 +136,13 @@ def translate_http_error(exc: Exception, *, provider: str, url: str,
                          request_id=request_id)
 
 
+def _replaced(error: ProviderError, *, message: str | None = None,
+              request_id: str | None = None) -> ProviderError:
+    return ProviderError(str(error) if message is None else message, code=error.code,
+                         status=error.status, retry_after_ms=error.retry_after_ms,
+                         request_id=error.request_id if request_id is None else request_id)
+
+
 class OpenAICompatibleProvider:
     """Streams chat completions from any OpenAI-compatible endpoint (``base_url`` + key)."""
 
@@ -192,6 +199,10 @@ class OpenAICompatibleProvider:
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise translate_http_error(exc, provider=self.name, url=self.url,
                                        request_id=request_id) from None
+        except ProviderError as exc:
+            if exc.request_id is not None or request_id is None:
+                raise
+            raise _replaced(exc, request_id=request_id) from None
 
     async def _check_status(self, response: httpx.Response) -> None:
         if response.status_code == 200:
@@ -237,8 +248,7 @@ class OpenAICompatibleProvider:
         text = str(error)
         if not key or key not in text:
             return error
-        return ProviderError(text.replace(key, MASK), code=error.code, status=error.status,
-                             retry_after_ms=error.retry_after_ms, request_id=error.request_id)
+        return _replaced(error, message=text.replace(key, MASK))
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,0 +1,266 @@
+"""The Kafka driver against the real local broker: turns, takeover, fencing, DLQ, repair.
+
+Each test uses its own topics (``topic_prefix``) and consumer group, runs the driver
+in-process with the scripted provider, and reads the session topic back read_committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.plain_producer import send_records
+from pipeline.adapters.kafka.records import OutRecord, header_value
+from pipeline.adapters.kafka.session_reader import read_session_partition
+from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.cli.cmd_driver import driver_context
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.inbox import InboxCodec
+from pipeline.codec.sessionfile import read_session_file
+from pipeline.core.events import Event
+from pipeline.core.inbox import FollowUp
+from pipeline.core.log import SessionLog
+from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.services.driver.tools import builtin_registry
+from pipeline.settings import Settings
+
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(60)]
+PARTITIONS = 3
+WAIT_S = 20.0
+FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+
+
+@pytest.fixture
+def driver_settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
+    """Like the shared ``settings`` fixture, without the registry (the driver needs none)."""
+    return Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
+                             partitions=PARTITIONS, replication_factor=1,
+                             group_id_prefix=f"{topic_prefix}g-")
+
+
+@pytest.fixture
+async def topics(driver_settings: Settings) -> Settings:
+    await ensure_topics(driver_settings)
+    return driver_settings
+
+
+class RunningDriver:
+    def __init__(self, settings: Settings, group: str) -> None:
+        ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10)
+        self.service = DriverService(ctx, DriverConfig(linger_ms=10, shutdown_grace_s=5,
+                                                       session_timeout_ms=6000))
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.service.run(self.stop))
+
+    async def wait_owning(self, predicate: Callable[[set[int]], bool]) -> None:
+        async def owning() -> None:
+            while not (self.service.ready.is_set() and predicate(set(self.service.owned))):
+                if self.task.done():
+                    self.task.result()
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(owning(), WAIT_S)
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, WAIT_S)
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, group: str) -> AsyncIterator[RunningDriver]:
+    driver = RunningDriver(settings, group)
+    try:
+        yield driver
+    finally:
+        if not driver.task.done():
+            await driver.close()
+
+
+def partition_of(session_id: str) -> int:
+    return (murmur2(session_id.encode()) & 0x7FFFFFFF) % PARTITIONS
+
+
+async def send_followup(settings: Settings, session_id: str, text: str) -> str:
+    message_id = str(uuid.uuid4())
+    command = FollowUp(session_id, message_id, ({"type": "text", "text": text},))
+    record = OutRecord(settings.topics.inbox, session_id.encode(), InboxCodec().encode(command))
+    await send_records(settings, [record])
+    return message_id
+
+
+async def session_events(settings: Settings, session_id: str) -> list[Event]:
+    contents = await read_session_partition(settings, settings.topics.session_events,
+                                            partition_of(session_id), EventSerde().decode)
+    return contents.events.get(session_id, [])
+
+
+async def wait_for_events(settings: Settings, session_id: str,
+                          done: Callable[[list[Event]], bool]) -> list[Event]:
+    async def poll() -> list[Event]:
+        while True:
+            events = await session_events(settings, session_id)
+            if done(events):
+                return events
+            await asyncio.sleep(0.1)
+    return await asyncio.wait_for(poll(), WAIT_S)
+
+
+def completed_turns(events: list[Event]) -> int:
+    return sum(1 for e in events
+               if e.type == "turn/end" and e.data["reason"]["kind"] == "completed")
+
+
+def strict_log(session_id: str, events: list[Event]) -> SessionLog:
+    log = SessionLog(session_id, mode="strict")
+    log.extend(events)  # raises on any duplicate, gap or invalid event
+    return log
+
+
+async def committed_offset(settings: Settings, group: str, partition: int) -> int | None:
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        result = await consumer.committed(TopicPartition(settings.topics.inbox, partition))
+        return int(result) if result is not None else None
+    finally:
+        await consumer.stop()
+
+
+async def test_followup_runs_a_complete_turn_that_validates_strictly(
+        topics: Settings, group_id: str) -> None:
+    session = "s-turn"
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        message_id = await send_followup(topics, session, "hello driver")
+        events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+        await driver.close()
+    log = strict_log(session, events)
+    types = [e.type for e in log.events]
+    assert types[:3] == ["agent/inbox/spliced", "turn/start", "agent/inbox/spliced"]
+    assert types[-1] == "turn/end" and "assistant/message" in types
+    assert events[0].data["inserted"][0]["id"] == message_id
+    assert log.messages()[0]["id"] == message_id  # the follow-up is what the model saw
+    assert await committed_offset(topics, group_id, partition_of(session)) == 1
+    assert driver.service.metrics.commands == 1 and driver.service.metrics.dead_letters == 0
+
+
+async def test_second_driver_takes_over_without_duplicate_seqs(
+        topics: Settings, group_id: str) -> None:
+    session = "s-takeover"
+    async with running(topics, group_id) as first:
+        await first.wait_owning(lambda owned: owned == {0, 1, 2})
+        await send_followup(topics, session, "turn one")
+        await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+        async with running(topics, group_id) as second:
+            await second.wait_owning(lambda owned: len(owned) >= 1)
+            await first.close()
+            await second.wait_owning(lambda owned: owned == {0, 1, 2})
+            await send_followup(topics, session, "turn two")
+            events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 2)
+    log = strict_log(session, events)
+    assert [e.seq for e in log.events] == list(range(len(events)))
+    assert [e.data["turn"] for e in events if e.type == "turn/start"] == [1, 2]
+
+
+async def test_fenced_driver_gives_up_its_partition_and_cannot_append(
+        topics: Settings, group_id: str) -> None:
+    session = "s-fenced"
+    partition = partition_of(session)
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        zombie_killer = PartitionProducer(topics, group_id=group_id, partition=partition)
+        await zombie_killer.start()  # same transactional id: the driver's producer is fenced
+        try:
+            await send_followup(topics, session, "you are fenced")
+
+            async def given_up() -> None:
+                while driver.service.metrics.fenced == 0:
+                    await asyncio.sleep(0.05)
+            await asyncio.wait_for(given_up(), WAIT_S)
+            assert partition not in driver.service.owned
+            assert set(driver.service.owned) == {0, 1, 2} - {partition}
+            assert await session_events(topics, session) == []
+        finally:
+            await zombie_killer.close()
+
+
+async def test_garbage_inbox_record_goes_to_dlq_and_next_command_runs(
+        topics: Settings, group_id: str) -> None:
+    session = "s-dlq"
+    inbox = topics.topics.inbox
+    traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    garbage = OutRecord(inbox, session.encode(), b"\x00\x00\x00\x00\x09not avro",
+                        (("traceparent", traceparent),))
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        [(partition, offset)] = await send_records(topics, [garbage])
+        await send_followup(topics, session, "after the garbage")
+        events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+    strict_log(session, events)
+    letters = await read_all(topics, topics.topics.dlq(inbox))
+    assert len(letters) == 1
+    key, value, headers = letters[0]
+    assert key == session.encode() and value == garbage.value
+    assert header_value(headers, "dsh.error.class") == b"SchemaError"
+    assert b"schema id 9" in (header_value(headers, "dsh.error.message") or b"")
+    assert header_value(headers, "dsh.original.topic") == inbox.encode()
+    assert header_value(headers, "dsh.original.partition") == str(partition).encode()
+    assert header_value(headers, "dsh.original.offset") == str(offset).encode()
+    assert header_value(headers, "traceparent") == garbage.headers[0][1]
+
+
+Letter = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+async def read_all(settings: Settings, topic: str) -> list[Letter]:
+    consumer = AIOKafkaConsumer(topic, **client_options(settings), group_id=None,
+                                isolation_level="read_committed", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=3000)
+        return [(r.key, r.value, list(r.headers)) for records in batch.values() for r in records]
+    finally:
+        await consumer.stop()
+
+
+async def test_open_turn_on_the_topic_is_repaired_on_assignment(
+        topics: Settings, group_id: str) -> None:
+    session = "s-repair"
+    fixture = read_session_file(FIXTURES / "tool-outcome-unknown.jsonl").events
+    open_turn = [replace(e, data=_without_placeholders(e.data, session)) for e in fixture[:5]]
+    serde = EventSerde()
+    await send_records(topics, [
+        OutRecord(topics.topics.session_events, session.encode(), serde.encode(session, e))
+        for e in open_turn])
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        events = await wait_for_events(topics, session, lambda ev: ev[-1].type == "turn/end")
+        assert driver.service.metrics.turns_repaired == 1
+    strict_log(session, events)
+    closers = events[len(open_turn):]
+    assert [e.type for e in closers] == ["tool/result", "step/end", "turn/end"]
+    assert closers[0].data["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+    assert closers[2].data["reason"] == {"kind": "interrupted"}
+    expected = [e.type for e in fixture[5:8]]
+    assert [e.type for e in closers] == expected
+
+
+def _without_placeholders(data: object, session: str) -> object:
+    if isinstance(data, dict):
+        return {k: _without_placeholders(v, session) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_without_placeholders(v, session) for v in data]
+    if isinstance(data, str):
+        return data.replace("{{sessionId}}", session)
+    return data

@@ -16,6 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pipeline.cli.main import build_parser
+from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Secret, Settings, TopicNames
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,6 +270,14 @@ def test_processors_keep_state_on_persistent_volumes() -> None:
     assert headless["spec"]["clusterIP"] == "None"
 
 
+def consumer_group(workload_name: str) -> str:
+    """The group each service joins (cmd_driver: <prefix>driver; processors: the faust app id)."""
+    settings = Settings.from_env(config_map())
+    if workload_name == "processors":
+        return ProcessorsOptions().app_id(settings)
+    return f"{settings.group_id_prefix}{workload_name}"
+
+
 @pytest.mark.parametrize(("workload_kind", "name", "source_topic"), [
     ("Deployment", "driver", "inbox"),
     ("StatefulSet", "processors", "session_events"),
@@ -283,7 +293,38 @@ def test_autoscaling_follows_consumer_lag_within_the_partitions(
     selector = metric["external"]["metric"]["selector"]["matchLabels"]
     assert metric["external"]["metric"]["name"] == "kafka_consumergroup_lag"
     assert selector["topic"] == topic_name
-    assert selector["consumergroup"] == f"{config_map()['DSH_GROUP_ID_PREFIX']}{name}"
+    assert selector["consumergroup"] == consumer_group(name)
     partitions = topic(topic_name)["partitions"]
     assert hpa["spec"]["minReplicas"] <= named(workload_kind, name)["spec"]["replicas"]
     assert hpa["spec"]["maxReplicas"] <= partitions, "replicas past the partitions sit idle"
+
+
+def cli_commands() -> dict[str, Any]:
+    action = next(a for a in build_parser()._actions
+                  if isinstance(a.choices, dict) and "config" in a.choices)
+    choices: dict[str, Any] = action.choices
+    return choices
+
+
+@pytest.mark.parametrize("workload", [w for w, _ in dsh_containers()], ids=resource_id)
+def test_container_args_are_a_valid_command_line(workload: Resource) -> None:
+    (container,) = containers(workload)
+    defined = {e["name"] for e in env_vars(container)}
+    args = list(container["args"])
+    for i, arg in enumerate(args):
+        for name in defined:
+            arg = arg.replace(f"$({name})", "10.0.0.7")
+        assert "$(" not in arg, f"{resource_id(workload)}: {arg!r} names an undefined variable"
+        args[i] = arg
+    if args[0] not in cli_commands():
+        pytest.skip(f"`dsh-pipeline {args[0]}` is not built yet")
+    cli_commands()[args[0]].parse_args(args[1:])
+
+
+def test_processors_bind_where_probes_and_other_workers_reach_them() -> None:
+    (container,) = containers(named("StatefulSet", "processors"))
+    args = container["args"]
+    assert args[args.index("--web-host") + 1] == "$(POD_IP)"
+    pod_ip = next(e for e in env_vars(container) if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert args[args.index("--store") + 1] == "rocksdb://"

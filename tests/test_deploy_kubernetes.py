@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pipeline.adapters.kafka.admin import plan_topics
 from pipeline.cli.main import build_parser
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Secret, Settings, TopicNames
@@ -154,6 +155,17 @@ def test_topics_are_the_projects_with_their_cleanup_policies() -> None:
         assert topic(derived)["config"]["cleanup.policy"] == "compact"
     for dlq in (names.dlq(names.session_events), names.dlq(names.inbox), names.inbox):
         assert topic(dlq)["config"]["cleanup.policy"] == "delete"
+
+
+def test_topics_are_what_the_services_ensure_at_start() -> None:
+    """The services run ensure_topics at start and refuse a topic whose partitions or
+    cleanup policy differ from their plan: the KafkaTopics must be exactly that plan."""
+    for spec in plan_topics(Settings.from_env(config_map())):
+        declared = topic(spec.name)
+        assert declared["partitions"] == spec.partitions, spec.name
+        assert declared["replicas"] == spec.replication_factor, spec.name
+        for key, value in spec.configs.items():
+            assert str(declared["config"][key]) == value, f"{spec.name}: {key}"
 
 
 def test_inbox_and_session_events_are_co_partitioned_as_configured() -> None:

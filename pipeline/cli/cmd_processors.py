@@ -1,0 +1,73 @@
+"""``dsh-pipeline processors``: run one stream-processors worker (faust).
+
+Folds ``<prefix>session-events`` into the derived-messages, usage and fleet tables, publishes
+them to their compacted topics and serves them over HTTP on ``--web-port``. Run several with
+different ``--web-port`` values (and ``--data-dir`` with rocksdb) to share the partitions; a
+stopped worker's partitions move to the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.codec.avro import EventSerde
+from pipeline.core.errors import ConfigError
+from pipeline.services.processors.app import build_processors
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.runner import run_worker
+from pipeline.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "processors", help="run a stream-processors worker (derived messages, usage, fleet)")
+    parser.add_argument("--web-port", type=int, default=None,
+                        help="HTTP port (default DSH_PROCESSORS_WEB_PORT)")
+    parser.add_argument("--web-host", default="127.0.0.1", help="HTTP host to bind")
+    parser.add_argument("--store", default="memory://",
+                        help="table store: memory:// (rebuilt from changelogs on start) or "
+                             "rocksdb:// (needs rocksdict)")
+    parser.add_argument("--data-dir", default=None,
+                        help="faust data dir (default <DSH_STATE_DIR>/processors-<port>)")
+    parser.add_argument("--standby-replicas", type=int, default=1)
+    parser.add_argument("--grace", type=float, default=5.0,
+                        help="seconds a usage window stays open after its end for late events")
+    parser.add_argument("--tick", type=float, default=1.0,
+                        help="seconds between window-closing ticks")
+    parser.add_argument("--windows", default="minute=60,hour=3600",
+                        help="usage windows as NAME=SECONDS[,NAME=SECONDS]")
+    parser.add_argument("--loglevel", default="WARNING")
+    parser.set_defaults(func=run_processors)
+
+
+def parse_windows(text: str) -> dict[str, int]:
+    """``minute=60,hour=3600`` -> ``{"minute": 60000, "hour": 3600000}``."""
+    sizes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, seconds = part.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or not name or "/" in name or value <= 0:
+            raise ConfigError(f"--windows: {part!r} is not NAME=SECONDS with SECONDS > 0")
+        sizes[name] = int(value * 1000)
+    if not sizes:
+        raise ConfigError("--windows: give at least one NAME=SECONDS")
+    return sizes
+
+
+def run_processors(args: argparse.Namespace, settings: Settings) -> int:
+    port = args.web_port if args.web_port is not None else settings.processors_web_port
+    options = ProcessorsOptions(
+        web_port=port, web_host=args.web_host, store=args.store,
+        standby_replicas=args.standby_replicas, grace_ms=int(args.grace * 1000),
+        tick_interval_s=args.tick,
+        data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
+    sizes = parse_windows(args.windows)
+    asyncio.run(ensure_topics(settings))
+    processors = build_processors(settings, EventSerde().decode, options, sizes)
+    return run_worker(processors, loglevel=args.loglevel.upper())

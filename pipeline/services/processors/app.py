@@ -1,0 +1,207 @@
+"""The processors faust app, built by :func:`build_processors` from settings (nothing at import).
+
+Topology (all tables have changelog topics ``<app id>-<table>-changelog``, co-partitioned
+with their source topic, and ``options.standby_replicas`` standby copies):
+
+    session-events ──fold_sessions──> tables cursor, surface, nodes, usage, fleet
+         │                            ├─> derived-messages (compacted, slot-keyed changes)
+         │                            ├─> usage  (session totals)      ├─> fleet (compacted)
+         │                            └─> <app id>-usage-by-model (internal, keyed by model)
+         └─> session-events.dlq (undecodable, gaps, invalid)              │
+    ticks (timer: wall clock) ─────────────────────────────> fold_usage ─┴─> table usage-agg
+                                                                           └─> usage (model
+                                                                               totals, windows)
+
+Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
+crash or rebalance changes nothing (faust's ``exactly_once`` is not used: see the notes on its
+duplicates after crashes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.records import InboxRecord, headers_of
+from pipeline.core.errors import ConfigError
+from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
+from pipeline.core.usage import WINDOW_SIZES_MS
+from pipeline.services.processors.aggregation import UsageAggregator, tick_value
+from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.folding import (
+    Decoder,
+    Outgoing,
+    SessionFolder,
+    SessionTables,
+)
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SESSION_TABLES = ("cursor", "surface", "nodes", "usage", "fleet")
+
+
+@dataclass(slots=True)
+class Processors:
+    """The app and the parts its views and timers read."""
+
+    app: Any
+    settings: Settings
+    options: ProcessorsOptions
+    tables: SessionTables
+    usage_agg: Any
+    counters: DeliveryCounters = field(default_factory=DeliveryCounters)
+    step_rate: StepRate = field(default_factory=StepRate)
+    steps_seen: int = 0
+
+    def active_partitions(self, topic: str) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
+
+    def local_fleet(self) -> list[FleetStatus]:
+        """Statuses of the sessions whose partitions this worker owns (not standbys)."""
+        owned = self.active_partitions(self.settings.topics.session_events)
+        return [FleetStatus.from_json({k: v for k, v in raw.items() if k != "partition"})
+                for raw in list(self.tables.fleet.values())
+                if raw and raw.get("partition") in owned]
+
+    def fleet_summary(self) -> dict[str, Any]:
+        now_ms = int(time.time() * 1000)
+        statuses = self.local_fleet()
+        total_steps = sum(s.steps for s in statuses)
+        self.step_rate.observe(now_ms, max(0, total_steps - self.steps_seen))
+        self.steps_seen = total_steps
+        counters = fleet_counters(statuses, now_ms=now_ms,
+                                  active_within_ms=self.options.active_within_ms,
+                                  steps_per_second=self.step_rate.per_second())
+        return counters.to_json()
+
+    def recovery(self) -> dict[str, Any]:
+        recovery = self.app.tables.recovery
+        return {"in_recovery": bool(recovery.in_recovery),
+                "active_remaining": int(recovery.active_remaining_total()),
+                "standby_remaining": int(recovery.standby_remaining_total())}
+
+
+def faust_broker_options(settings: Settings) -> dict[str, Any]:
+    """faust's ``broker`` URLs and credentials from the same settings aiokafka uses."""
+    options = client_options(settings)  # validates protocol, SASL, TLS; raises ConfigError
+    hosts = [h.strip() for h in settings.bootstrap_servers.split(",") if h.strip()]
+    result: dict[str, Any] = {"broker": [f"kafka://{h}" for h in hosts]}
+    protocol = options["security_protocol"]
+    if protocol.startswith("SASL_"):
+        result["broker_credentials"] = faust.SASLCredentials(
+            username=options["sasl_plain_username"], password=options["sasl_plain_password"],
+            mechanism=options["sasl_mechanism"], ssl_context=options.get("ssl_context"))
+    elif protocol == "SSL":
+        result["broker_credentials"] = faust.SSLCredentials(options["ssl_context"])
+    return result
+
+
+def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
+    return faust.App(
+        options.app_id(settings),
+        **faust_broker_options(settings),
+        store=options.store,
+        autodiscover=False,
+        datadir=options.data_dir,
+        web_enabled=True,
+        web_host=options.web_host,
+        web_bind=options.web_host,
+        web_port=options.web_port,
+        canonical_url=f"http://{options.web_host}:{options.web_port}",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        table_standby_replicas=options.standby_replicas,
+        consumer_auto_offset_reset="earliest",
+        key_serializer="raw",
+        value_serializer="raw",
+        stream_wait_empty=False,
+        producer_acks=-1,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+    )
+
+
+def _table(app: Any, name: str, partitions: int) -> Any:
+    table = app.Table(name, default=None, partitions=partitions, key_type=str)
+    # Raw UTF-8 keys (faust would JSON-quote them): the changelog key is then the session id
+    # itself, so faust's router hashes it like the session topic's partitioner does and
+    # forwards an HTTP request to the worker that really owns the session.
+    table.key_serializer = "raw"
+    return table
+
+
+def build_processors(settings: Settings, decode: Decoder,
+                     options: ProcessorsOptions | None = None,
+                     window_sizes_ms: Mapping[str, int] | None = None) -> Processors:
+    """The whole app, ready for a faust worker to run. No I/O happens here."""
+    options = options or ProcessorsOptions()
+    sizes = dict(window_sizes_ms or WINDOW_SIZES_MS)
+    if not sizes or any(v <= 0 for v in sizes.values()):
+        raise ConfigError(f"usage window sizes must be positive, got {sizes}")
+    app = _new_app(settings, options)
+    parts = settings.partitions
+    tables = SessionTables(*(_table(app, name, parts) for name in SESSION_TABLES))
+    processors = Processors(app, settings, options, tables, _table(app, "usage-agg", parts))
+
+    async def send(out: Outgoing) -> None:
+        await app.producer.send(out.topic, out.key, out.value, out.partition, None,
+                                list(out.headers) or None)
+
+    _wire_sessions(processors, decode, send)
+    _wire_usage(processors, send, sizes)
+    from pipeline.services.processors.web import register_views  # after tables exist
+    register_views(processors)
+    return processors
+
+
+def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> None:
+    app, settings = processors.app, processors.settings
+    source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
+    folder = SessionFolder(processors.tables, send, decode, settings.topics,
+                           processors.options.usage_topic(settings), processors.counters)
+
+    async def fold_sessions(stream: Any) -> None:
+        async for event in stream.events():
+            await folder.handle(_record_of(event))
+
+    app.agent(source, name="fold-sessions")(fold_sessions)
+
+
+def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> None:
+    app, settings, options = processors.app, processors.settings, processors.options
+    name = options.usage_topic(settings)
+    by_model = app.topic(name, key_type=bytes, value_type=bytes, internal=True,
+                         partitions=settings.partitions)
+    aggregator = UsageAggregator(processors.usage_agg, send, settings.topics.usage,
+                                 processors.counters, grace_ms=options.grace_ms, sizes=sizes)
+
+    async def fold_usage(stream: Any) -> None:
+        async for event in stream.events():
+            await aggregator.handle(event.message.partition, json.loads(event.value))
+
+    async def tick() -> None:
+        # Windows close on wall-clock time even when no event arrives: the tick goes through
+        # the stream so the close is folded (and its table writes land) like any record.
+        now_ms = int(time.time() * 1000)
+        for partition in sorted(processors.active_partitions(name)):
+            await send(Outgoing(name, b"tick", tick_value(now_ms), (), partition))
+
+    app.agent(by_model, name="fold-usage")(fold_usage)
+    app.timer(options.tick_interval_s)(tick)
+
+
+def _record_of(event: Any) -> InboxRecord:
+    message = event.message
+    return InboxRecord(topic=message.topic, partition=message.partition, offset=message.offset,
+                       key=event.key, value=event.value,
+                       headers=headers_of(message.headers),
+                       timestamp_ms=int((message.timestamp or 0) * 1000))

@@ -1,0 +1,47 @@
+"""Options of the processors worker that are not project-wide settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.core.errors import ConfigError
+from pipeline.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorsOptions:
+    """How one processors worker runs.
+
+    ``store`` is faust's table store: ``memory://`` keeps tables in memory and rebuilds them
+    from their changelog topics on start (what tests and small deployments use); production
+    uses ``rocksdb://`` (needs the ``rocksdict`` package) so a restart only reads the tail of
+    each changelog. Either way the changelogs are the state; the store is a cache.
+    """
+
+    web_port: int = 6066
+    web_host: str = "127.0.0.1"
+    store: str = "memory://"
+    standby_replicas: int = 1
+    grace_ms: int = 5_000
+    tick_interval_s: float = 1.0
+    active_within_ms: int = 60_000
+    data_dir: str = ".cache/state/processors"
+    app_name: str = "processors"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.web_port < 65536:
+            raise ConfigError(f"processors web port must be 1..65535, got {self.web_port}")
+        if self.grace_ms < 0:
+            raise ConfigError(f"usage window grace must be >= 0 ms, got {self.grace_ms}")
+        if self.tick_interval_s <= 0:
+            raise ConfigError(f"tick interval must be > 0 s, got {self.tick_interval_s}")
+        if not self.store.startswith(("memory://", "rocksdb://")):
+            raise ConfigError(f"table store must be memory:// or rocksdb://, got {self.store!r}")
+
+    def app_id(self, settings: Settings) -> str:
+        """The faust app id (= consumer group id and changelog topic prefix)."""
+        return f"{settings.group_id_prefix}{settings.topic_prefix}{self.app_name}"
+
+    def usage_topic(self, settings: Settings) -> str:
+        """The internal topic repartitioning usage samples by provider/model."""
+        return f"{self.app_id(settings)}-usage-by-model"

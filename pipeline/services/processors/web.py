@@ -1,0 +1,137 @@
+"""HTTP views of the processors worker (faust's aiohttp web server).
+
+Per-session views are routed by faust to the worker that owns the session's partition
+(``table_route``), so any worker answers for every session:
+
+    GET /sessions/{id}/messages[?at_seq=N]   derived messages (now, or as of event N)
+    GET /fleet/sessions/{id}                 one session's fleet status
+    GET /usage/sessions/{id}                 one session's usage (OTel names + dsh counts)
+    GET /fleet                               counters over the sessions this worker owns
+    GET /usage/models                        model totals this worker owns
+    GET /health                              recovery progress (remaining offsets), counters
+    GET /metrics                             the counters in the Prometheus text format
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from faust.web import View
+
+from pipeline.core.fleet import FleetStatus
+from pipeline.core.projection import surface_seqs_at
+from pipeline.core.usage import SessionUsage, TokenCounts, model_record, session_record
+
+if TYPE_CHECKING:
+    from pipeline.services.processors.app import Processors
+
+
+def session_messages(processors: Processors, session_id: str, at_seq: int | None
+                     ) -> dict[str, Any] | None:
+    """The derived messages of a session from the tables (None: session unknown here)."""
+    tables = processors.tables
+    next_seq = tables.cursor.get(session_id)
+    if next_seq is None:
+        return None
+    surface = tables.surface.get(session_id) or {"nodes": [], "ops": []}
+    if at_seq is None:
+        seqs = [seq for _slot, seq in surface["nodes"]]
+    else:
+        seqs = surface_seqs_at(surface["ops"], at_seq)
+    messages = []
+    for seq in seqs:
+        node = tables.nodes.get(f"{session_id}/{seq}")
+        if node is not None and node.get("message") is not None:
+            messages.append(node["message"])
+    return {"session": session_id, "nextSeq": int(next_seq),
+            "atSeq": next_seq - 1 if at_seq is None else min(at_seq, int(next_seq) - 1),
+            "messages": messages}
+
+
+def _at_seq(request: Any) -> int | None:
+    raw = request.query.get("at_seq")
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"at_seq must be an integer, got {raw[:40]!r}") from None
+    if value < -1:
+        raise ValueError(f"at_seq must be >= -1, got {value}")
+    return value
+
+
+def register_views(processors: Processors) -> None:
+    tables = processors.tables
+
+    async def messages(view: Any, request: Any, session_id: str) -> Any:
+        try:
+            at_seq = _at_seq(request)
+        except ValueError as exc:
+            return view.error(400, str(exc))
+        body = session_messages(processors, session_id, at_seq)
+        if body is None:
+            return view.error(404, f"session {session_id[:200]!r} is unknown")
+        return view.json(body)
+
+    async def fleet_session(view: Any, request: Any, session_id: str) -> Any:
+        raw = tables.fleet.get(session_id)
+        if raw is None:
+            return view.error(404, f"session {session_id[:200]!r} is unknown")
+        status = FleetStatus.from_json({k: v for k, v in raw.items() if k != "partition"})
+        return view.json(status.to_json())
+
+    async def usage_session(view: Any, request: Any, session_id: str) -> Any:
+        raw = tables.usage.get(session_id)
+        if raw is None:
+            return view.error(404, f"no usage for session {session_id[:200]!r}")
+        return view.json(session_record(session_id, SessionUsage.from_json(raw).totals))
+
+    _routed(processors, "/sessions/{session_id}/messages", tables.surface, messages)
+    _routed(processors, "/fleet/sessions/{session_id}", tables.fleet, fleet_session)
+    _routed(processors, "/usage/sessions/{session_id}", tables.usage, usage_session)
+    _register_worker_views(processors)
+
+
+def _routed(processors: Processors, path: str, table: Any, handler: Any) -> None:
+    """A GET view answered by the worker owning ``session_id`` (faust forwards otherwise)."""
+    app = processors.app
+    route = app.table_route(table=table, match_info="session_id")
+
+    async def get(view: Any, request: Any, session_id: str) -> Any:
+        return await handler(view, request, session_id)
+
+    view_class = type(f"View{handler.__name__.title()}", (View,), {"get": route(get)})
+    app.page(path, name=handler.__name__)(view_class)
+
+
+def _register_worker_views(processors: Processors) -> None:
+    app = processors.app
+
+    async def fleet(web: Any, request: Any) -> Any:
+        sessions = {s.session_id: s.to_json() for s in processors.local_fleet()}
+        return web.json({"counters": processors.fleet_summary(), "sessions": sessions})
+
+    async def usage_models(web: Any, request: Any) -> Any:
+        owned = processors.active_partitions(processors.options.usage_topic(
+            processors.settings))
+        models = []
+        for key, raw in list(processors.usage_agg.items()):
+            if key.startswith("model/") and raw and raw.get("partition") in owned:
+                provider, _sep, model = key[len("model/"):].partition("/")
+                models.append(model_record(provider, model, TokenCounts.from_json(raw)))
+        return web.json({"models": models})
+
+    async def health(web: Any, request: Any) -> Any:
+        return web.json({"recovery": processors.recovery(),
+                         "counters": processors.counters.to_json(),
+                         "partitions": sorted(processors.active_partitions(
+                             processors.settings.topics.session_events))})
+
+    async def metrics(web: Any, request: Any) -> Any:
+        return web.text(processors.counters.prometheus(),
+                        content_type="text/plain; version=0.0.4")
+
+    for path, handler in (("/fleet", fleet), ("/usage/models", usage_models),
+                          ("/health", health), ("/metrics", metrics)):
+        app.page(path)(handler)

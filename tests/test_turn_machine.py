@@ -18,7 +18,7 @@ from test_turn_machine_harness import (
     tool_reply,
 )
 
-from pipeline.core.errors import InvariantViolation, ProviderError, TurnError
+from pipeline.core.errors import ConfigError, InvariantViolation, ProviderError, TurnError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, Inject, Steer
 from pipeline.core.log import SessionLog, derive_messages
@@ -437,3 +437,32 @@ def test_a_redelivered_command_is_not_queued_twice() -> None:
     rebuilt = new_machine(SessionLog.from_events("s1", machine.take_events()))
     assert not rebuilt.submit(follow_up("x", "m1"), 3)
     assert len(rebuilt.inbox.next_turn) == 1  # and the queued item survived the rebuild
+
+
+def test_replay_state_of_the_finish_is_kept_in_the_message_source() -> None:
+    chunks = [*text_reply("a")[:-1],
+              {"type": "finish", "reason": {"kind": "stop"}, "replayState": {"k": [1]}}]
+    events, _ = run_turn(Attempt(chunks))
+    message = next(e for e in events if e.type == "assistant/message")
+    assert message.data["message"]["source"] == {
+        "kind": "model", "provider": "deepseek-official", "model": "deepseek-v4-flash",
+        "replayState": {"k": [1]}}
+
+
+def test_cancel_after_a_whole_tool_call_streamed_answers_it() -> None:
+    chunks = tool_reply(("c1", "echo", "{}"))
+    events, _ = run_turn(Attempt(chunks, cancel_after=3))  # after its block-end
+    message = next(e for e in events if e.type == "assistant/message")
+    assert message.data["interrupted"] is True
+    assert [b["type"] for b in message.data["message"]["content"]] == ["tool-call"]
+    result = next(e for e in events if e.type == "tool/result")
+    assert result.data["error"]["code"] == "TOOL_CANCELED"
+    log = SessionLog.from_events("s1", events)
+    assert log.turn.open_calls == () and log.messages()[-1]["role"] == "user"
+
+
+def test_first_configure_needs_provider_and_model() -> None:
+    machine = new_machine(config=None)
+    with pytest.raises(ConfigError, match="provider and a model"):
+        machine.submit(Configure("s1", "c1", model="m"), 1)
+    assert machine.take_events() == [] and machine.config is None

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+from pipeline.core.errors import ConfigError
 from pipeline.core.events import JsonValue
+from pipeline.core.inbox import Configure
 
 TOOL_CANCELED: Final = {"name": "ToolCanceledError", "code": "TOOL_CANCELED"}
 TOOL_NOT_STARTED: Final = {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}
@@ -32,6 +34,26 @@ class SessionConfig:
     tools: tuple[JsonValue, ...] | None = None
     reasoning_effort: str | None = None
     max_tokens: int | None = None
+
+    @classmethod
+    def configured(cls, base: SessionConfig | None, command: Configure,
+                   tools: tuple[JsonValue, ...] | None) -> SessionConfig:
+        """``base`` with what ``command`` sets (``tools``: its resolved definitions)."""
+        provider = command.provider or (base.provider if base else None)
+        model = command.model or (base.model if base else None)
+        if provider is None or model is None:
+            raise ConfigError(f"configure {command.message_id!r}: the first configure of a "
+                              "session must name a provider and a model")
+
+        def pick(new: Any, old: Any) -> Any:
+            return new if new is not None else old
+
+        return cls(provider, model,
+                   pick(command.system, base.system if base else None),
+                   pick(tools if command.tools is not None else None,
+                        base.tools if base else None),
+                   pick(command.reasoning_effort, base.reasoning_effort if base else None),
+                   pick(command.max_tokens, base.max_tokens if base else None))
 
     def header(self) -> dict[str, JsonValue]:
         """The ``request/header`` ``data.header`` for this configuration."""

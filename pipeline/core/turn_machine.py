@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum, auto
-from typing import Any, Final
+from typing import Final
 
 from pipeline.core.errors import InvariantViolation, ProviderError, TurnError
 from pipeline.core.events import APPEND, Event, JsonValue
@@ -69,6 +69,7 @@ from pipeline.core.turn_effects import (
     ToolOutcome,
 )
 from pipeline.core.turn_history import History, config_from_header, scan_history
+from pipeline.core.turn_requests import error_reason, request_diff, stream_error
 from pipeline.core.turns import repair_closers
 
 NO_MODEL: Final = "NO_MODEL_CONFIGURED"
@@ -128,6 +129,7 @@ class TurnMachine:
         self._attempt = attempt
         self._acc = StreamAccumulator()
         self._chunk_seqs: list[int] = []
+        self._replay_state: JsonValue = None
         self._retry_delay: int | None = None
 
     def _append(self, type_: str, data: JsonValue, now: int, *, surface: bool = False,
@@ -200,19 +202,7 @@ class TurnMachine:
         return True
 
     def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None) -> None:
-        base = self._config
-        provider = command.provider or (base.provider if base else None)
-        model = command.model or (base.model if base else None)
-        if provider is None or model is None:
-            raise TurnError("the first configure of a session must name a provider and a model")
-        self._config = SessionConfig(
-            provider, model,
-            command.system if command.system is not None else (base.system if base else None),
-            tools if command.tools is not None else (base.tools if base else None),
-            command.reasoning_effort if command.reasoning_effort is not None
-            else (base.reasoning_effort if base else None),
-            command.max_tokens if command.max_tokens is not None
-            else (base.max_tokens if base else None))
+        self._config = SessionConfig.configured(self._config, command, tools)
         if self._header is not None:
             self._header_reason = "change"
 
@@ -280,7 +270,7 @@ class TurnMachine:
             self._append("user/message", message, now, surface=True)
         if self._config is None:
             self._close_step(now)
-            self._end_turn(_error_reason("no provider/model configured for this session; "
+            self._end_turn(error_reason("no provider/model configured for this session; "
                                          "send a configure command first", NO_MODEL), now)
             return
         self._log_header_if_changed(now)
@@ -317,7 +307,7 @@ class TurnMachine:
             return
         raise InvariantViolation(
             f"session {self.log.session_id!r} turn {self._turn} step {self._step}: the model "
-            f"request differs from the log in {', '.join(_request_diff(expected, request))}")
+            f"request differs from the log in {', '.join(request_diff(expected, request))}")
 
     def _call_model(self) -> CallModel:
         self.phase = Phase.STREAMING
@@ -330,13 +320,15 @@ class TurnMachine:
             "assistant/chunk", {"turn": self._turn, "step": self._step, "chunk": dict(chunk)},
             now))
         self._acc.add(chunk)
+        if chunk.get("type") == "finish" and "replayState" in chunk:
+            self._replay_state = chunk["replayState"]
 
     def stream_ended(self, now: int) -> None:
         """The stream ended normally: log the message, then tools, the end, or a new step."""
         self._expect(Phase.STREAMING, "stream_ended")
         kind = self._acc.finish_kind
         if kind not in SUCCESS_FINISH_KINDS:
-            self._failed(_stream_error(self._acc.finish), now, log_finish=kind != "error")
+            self._failed(stream_error(self._acc.finish), now, log_finish=kind != "error")
             return
         content = self._acc.content()
         self._append_assistant(content, now, usage=self._acc.usage)
@@ -358,6 +350,8 @@ class TurnMachine:
         assert self._config is not None
         source: dict[str, JsonValue] = {"kind": "model", "provider": self._config.provider,
                                         "model": self._config.model}
+        if self._replay_state is not None:  # the provider's opaque state for the next call
+            source["replayState"] = self._replay_state
         message = {"id": self._new_id(), "role": "assistant", "content": content,
                    "source": source}
         data: dict[str, JsonValue] = {"turn": self._turn, "step": self._step,
@@ -507,32 +501,3 @@ class TurnMachine:
     def _expect(self, phase: Phase, what: str) -> None:
         if self.phase is not phase:
             raise TurnError(f"{what} called in phase {self.phase.name}, expected {phase.name}")
-
-
-def _error_reason(message: str, code: str) -> dict[str, JsonValue]:
-    return {"kind": "error", "error": {"message": message, "code": code}}
-
-
-def _stream_error(finish: Mapping[str, Any] | None) -> ProviderError:
-    """The failure a stream reported in its own error finish, or the lack of a finish."""
-    if finish is not None and finish.get("kind") == "error":
-        failure = finish.get("failure") or {}
-        return ProviderError(str(failure.get("message", "provider error")),
-                             code=str(failure.get("code", "UNKNOWN")),
-                             status=failure.get("status"),
-                             retry_after_ms=failure.get("providerRetryAfterMs"),
-                             request_id=failure.get("requestId"))
-    return ProviderError("the stream ended without a finish chunk", code="EMPTY_RESPONSE")
-
-
-def _request_diff(expected: ModelRequest, actual: ModelRequest) -> list[str]:
-    """Names of the parts that differ (never their content: it may be large or private)."""
-    parts = [name for name in ("provider", "model", "system", "tools", "reasoning_effort",
-                               "max_tokens") if getattr(expected, name) != getattr(actual, name)]
-    if expected.messages != actual.messages:
-        first = next((i for i, (a, b) in enumerate(zip(expected.messages, actual.messages,
-                                                       strict=False)) if a != b),
-                     min(len(expected.messages), len(actual.messages)))
-        parts.append(f"messages (log derives {len(expected.messages)}, request has "
-                     f"{len(actual.messages)}, first difference at index {first})")
-    return parts or ["an unnamed field"]

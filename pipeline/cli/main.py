@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_files",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
+    "pipeline.cli.cmd_processors",
 )
 
 

@@ -177,6 +177,24 @@ async def test_parallel_tool_calls_and_openai_usage(server: LLMTestServer) -> No
         {"type": "tool-call", "id": "call_b", "name": "ls", "arguments": '{"dir": "."}'}]
 
 
+async def test_tool_calls_without_index_are_told_apart_by_id(
+        server: LLMTestServer, deepseek: DeepSeekProvider) -> None:
+    def part(call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
+        entry = tool_call_part(0, call_id=call_id, name=name, arguments=arguments)
+        del entry["index"]
+        return entry
+
+    server.enqueue(ScriptedResponse(events=[
+        chat_chunk(tool_calls=[part("c1", "f", '{"a"')]),
+        chat_chunk(tool_calls=[part(None, None, ': 1}')]),
+        chat_chunk(tool_calls=[part("c2", "g", "{}")]),
+        chat_chunk(finish_reason="stop")]))
+    chunks = await collect(deepseek)
+    assert [(b["id"], b["arguments"]) for b in assemble(chunks)] == [
+        ("c1", '{"a": 1}'), ("c2", "{}")]
+    assert chunks[-1] == {"type": "finish", "reason": {"kind": "tool-calls"}}
+
+
 async def test_crlf_lines_and_a_last_event_without_blank_line(
         server: LLMTestServer, deepseek: DeepSeekProvider) -> None:
     last = json.dumps(chat_chunk(finish_reason="length"))

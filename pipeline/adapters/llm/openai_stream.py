@@ -204,7 +204,7 @@ class ChatStreamTranslator:
     def _tool_call(self, call: Any, out: list[Chunk]) -> None:
         if not isinstance(call, Mapping):
             raise self._error("a tool_calls entry is not an object")
-        position = call.get("index", 0)
+        position = self._position(call)
         function = call.get("function") or {}
         arguments = function.get("arguments") or ""
         block = self._tools.get(position)
@@ -221,6 +221,19 @@ class ChatStreamTranslator:
         elif arguments:
             block.arguments.append(arguments)
             out.append(tool_call_delta(block.index, block.call_id, arguments, name=block.name))
+
+    def _position(self, call: Mapping[str, Any]) -> int:
+        """The call's OpenAI index; servers that omit it mean "a new id is a new call"."""
+        position = call.get("index")
+        if isinstance(position, int) and not isinstance(position, bool):
+            return position
+        if position is not None:
+            raise self._error(f"tool call index is not an integer: {position!r}")
+        last = max(self._tools, default=None)
+        call_id = call.get("id")
+        if last is None or (call_id and call_id != self._tools[last].call_id):
+            return 0 if last is None else last + 1
+        return last
 
     def end(self) -> list[Chunk]:
         """The closing chunks once the body ended: block-ends, usage, finish."""

@@ -19,11 +19,8 @@ fastavro's and struct's exceptions never leave this module.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from typing import Any, Final, Literal
-
-from fastavro import schemaless_reader, schemaless_writer
 
 from pipeline.codec.payload import (
     JSON_PAYLOAD,
@@ -147,27 +144,25 @@ class EventSerde:
 
     def encode(self, session_id: str, event: Event) -> bytes:
         """The framed Avro bytes of one event. Raises CodecError if it cannot be encoded."""
-        out = io.BytesIO()
-        out.write(self.prefix)
+        out = bytearray(self.prefix)
         try:
-            schemaless_writer(out, self.writer.parsed, self.records.to_record(session_id, event))
+            self.writer.binary.encode_into(out, self.records.to_record(session_id, event))
         except UnicodeEncodeError:
             return self._encode_ascii(session_id, event)
-        except (ValueError, TypeError, OverflowError) as exc:
+        except CodecError as exc:
             raise CodecError(f"seq {event.seq}, type {event.type!r}: cannot encode as Avro: "
                              f"{exc}") from None
-        return out.getvalue()
+        return bytes(out)
 
     def _encode_ascii(self, session_id: str, event: Event) -> bytes:
-        out = io.BytesIO()
-        out.write(self.prefix)
+        out = bytearray(self.prefix)
         try:
             record = self.records.to_record(session_id, event, ascii_only=True)
-            schemaless_writer(out, self.writer.parsed, record)
-        except (ValueError, TypeError, OverflowError) as exc:  # UnicodeError is a ValueError
+            self.writer.binary.encode_into(out, record)
+        except (CodecError, UnicodeEncodeError) as exc:
             raise CodecError(f"seq {event.seq}, type {event.type!r}: cannot encode as Avro "
                              f"(the session id or type is not valid Unicode?): {exc}") from None
-        return out.getvalue()
+        return bytes(out)
 
     def decode(self, data: bytes) -> tuple[str, Event]:
         """(session id, event) from framed bytes of either framing."""
@@ -189,18 +184,7 @@ class EventSerde:
 
 def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Event]:
     """Decode the Avro body at ``data[start:]``, which must be exactly one record."""
-    buf = io.BytesIO(data)
-    buf.seek(start)
-    try:
-        record: Any = schemaless_reader(buf, writer.parsed, None, return_record_name=True,
-                                   return_record_name_override=True)
-    except Exception as exc:  # fastavro raises many types on bad bytes; translate them all
-        raise CodecError(f"undecodable Avro body ({len(data) - start} bytes): "
-                         f"{type(exc).__name__}: {exc}"[:300]) from None
-    if not isinstance(record, dict):
-        raise CodecError("decoded Avro body is not a record")
-    if buf.tell() != len(data):
-        raise CodecError(f"{len(data) - buf.tell()} trailing bytes after the Avro record")
+    record = writer.binary.decode(bytes(data), start)
     try:
         return event_from_record(record, writer)
     except (KeyError, TypeError, ValueError) as exc:

@@ -161,7 +161,7 @@ def _encode_field(field: FieldPlan, value: JsonValue) -> Any:
     if kind == SCALAR:
         if type(value) is not field.scalar:
             raise Unrepresentable
-        if field.scalar is int and not LONG_MIN <= int(value) <= LONG_MAX:
+        if type(value) is int and not LONG_MIN <= value <= LONG_MAX:
             raise Unrepresentable
         return value
     if kind == JSON_FIELD:

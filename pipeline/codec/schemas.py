@@ -20,6 +20,7 @@ from typing import Any, Final
 from fastavro.schema import SchemaParseException, fingerprint, parse_schema
 from fastavro.schema import to_parsing_canonical_form as _canonical_form
 
+from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.payload import RecordPlan, payload_plans
 from pipeline.core.errors import DshError, SchemaError
 
@@ -50,6 +51,7 @@ class WriterSchema:
     parsed: dict[str, Any] = field(repr=False)
     fingerprint: bytes
     plans: dict[str, RecordPlan] = field(repr=False)
+    binary: CompiledSchema = field(repr=False)
     version: int | None = None
 
     @classmethod
@@ -61,7 +63,7 @@ class WriterSchema:
         if not isinstance(parsed, dict) or parsed.get("type") != "record":
             raise SchemaError("a session-event schema must be an Avro record")
         return cls(dict(schema), parsed, schema_fingerprint(schema), payload_plans(parsed),
-                   version)
+                   CompiledSchema(parsed), version)
 
     @classmethod
     def from_text(cls, text: str, version: int | None = None) -> WriterSchema:

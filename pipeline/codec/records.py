@@ -1,0 +1,110 @@
+"""Kafka record key and headers of a session event (DESIGN.md section 2).
+
+- key: the session id, UTF-8 (so a session's events share a partition, in order);
+- headers: ``dsh.type`` (event type), ``dsh.seq`` (decimal ASCII), ``dsh.schema`` (the
+  value's framing, optional) and ``traceparent`` (W3C trace context) when known.
+
+Consumers read type and seq from the headers without decoding the value, e.g. to skip the
+many ``assistant/chunk`` records or to drop duplicates before paying for Avro.
+Headers are ``(str, bytes)`` pairs, the shape aiokafka produces and consumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from pipeline.core.errors import CodecError
+from pipeline.core.events import Event
+
+HEADER_TYPE: Final = "dsh.type"
+HEADER_SEQ: Final = "dsh.seq"
+HEADER_SCHEMA: Final = "dsh.schema"
+HEADER_TRACEPARENT: Final = "traceparent"
+
+Headers = list[tuple[str, bytes]]
+
+
+def record_key(session_id: str) -> bytes:
+    """The record key of a session's events and inbox commands."""
+    try:
+        return session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CodecError(f"session id {session_id!r} is not valid Unicode") from None
+
+
+def session_id_of_key(key: bytes | None) -> str:
+    """The session id of a record key; a missing or non-UTF-8 key is a CodecError."""
+    if key is None:
+        raise CodecError("record has no key (expected the session id)")
+    try:
+        return bytes(key).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CodecError(f"record key is not UTF-8: {bytes(key)[:40]!r}") from None
+
+
+def event_headers(event: Event, *, framing: str | None = None,
+                  traceparent: str | None = None) -> Headers:
+    """The headers of an event's record."""
+    headers: Headers = [
+        (HEADER_TYPE, event.type.encode("utf-8", "surrogatepass")),
+        (HEADER_SEQ, str(event.seq).encode("ascii")),
+    ]
+    if framing:
+        headers.append((HEADER_SCHEMA, framing.encode("ascii")))
+    if traceparent:
+        headers.append((HEADER_TRACEPARENT, traceparent.encode("ascii")))
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderInfo:
+    """What the headers say about a record, before (or instead of) decoding its value."""
+
+    type: str | None
+    seq: int | None
+    framing: str | None
+    traceparent: str | None
+
+
+def read_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> HeaderInfo:
+    """Type, seq, framing and traceparent from a record's headers (None when absent).
+
+    A present but malformed ``dsh.seq`` or non-UTF-8 ``dsh.type`` is a CodecError: a
+    consumer that trusted it would skip or dedupe the wrong record.
+    """
+    type_ = seq = framing = trace = None
+    for name, value in headers or ():
+        if value is None:
+            continue
+        if name == HEADER_TYPE:
+            type_ = _text(name, value)
+        elif name == HEADER_SEQ:
+            seq = _seq(value)
+        elif name == HEADER_SCHEMA:
+            framing = _text(name, value)
+        elif name == HEADER_TRACEPARENT:
+            trace = _text(name, value)
+    return HeaderInfo(type_, seq, framing, trace)
+
+
+def header_type_and_seq(headers: Sequence[tuple[str, bytes | None]] | None
+                        ) -> tuple[str | None, int | None]:
+    """Shortcut of :func:`read_headers` for the common skip/dedupe decision."""
+    info = read_headers(headers)
+    return info.type, info.seq
+
+
+def _text(name: str, value: bytes) -> str:
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CodecError(f"header {name} is not UTF-8: {bytes(value)[:40]!r}") from None
+
+
+def _seq(value: bytes) -> int:
+    raw = bytes(value)
+    if not raw.isdigit() or len(raw) > 20:
+        raise CodecError(f"header {HEADER_SEQ} must be a decimal seq, got {raw[:40]!r}")
+    return int(raw)

@@ -23,6 +23,7 @@ from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.adapters.kafka.session_reader import read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.adapters.llm.factory import provider_from_settings
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -30,6 +31,8 @@ from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
+from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.runner import MemorySink, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
@@ -264,3 +267,48 @@ def _without_placeholders(data: object, session: str) -> object:
     if isinstance(data, str):
         return data.replace("{{sessionId}}", session)
     return data
+
+
+async def scripted_events(settings: Settings, command: FollowUp) -> list[Event]:
+    """What the in-memory runner writes for ``command``: the 'before the crash' log."""
+    log = SessionLog(command.session_id)
+    sink = MemorySink()
+    runner = SessionRunner(log, provider_factory=lambda p, m: provider_from_settings(settings, p),
+                           tools=builtin_registry(), sink=sink,
+                           config=SessionConfig(settings.provider, settings.model))
+    runner.submit(command)
+    await runner.run_until_idle()
+    return sink.events[command.session_id]
+
+
+@pytest.mark.parametrize("cut", ["whole-turn", "mid-step"])
+async def test_redelivered_command_already_in_the_log_is_not_run_again(
+        topics: Settings, group_id: str, cut: str) -> None:
+    """A crash after the events committed but before the inbox offset did."""
+    session = f"s-redeliver-{cut}"
+    command = FollowUp(session, str(uuid.uuid4()), ({"type": "text", "text": "only once"},))
+    before = await scripted_events(topics, command)
+    if cut == "mid-step":
+        before = before[: [e.type for e in before].index("assistant/chunk") + 1]
+    serde = EventSerde()
+    await send_records(topics, [
+        OutRecord(topics.topics.session_events, session.encode(), serde.encode(session, e))
+        for e in before])
+    await send_records(topics, [OutRecord(topics.topics.inbox, session.encode(),
+                                          InboxCodec().encode(command))])
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+
+        async def offset_committed() -> None:
+            while await committed_offset(topics, group_id, partition_of(session)) != 1:
+                await asyncio.sleep(0.1)
+        await asyncio.wait_for(offset_committed(), WAIT_S)
+        events = await wait_for_events(topics, session, lambda ev: ev[-1].type == "turn/end")
+        assert driver.service.metrics.duplicates == 1
+    log = strict_log(session, events)
+    assert sum(1 for e in log.events if e.type == "turn/start") == 1
+    if cut == "whole-turn":
+        assert events == before
+    else:
+        assert events[:len(before)] == before
+        assert events[-1].data["reason"] == {"kind": "interrupted"}

@@ -144,8 +144,9 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
     group = args.group or f"{settings.group_id_prefix}driver"
     tools = builtin_registry(enable_host_tools=args.enable_host_tools)
     ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms)
-    asyncio.run(_serve(settings, DriverService(ctx, config)))
-    print(json.dumps({"stopped": True, **ctx.metrics.snapshot()}), flush=True)
+    service = DriverService(ctx, config)
+    asyncio.run(_serve(settings, service))
+    print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
 
 

@@ -120,6 +120,7 @@ class PartitionSink:
         self._commit_done = asyncio.Condition()
         self.failure: DshError | None = None
         self.events_committed = 0
+        self._closing = False
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
         """Encode and buffer ``events``; they commit with the next transaction."""
@@ -159,14 +160,22 @@ class PartitionSink:
             raise BrokerError(f"inbox partition {self.partition} is no longer writable: "
                               f"{self.failure}")
 
+    def close(self) -> None:
+        """Ask the flusher to commit what is buffered and stop (await its task)."""
+        self._closing = True
+        self._wake.set()
+
     async def run(self) -> None:
         """The flusher: one transaction per wake-up, at most every ``linger_ms``."""
         try:
             while True:
                 await self._wake.wait()
-                await asyncio.sleep(self._linger_s)
+                if not self._closing:
+                    await asyncio.sleep(self._linger_s)
                 self._wake.clear()
                 await self.commit_pending()
+                if self._closing:
+                    return
         except DshError as exc:
             self.failure = exc
             async with self._commit_done:

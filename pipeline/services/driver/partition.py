@@ -264,16 +264,23 @@ class OwnedPartition:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.sink_task is not None and not self.sink_task.done():
-            self.sink_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, DshError):
-                await self.sink_task
-        if self.sink.failure is None:
-            with contextlib.suppress(DshError):
-                await self.sink.commit_pending()
+        await self._close_sink()
         self.ctx.metrics.events_committed += self.sink.events_committed
         self.ctx.metrics.transactions += self.producer.transactions_committed
         await self.producer.close()
+
+
+    async def _close_sink(self, timeout_s: float = 30.0) -> None:
+        """Commit what is buffered (unless fenced) and stop the flusher; abort if it hangs."""
+        task = self.sink_task
+        if task is None or task.done():
+            return
+        self.sink.close()
+        done, _ = await asyncio.wait([task], timeout=timeout_s)
+        if not done:
+            task.cancel()  # the producer's close() aborts the open transaction
+        with contextlib.suppress(asyncio.CancelledError, DshError):
+            await task
 
 
 async def build_partition(ctx: PartitionContext, partition: int,

@@ -102,6 +102,17 @@ class DriverService:
         finally:
             await self._shutdown()
 
+    def metrics_snapshot(self) -> dict[str, int]:
+        """Counters plus live gauges (owned partitions, turns in flight, throttled)."""
+        snap = self.metrics.snapshot()
+        snap["events_committed"] += sum(o.sink.events_committed for o in self.owned.values())
+        snap["transactions"] += sum(o.producer.transactions_committed
+                                    for o in self.owned.values())
+        snap["partitions_owned"] = len(self.owned)
+        snap["turns_in_flight"] = self.turns_in_flight
+        snap["throttled"] = int(self._throttled)
+        return snap
+
     # -- group membership ----------------------------------------------------------------
 
     async def _on_revoked(self, partitions: list[int]) -> None:

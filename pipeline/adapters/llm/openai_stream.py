@@ -100,7 +100,7 @@ def map_usage(raw: Mapping[str, Any]) -> dict[str, int]:
     prompt = _count(raw.get("prompt_tokens"), "prompt_tokens") or 0
     completion = _count(raw.get("completion_tokens"), "completion_tokens") or 0
     details = raw.get("prompt_tokens_details")
-    details = details if isinstance(details, Mapping) else {}
+    details = details if isinstance(details, dict) else {}
     hit = _count(raw.get("prompt_cache_hit_tokens"), "prompt_cache_hit_tokens")
     if hit is None:
         hit = _count(details.get("cached_tokens"), "prompt_tokens_details.cached_tokens")
@@ -109,7 +109,7 @@ def map_usage(raw: Mapping[str, Any]) -> dict[str, int]:
     input_tokens = miss if miss is not None else max(0, prompt - (hit or 0) - (written or 0))
     completion_details = raw.get("completion_tokens_details")
     reasoning = None
-    if isinstance(completion_details, Mapping):
+    if isinstance(completion_details, dict):
         reasoning = _count(completion_details.get("reasoning_tokens"),
                            "completion_tokens_details.reasoning_tokens")
     return make_usage(input_tokens=input_tokens, output_tokens=completion, cache_read_tokens=hit,
@@ -151,25 +151,25 @@ class ChatStreamTranslator:
             payload = json.loads(data)
         except ValueError:
             raise self._error(f"a data line is not JSON: {excerpt(data)!r}") from None
-        if not isinstance(payload, Mapping):
+        if not isinstance(payload, dict):
             raise self._error(f"a data payload is not an object: {excerpt(data)!r}")
         self.payload_count += 1
         if "error" in payload:
             raise self._stream_error(payload["error"])
-        if isinstance(payload.get("usage"), Mapping):
+        if isinstance(payload.get("usage"), dict):
             self._usage = map_usage(payload["usage"])
         choices = payload.get("choices") or []
         if not isinstance(choices, list):
             raise self._error("'choices' is not a list")
         out: list[Chunk] = []
         for choice in choices:
-            if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 self._choice(choice, out)
         return out
 
     def _choice(self, choice: Mapping[str, Any], out: list[Chunk]) -> None:
         delta = choice.get("delta") or {}
-        if not isinstance(delta, Mapping):
+        if not isinstance(delta, dict):
             raise self._error("'delta' is not an object")
         reasoning = delta.get("reasoning_content", delta.get("reasoning"))
         if isinstance(reasoning, str) and reasoning:
@@ -202,7 +202,7 @@ class ChatStreamTranslator:
         return state
 
     def _tool_call(self, call: Any, out: list[Chunk]) -> None:
-        if not isinstance(call, Mapping):
+        if not isinstance(call, dict):
             raise self._error("a tool_calls entry is not an object")
         position = self._position(call)
         function = call.get("function") or {}
@@ -271,8 +271,8 @@ class ChatStreamTranslator:
 
     def _stream_error(self, error: Any) -> ProviderError:
         """An ``{"error": ...}`` payload sent mid-stream (the HTTP status was already 200)."""
-        message = error.get("message") if isinstance(error, Mapping) else error
-        kind = str(error.get("type", "")) if isinstance(error, Mapping) else ""
+        message = error.get("message") if isinstance(error, dict) else error
+        kind = str(error.get("type", "")) if isinstance(error, dict) else ""
         code = "OVERLOADED" if "overload" in kind.lower() else "SERVER"
         return ProviderError(f"the provider failed mid-stream: {excerpt(str(message))}",
                              code=code, request_id=self._request_id)

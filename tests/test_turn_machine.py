@@ -18,7 +18,13 @@ from test_turn_machine_harness import (
     tool_reply,
 )
 
-from pipeline.core.errors import ConfigError, InvariantViolation, ProviderError, TurnError
+from pipeline.core.errors import (
+    ConfigError,
+    EventError,
+    InvariantViolation,
+    ProviderError,
+    TurnError,
+)
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, Inject, Steer
 from pipeline.core.log import SessionLog, derive_messages
@@ -151,14 +157,39 @@ def test_header_is_logged_only_when_it_changes() -> None:
     assert harness.requests[0].max_tokens == 100
 
 
-def test_a_rebuilt_machine_logs_a_changed_header_as_resume() -> None:
+def test_a_rebuilt_machine_keeps_the_logged_header_over_its_default() -> None:
     machine = new_machine()
+    machine.submit(Configure("s1", "c1", model="configured-model"), 1)
     events, _ = run_turn(Attempt(text_reply("a")), machine=machine)
     rebuilt = new_machine(SessionLog.from_events("s1", events),
-                          config=SessionConfig("deepseek-official", "other-model"))
+                          config=SessionConfig("deepseek-official", "default-model"))
+    later, harness = run_turn(Attempt(text_reply("b")), machine=rebuilt,
+                              command=follow_up("x", "m2"))
+    assert "request/header" not in types(later)
+    assert harness.requests[0].model == "configured-model"
+
+
+def test_a_rebuilt_machine_logs_a_header_it_cannot_reuse_as_resume() -> None:
+    # the fixture's header has a placeholder where the tool definitions were
+    rebuilt = new_machine(SessionLog.from_events("s1", fixture_events("text-turn")))
     later, _ = run_turn(Attempt(text_reply("b")), machine=rebuilt,
                         command=follow_up("x", "m2"))
-    assert next(e for e in later if e.type == "request/header").data["reason"] == "resume"
+    header = next(e for e in later if e.type == "request/header")
+    assert header.data["reason"] == "resume"
+    assert header.data["header"]["config"]["model"] == "deepseek-v4-flash"
+
+
+def test_bad_messages_are_refused_before_anything_is_logged() -> None:
+    machine = new_machine()
+    with pytest.raises(EventError):
+        machine.submit(FollowUp("s1", "m1", ({"type": "text"},)), 1)  # text without text
+    assert machine.take_events() == []
+    machine.submit(follow_up("fine"), 2)
+    harness = Harness(machine, iter([Attempt(text_reply("a"))]),
+                      hook=lambda e: HookDecision(({"role": "user"},)))
+    with pytest.raises(EventError):
+        harness.run()
+    assert "step/start" not in types(machine.log.events)
 
 
 def test_tool_calls_lead_to_another_step_and_results_follow_model_order() -> None:

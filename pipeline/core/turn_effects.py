@@ -9,7 +9,7 @@ stamped) when the runner sees it; the runner only has to publish it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from pipeline.core.errors import ConfigError
@@ -152,8 +152,6 @@ class StepBoundary:
 @dataclass(frozen=True, slots=True)
 class Idle:
     """No woken work: the turn (if any) is closed; wait for the next command."""
-
-    last_end: Mapping[str, JsonValue] | None = field(default=None)
 
 
 Effect: TypeAlias = RunPreStepHooks | CallModel | RunTools | Sleep | StepBoundary | Idle

@@ -71,6 +71,7 @@ from pipeline.core.turn_effects import (
 from pipeline.core.turn_history import History, config_from_header, scan_history
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
 from pipeline.core.turns import repair_closers
+from pipeline.core.validation import validate_event
 
 NO_MODEL: Final = "NO_MODEL_CONFIGURED"
 _CANCELED_TEXT: Final = "The tool call was canceled before it started; it did not run."
@@ -103,7 +104,8 @@ class TurnMachine:
         self._seen_ids: set[str] = history.message_ids
         self._turn = history.last_turn
         self._header: dict[str, JsonValue] | None = history.header
-        self._config = config or (config_from_header(history.header) if history.header else None)
+        # a session's own logged header wins over the caller's default configuration
+        self._config = _logged_config(history.header) or config
         self._header_reason = "initial" if history.header is None else "resume"
         self._outbox: list[Event] = []
         self._repaired = False
@@ -189,6 +191,7 @@ class TurnMachine:
         if isinstance(command, FollowUp | Steer | Inject):
             if command.message_id in self._seen_ids:
                 return False
+            self._check_messages((command.message(),))  # refused here, not at claim time
             self._seen_ids.add(command.message_id)
             self._append(SPLICE_TYPE, self.inbox.insert(command), now)
         elif isinstance(command, Cancel):
@@ -257,6 +260,7 @@ class TurnMachine:
         if self._step == 0 and (decision.rejected or not decision.messages):
             self._end_turn({"kind": "blocked"}, now)
             return
+        self._check_messages(decision.messages)  # a hook's bad rewrite: before any append
         if decision.rejected:
             reason: dict[str, JsonValue] = {"kind": "hook"}
             if decision.reason is not None:
@@ -276,6 +280,12 @@ class TurnMachine:
         self._log_header_if_changed(now)
         self._reset_attempt(1)
         self.phase = Phase.CALL
+
+    def _check_messages(self, messages: Iterable[JsonValue]) -> None:
+        """Validate user messages as the ``user/message`` events they will become."""
+        for offset, message in enumerate(messages, start=1):
+            validate_event(Event("user/message", self.log.next_seq + offset, 0, message,
+                                 APPEND), mode=self.log.mode)
 
     def _log_header_if_changed(self, now: int) -> None:
         assert self._config is not None
@@ -501,3 +511,12 @@ class TurnMachine:
     def _expect(self, phase: Phase, what: str) -> None:
         if self.phase is not phase:
             raise TurnError(f"{what} called in phase {self.phase.name}, expected {phase.name}")
+
+
+def _logged_config(header: Mapping[str, JsonValue] | None) -> SessionConfig | None:
+    if header is None:
+        return None
+    try:
+        return config_from_header(header)
+    except TurnError:  # a header without provider/model strings: not a usable config
+        return None

@@ -2,8 +2,10 @@
 
 One :class:`PartitionSink` per owned inbox partition p. Runners of every session of p emit
 into it; a flusher task commits what has accumulated as ONE transaction of p's
-transactional producer every ``linger_ms`` (or at once when a runner calls
-:meth:`PartitionSink.flush` at a step boundary). A transaction holds, atomically:
+transactional producer at most ``linger_ms`` after the first buffered record, or as soon as
+the running transaction ends when a runner calls :meth:`PartitionSink.flush` (a step
+boundary). Records emitted while a transaction is committing go into the next one, so
+transactions batch by themselves under load. A transaction holds, atomically:
 
 - the session events emitted since the previous transaction (for any session of p), in
   emission order, all to partition p of the session topic;
@@ -121,6 +123,7 @@ class PartitionSink:
         self.failure: DshError | None = None
         self.events_committed = 0
         self._closing = False
+        self._urgent = False
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
         """Encode and buffer ``events``; they commit with the next transaction."""
@@ -137,6 +140,7 @@ class PartitionSink:
     async def flush(self, session_id: str) -> None:
         """Wait until everything emitted so far is committed (a step boundary)."""
         target = self._emitted_gen
+        self._urgent = True  # a step boundary does not wait for the linger time
         self._wake.set()
         async with self._commit_done:
             await self._commit_done.wait_for(
@@ -170,9 +174,10 @@ class PartitionSink:
         try:
             while True:
                 await self._wake.wait()
-                if not self._closing:
+                if not (self._closing or self._urgent):
                     await asyncio.sleep(self._linger_s)
                 self._wake.clear()
+                self._urgent = False
                 await self.commit_pending()
                 if self._closing:
                     return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import traceback
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -50,7 +51,8 @@ async def server() -> AsyncIterator[LLMTestServer]:
 
 @pytest.fixture
 async def deepseek(server: LLMTestServer) -> AsyncIterator[DeepSeekProvider]:
-    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=10)
+    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=10,
+                                trust_env=False)
     yield provider
     await provider.aclose()
 
@@ -157,7 +159,7 @@ async def test_parallel_tool_calls_and_openai_usage(server: LLMTestServer) -> No
             "prompt_tokens_details": {"cached_tokens": 768},
             "completion_tokens_details": {"reasoning_tokens": 0}}),
     ]))
-    provider = OpenAICompatibleProvider(server.base_url + "/v1", Secret(KEY))
+    provider = OpenAICompatibleProvider(server.base_url + "/v1", Secret(KEY), trust_env=False)
     try:
         chunks = await collect(provider)
     finally:
@@ -296,7 +298,7 @@ async def test_unreachable_endpoint_is_network() -> None:
     idle = LLMTestServer()
     url = await idle.start()
     await idle.stop()  # nothing listens there any more
-    provider = OpenAICompatibleProvider(url, connect_timeout_s=5)
+    provider = OpenAICompatibleProvider(url, connect_timeout_s=5, trust_env=False)
     try:
         _, error = await collect_failure(provider)
     finally:
@@ -307,7 +309,8 @@ async def test_unreachable_endpoint_is_network() -> None:
 async def test_a_silent_stream_hits_the_idle_timeout(server: LLMTestServer) -> None:
     server.enqueue(ScriptedResponse(hang_after=1, events=[chat_chunk(content="x"),
                                                           chat_chunk(finish_reason="stop")]))
-    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=0.3)
+    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=0.3,
+                                trust_env=False)
     try:
         chunks, error = await collect_failure(provider)
     finally:
@@ -402,3 +405,22 @@ async def test_deepseek_from_settings_uses_the_settings_key(server: LLMTestServe
         await provider.aclose()
     assert server.requests[0].headers["Authorization"] == f"Bearer {KEY}"
     assert KEY not in repr(provider)
+
+
+# --------------------------------------------------------------------------- live (opt-in)
+
+
+@pytest.mark.skipif(not (os.environ.get("DSH_LIVE_DEEPSEEK") and
+                         os.environ.get("DEEPSEEK_API_KEY")),
+                    reason="set DSH_LIVE_DEEPSEEK=1 and DEEPSEEK_API_KEY to call the real API")
+async def test_live_deepseek_answers_in_dsh_chunks() -> None:
+    settings = Settings.from_env()
+    provider = provider_from_settings(settings, "deepseek")
+    request = ModelRequest(provider="deepseek", model=os.environ.get(
+        "DSH_LIVE_MODEL", "deepseek-chat"), messages=REQUEST.messages, max_tokens=64)
+    try:
+        chunks = await collect(provider, request)
+    finally:
+        await provider.aclose()
+    assert chunks[-1]["type"] == "finish" and chunks[-2]["type"] == "usage"
+    assert any(block["type"] == "text" for block in assemble(chunks))

@@ -148,7 +148,10 @@ class OpenAICompatibleProvider:
 
     def __init__(self, base_url: str, api_key: Secret = NO_KEY, *,
                  dialect: ChatDialect = OPENAI_DIALECT, idle_timeout_s: float = 120.0,
-                 connect_timeout_s: float = 10.0, max_connections: int = 256) -> None:
+                 connect_timeout_s: float = 10.0, max_connections: int = 256,
+                 trust_env: bool = True) -> None:
+        """``idle_timeout_s``: the longest silence tolerated mid-stream (DeepSeek sends
+        keep-alive comments while it thinks). ``trust_env``: honour HTTPS_PROXY/NO_PROXY."""
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"provider base URL must start with http:// or https://, got "
                               f"{base_url!r}")
@@ -160,7 +163,7 @@ class OpenAICompatibleProvider:
                                 pool=connect_timeout_s)
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=trust_env)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, api_key={self._api_key!r})"
@@ -259,10 +262,10 @@ class DeepSeekProvider(OpenAICompatibleProvider):
 
     def __init__(self, api_key: Secret, base_url: str = DEEPSEEK_BASE_URL, *,
                  idle_timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, trust_env: bool = True) -> None:
         if not api_key:
             raise ConfigError("the DeepSeek provider needs an API key: set DEEPSEEK_API_KEY "
                               "(or DSH_DEEPSEEK_API_KEY)")
         super().__init__(base_url, api_key, dialect=DEEPSEEK_DIALECT,
                          idle_timeout_s=idle_timeout_s, connect_timeout_s=connect_timeout_s,
-                         max_connections=max_connections)
+                         max_connections=max_connections, trust_env=trust_env)

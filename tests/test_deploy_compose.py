@@ -8,7 +8,9 @@ file uses (``$$``, ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:
 
 from __future__ import annotations
 
+import argparse
 import base64
+import functools
 import http.server
 import json
 import os
@@ -146,10 +148,15 @@ def test_dsh_services_run_the_image_with_a_command(compose: dict[str, Any]) -> N
         assert service["command"], f"service {name} has no command"
 
 
+@functools.cache
+def cached_parser() -> argparse.ArgumentParser:
+    return build_parser()  # imports every command module: build it once
+
+
 @pytest.mark.parametrize("name", DSH_SERVICES)
 def test_service_commands_exist_in_the_cli(name: str) -> None:
     command = load_compose({})["services"][name]["command"][0]
-    subparsers = next(a for a in build_parser()._actions
+    subparsers = next(a for a in cached_parser()._actions
                       if isinstance(a.choices, dict) and "config" in a.choices)
     if command not in subparsers.choices:
         pytest.skip(f"`dsh-pipeline {command}` is not built yet")
@@ -254,7 +261,8 @@ class _HealthHandler(http.server.BaseHTTPRequestHandler):
     status = 200
 
     def do_GET(self) -> None:
-        self.send_response(self.status if self.path == "/health" else 404)
+        healthy_path = self.path in {"/health", "/health/ready"}
+        self.send_response(self.status if healthy_path else 404)
         self.end_headers()
         self.wfile.write(b"{}")
 
@@ -282,6 +290,19 @@ def test_health_check_command_passes_on_200_and_fails_otherwise(
     # the same command, pointed at the test server's port instead of the service's
     command = [sys.executable, *[arg.replace(f":{port}/", f":{health_server.server_port}/")
                                  for arg in test[2:]]]
+    assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
+    monkeypatch.setattr(_HealthHandler, "status", 503)
+    assert subprocess.run(command, capture_output=True, timeout=30).returncode != 0
+
+
+def test_registry_health_check_passes_on_200_and_fails_otherwise(
+        health_server: http.server.HTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    services = load_compose({})["services"]
+    test = services["registry"]["healthcheck"]["test"]
+    container_port = services["registry"]["ports"][0].split(":")[1]
+    assert test[:2] == ["CMD", "bash"] and f"/127.0.0.1/{container_port}" in test[-1]
+    command = [*test[1:-1], test[-1].replace(f"/127.0.0.1/{container_port}",
+                                             f"/127.0.0.1/{health_server.server_port}")]
     assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
     monkeypatch.setattr(_HealthHandler, "status", 503)
     assert subprocess.run(command, capture_output=True, timeout=30).returncode != 0

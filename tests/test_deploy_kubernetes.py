@@ -5,6 +5,7 @@ the topology of DESIGN.md (topics, co-partitioning, secrets, ports, scaling boun
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import fields
@@ -311,6 +312,7 @@ def test_autoscaling_follows_consumer_lag_within_the_partitions(
     assert hpa["spec"]["maxReplicas"] <= partitions, "replicas past the partitions sit idle"
 
 
+@functools.cache
 def cli_commands() -> dict[str, Any]:
     action = next(a for a in build_parser()._actions
                   if isinstance(a.choices, dict) and "config" in a.choices)

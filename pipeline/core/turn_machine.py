@@ -51,7 +51,6 @@ from pipeline.core.model import (
     StreamAccumulator,
     error_finish,
     failure_of,
-    tool_calls_of,
 )
 from pipeline.core.turn_effects import (
     TOOL_CANCELED,
@@ -65,11 +64,11 @@ from pipeline.core.turn_effects import (
     SessionConfig,
     Sleep,
     StepBoundary,
-    ToolCall,
     ToolOutcome,
 )
 from pipeline.core.turn_history import History, config_from_header, scan_history
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
+from pipeline.core.turn_tools import DueResult, ToolRound, calls_of, tool_result_data
 from pipeline.core.turns import repair_closers
 from pipeline.core.validation import validate_event
 
@@ -121,11 +120,7 @@ class TurnMachine:
         self._end_reason: dict[str, JsonValue] | None = None
         self._had_tool_calls = False
         self._reset_attempt(1)
-        self._calls: list[ToolCall] = []
-        self._started: dict[str, int] = {}
-        self._outcomes: dict[str, ToolOutcome] = {}
-        self._logged_results = 0
-        self._dispatched = False
+        self._tools = ToolRound()
 
     def _reset_attempt(self, attempt: int) -> None:
         self._attempt = attempt
@@ -342,15 +337,13 @@ class TurnMachine:
             return
         content = self._acc.content()
         self._append_assistant(content, now, usage=self._acc.usage)
-        self._calls = [ToolCall(str(b["id"]), str(b["name"]), str(b["arguments"]))
-                       for b in tool_calls_of(content)]
-        self._had_tool_calls = bool(self._calls)
+        self._tools = ToolRound(calls_of(content))
+        self._had_tool_calls = bool(self._tools.calls)
         if kind == "max-tokens":
             self._end_reason = {"kind": "max-tokens"}  # sticky: never continues by itself
             self._close_unanswered(TOOL_NOT_STARTED, _TRUNCATED_TEXT, now)
             self._close_step(now)
-        elif self._calls:
-            self._dispatched = False
+        elif self._tools.calls:
             self.phase = Phase.TOOLS
         else:
             self._close_step(now)
@@ -403,12 +396,13 @@ class TurnMachine:
     # -- tools ----------------------------------------------------------------------------
 
     def _tools_effect(self, now: int) -> Effect:
-        if not self._dispatched:
-            self._dispatched = True
-            return RunTools(tuple(self._calls))
-        if self._logged_results < len(self._calls):
-            raise TurnError(f"next_effect called with {len(self._calls) - self._logged_results}"
-                            " tool calls unanswered")
+        tools = self._tools
+        if not tools.dispatched:
+            tools.dispatched = True
+            return RunTools(tuple(tools.calls))
+        if not tools.answered:
+            raise TurnError(f"next_effect called with {len(tools.calls) - tools.logged} tool "
+                            "calls unanswered")
         self._close_step(now)
         return self.next_effect(now)
 
@@ -417,60 +411,25 @@ class TurnMachine:
         self._expect(Phase.TOOLS, "tool_started")
         if self.cancel_requested:
             raise TurnError(f"tool call {call_id!r} must not start: the turn is being canceled")
-        call = self._call(call_id)
-        if call_id in self._started:
-            raise TurnError(f"tool call {call_id!r} started twice")
-        self._started[call_id] = self._append("tool/call", {
+        call = self._tools.start(call_id)
+        self._tools.started[call_id] = self._append("tool/call", {
             "turn": self._turn, "step": self._step, "callId": call.call_id, "name": call.name,
             "arguments": call.arguments}, now)
 
     def tool_finished(self, call_id: str, outcome: ToolOutcome, now: int) -> None:
         """A call's outcome; results are logged in model order as soon as they can be."""
         self._expect(Phase.TOOLS, "tool_finished")
-        self._call(call_id)
-        if call_id not in self._started:
-            raise TurnError(f"tool call {call_id!r} finished without having started")
-        self._outcomes[call_id] = outcome
-        while self._logged_results < len(self._calls):
-            call = self._calls[self._logged_results]
-            if call.call_id not in self._outcomes:
-                break
-            self._append_result(call, self._outcomes[call.call_id], now,
-                                sources=(self._started[call.call_id],))
+        self._append_results(self._tools.finish(call_id, outcome), now)
 
-    def _call(self, call_id: str) -> ToolCall:
-        for call in self._calls:
-            if call.call_id == call_id:
-                return call
-        raise TurnError(f"no tool call {call_id!r} in step {self._step} of turn {self._turn}")
-
-    def _append_result(self, call: ToolCall, outcome: ToolOutcome, now: int, *,
-                       sources: tuple[int, ...] | None) -> None:
-        block: dict[str, JsonValue] = {"type": "tool-result", "toolCallId": call.call_id,
-                                       "content": list(outcome.content),
-                                       "isError": outcome.is_error}
-        message = {"id": self._new_id(), "role": "user",
-                   "source": {"kind": "tool", "callId": call.call_id}, "content": [block]}
-        data: dict[str, JsonValue] = {"turn": self._turn, "step": self._step,
-                                      "message": message}
-        if outcome.error is not None:
-            data["error"] = dict(outcome.error)
-        if outcome.meta is not None:
-            data["meta"] = outcome.meta
-        self._append("tool/result", data, now, surface=True, sources=sources)
-        self._logged_results += 1
+    def _append_results(self, results: Iterable[DueResult], now: int) -> None:
+        for result in results:
+            data = tool_result_data(self._turn, self._step, result, self._new_id())
+            self._append("tool/result", data, now, surface=True, sources=result.sources)
+            self._tools.logged += 1
 
     def _close_unanswered(self, error: Mapping[str, str], text: str, now: int) -> None:
         """Answer every call without a result (none may be running) with an error result."""
-        for call in self._calls[self._logged_results:]:
-            if call.call_id in self._started and call.call_id not in self._outcomes:
-                raise TurnError(f"tool call {call.call_id!r} is still running")
-            outcome = self._outcomes.get(call.call_id) or ToolOutcome.failure(
-                text, name=error["name"], code=error["code"])
-            started = self._started.get(call.call_id)
-            # like crash repair: a call never started has no tool/call to point at
-            self._append_result(call, outcome, now,
-                                sources=None if started is None else (started,))
+        self._append_results(self._tools.unanswered(error, text), now)
 
     # -- ends -----------------------------------------------------------------------------
 
@@ -498,8 +457,7 @@ class TurnMachine:
         """Close the turn for a user cancel, from whatever point it had reached."""
         if self.phase is Phase.STREAMING:
             self._append_assistant(self._acc.partial_content(), now, interrupted=True)
-            self._calls = [ToolCall(str(b["id"]), str(b["name"]), str(b["arguments"]))
-                           for b in tool_calls_of(self._acc.partial_content())]
+            self._tools = ToolRound(calls_of(self._acc.partial_content()))
         if self.phase in (Phase.STREAMING, Phase.TOOLS):
             self._close_unanswered(TOOL_CANCELED, _CANCELED_TEXT, now)
         if self.phase in (Phase.CALL, Phase.STREAMING, Phase.RETRY_WAIT, Phase.TOOLS):

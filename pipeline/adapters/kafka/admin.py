@@ -9,6 +9,8 @@ compacted session-events topic would destroy logs, and a partition count that di
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,6 +25,7 @@ from pipeline.settings import Settings
 
 INFINITE: Final = "-1"
 ADMIN_TIMEOUT_MS: Final = 30_000
+METADATA_WAIT_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +86,7 @@ async def ensure_topics(settings: Settings) -> EnsureReport:
         found = await _partition_counts(admin, [s.name for s in specs])
         missing = [s for s in specs if s.name not in found]
         created = await _create(admin, missing)
-        found.update(await _partition_counts(admin, [s.name for s in missing]))
+        found.update(await _wait_visible(admin, [s.name for s in missing]))
         policies = await _cleanup_policies(admin, [s.name for s in specs])
         for spec in specs:
             check_topic(spec, found.get(spec.name), policies.get(spec.name))
@@ -123,16 +126,33 @@ def _policy_hint(spec: TopicSpec) -> str:
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, int]:
-    """Partition count of each topic in ``names`` that exists."""
-    if not names:
+    """Partition count of each topic in ``names`` that exists.
+
+    Lists first and describes only existing topics: aiokafka's metadata request for a named
+    topic allows auto-creation, which would create a missing topic with the broker's defaults.
+    """
+    with broker_errors("list topics"):
+        existing = set(await admin.list_topics()) & set(names)
+    if not existing:
         return {}
     with broker_errors("describe topics"):
-        described: list[dict[str, Any]] = await admin.describe_topics(list(names))
+        described: list[dict[str, Any]] = await admin.describe_topics(sorted(existing))
     counts: dict[str, int] = {}
     for topic in described:
         if topic["error_code"] == 0:
             counts[topic["topic"]] = len(topic["partitions"])
     return counts
+
+
+async def _wait_visible(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, int]:
+    """Partition counts of ``names``, once the broker's metadata shows them all (it lags the
+    controller for a moment after creation); whatever is visible when the wait ends."""
+    deadline = time.monotonic() + METADATA_WAIT_S
+    while True:
+        counts = await _partition_counts(admin, names)
+        if len(counts) == len(set(names)) or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.1)
 
 
 async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:
@@ -166,17 +186,29 @@ async def _cleanup_policies(admin: AIOKafkaAdminClient, names: Sequence[str]) ->
 async def describe_topic_configs(
     admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource]
 ) -> dict[str, dict[str, str]]:
-    """Topic name -> {config name: value} for ``resources`` (``configs=None``: every config)."""
-    with broker_errors("describe topic configs"):
-        responses = await admin.describe_configs(list(resources))
-    result: dict[str, dict[str, str]] = {}
-    for response in responses:
-        for code, message, _type, name, entries in (tuple(r)[:5] for r in response.resources):
-            if code != 0:
-                raise BrokerError(f"describe configs of {name!r}: {for_code(code).__name__}"
-                                  + (f": {message}" if message else ""))
-            result[name] = {str(e[0]): str(e[1]) for e in entries}
-    return result
+    """Topic name -> {config name: value} for ``resources`` (``configs=None``: every config).
+
+    Retries briefly while the broker reports a just-created topic as unknown (its metadata
+    lags the controller by a moment).
+    """
+    deadline = time.monotonic() + METADATA_WAIT_S
+    while True:
+        with broker_errors("describe topic configs"):
+            responses = await admin.describe_configs(list(resources))
+        result: dict[str, dict[str, str]] = {}
+        failures: list[tuple[str, int, str]] = []
+        for response in responses:
+            for code, message, _type, name, entries in (tuple(r)[:5] for r in response.resources):
+                if code != 0:
+                    failures.append((name, code, message))
+                result[name] = {str(e[0]): str(e[1]) for e in entries}
+        if not failures:
+            return result
+        name, code, message = failures[0]
+        if not for_code(code).retriable or time.monotonic() > deadline:
+            raise BrokerError(f"describe configs of {name!r}: {for_code(code).__name__}"
+                              + (f": {message}" if message else ""))
+        await asyncio.sleep(0.1)
 
 
 async def topic_configs(settings: Settings, topic: str) -> dict[str, str]:

@@ -1,0 +1,67 @@
+"""The whole local stack: Kafka (1 or 3 nodes) and the Apicurio registry, started together.
+
+Both JVMs are launched first and waited for afterwards, so their start-ups overlap. Used by
+``dsh-pipeline broker`` and ``dsh-pipeline demo``; the test fixtures use the two parts
+separately (:mod:`.kafka`, :mod:`.registry`) so that a run needing only Kafka starts only Kafka.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.adapters.localstack.artifacts import Artifacts
+from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.adapters.localstack.registry import RegistryLocal
+
+
+class LocalStack:
+    """Kafka plus registry; ``start()`` returns once both answer, ``stop()`` stops both."""
+
+    def __init__(self, artifacts: Artifacts, *, nodes: int = 1, kafka_port: int | None = None,
+                 registry_port: int | None = None, with_registry: bool = True,
+                 workdir: Path | None = None) -> None:
+        kafka_dir = workdir / "kafka" if workdir else None
+        registry_dir = workdir / "registry" if workdir else None
+        self.kafka = KafkaLocal(artifacts.require_kafka(), kafka_dir, nodes=nodes,
+                                port=kafka_port)
+        self.registry = (RegistryLocal(artifacts.require_apicurio(), registry_dir,
+                                       port=registry_port) if with_registry else None)
+        self.started_s = 0.0
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka.bootstrap
+
+    @property
+    def registry_url(self) -> str:
+        return self.registry.url if self.registry else ""
+
+    def start(self) -> None:
+        """Launch both, wait for both; on failure stop what was started and re-raise."""
+        began = time.monotonic()
+        try:
+            if self.registry:
+                self.registry.launch()
+            self.kafka.launch()
+            self.kafka.wait_ready()
+            if self.registry:
+                self.registry.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.started_s = time.monotonic() - began
+
+    def stop(self) -> None:
+        self.kafka.stop()
+        if self.registry:
+            self.registry.stop()
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

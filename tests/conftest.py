@@ -1,0 +1,143 @@
+"""Shared fixtures: one real local Kafka and one real Apicurio registry per pytest session.
+
+- ``kafka_bootstrap`` (session): "127.0.0.1:PORT" of a single-node KRaft broker started by
+  :mod:`pipeline.adapters.localstack`, or ``$DSH_TEST_BOOTSTRAP`` when set.
+- ``registry_url`` (session): the registry's ccompat v7 base URL
+  ("http://127.0.0.1:PORT/apis/ccompat/v7", global compatibility BACKWARD_TRANSITIVE), or
+  ``$DSH_TEST_REGISTRY_URL`` when set.
+- ``topic_prefix`` (function): a unique prefix such as "t1a2b3c4d5e6.", so tests never share
+  topics.
+- ``group_id`` (function): a unique consumer group id.
+- ``settings`` (function): ``Settings`` with that prefix, 3 partitions, replication factor 1,
+  the fixture broker and the fixture registry.
+
+Tests using ``kafka_bootstrap`` or ``settings`` get the ``broker`` marker automatically, those
+using ``registry_url`` or ``settings`` the ``registry`` marker, so ``-m "not broker"`` runs the
+pure tests alone. The Java artifacts are resolved by ``make setup``, never here: a fixture
+that finds them missing fails with the command to run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.adapters.localstack.artifacts import Artifacts
+from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.adapters.localstack.registry import RegistryLocal
+from pipeline.settings import Settings
+
+TEST_PARTITIONS = 3
+KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "settings"})
+REGISTRY_FIXTURES = frozenset({"registry_url", "settings"})
+
+
+class _LocalServices:
+    """Starts Kafka and the registry on first use, once per session; stops them at the end.
+
+    When the collected tests need both, the registry is launched together with Kafka so the
+    two JVM start-ups overlap.
+    """
+
+    def __init__(self, registry_wanted: bool) -> None:
+        self.registry_wanted = registry_wanted
+        self.artifacts = Artifacts.default()
+        self._kafka: KafkaLocal | None = None
+        self._registry: RegistryLocal | None = None
+        self._registry_ready = False
+
+    def kafka_bootstrap(self) -> str:
+        if self._kafka is None:
+            kafka = KafkaLocal(self.artifacts.require_kafka(), heap_mb=512)
+            self._kafka = kafka
+            if self.registry_wanted and os.environ.get("DSH_TEST_REGISTRY_URL") is None:
+                self._launch_registry()
+            kafka.start()
+        return self._kafka.bootstrap
+
+    def registry_url(self) -> str:
+        if self._registry is None:
+            self._launch_registry()
+        assert self._registry is not None
+        if not self._registry_ready:
+            self._registry.wait_ready()
+            self._registry_ready = True
+        return self._registry.url
+
+    def _launch_registry(self) -> None:
+        registry = RegistryLocal(self.artifacts.require_apicurio(), heap_mb=384)
+        self._registry = registry
+        registry.launch()
+
+    def stop(self) -> None:
+        if self._kafka is not None:
+            self._kafka.stop()
+        if self._registry is not None:
+            self._registry.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    registry_wanted = False
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & KAFKA_FIXTURES:
+            item.add_marker(pytest.mark.broker)
+        if names & REGISTRY_FIXTURES or item.get_closest_marker("registry"):
+            item.add_marker(pytest.mark.registry)
+            registry_wanted = True
+    config.stash[_REGISTRY_WANTED] = registry_wanted
+
+
+_REGISTRY_WANTED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(scope="session")
+def _local_services(pytestconfig: pytest.Config) -> Iterator[_LocalServices]:
+    services = _LocalServices(pytestconfig.stash.get(_REGISTRY_WANTED, False))
+    try:
+        yield services
+    finally:
+        services.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_local_services: _LocalServices) -> str:
+    """host:port of the session's Kafka broker."""
+    external = os.environ.get("DSH_TEST_BOOTSTRAP", "").strip()
+    return external or _local_services.kafka_bootstrap()
+
+
+@pytest.fixture(scope="session")
+def registry_url(_local_services: _LocalServices) -> str:
+    """ccompat v7 base URL of the session's schema registry."""
+    external = os.environ.get("DSH_TEST_REGISTRY_URL", "").strip()
+    return external.rstrip("/") if external else _local_services.registry_url()
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A topic prefix unique to this test."""
+    return f"t{uuid.uuid4().hex[:12]}."
+
+
+@pytest.fixture
+def group_id() -> str:
+    """A consumer group id unique to this test."""
+    return f"g{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, registry_url: str, topic_prefix: str) -> Settings:
+    """Settings for this test: its own topic prefix, the fixture broker and registry."""
+    return Settings.from_env(
+        {},
+        bootstrap_servers=kafka_bootstrap,
+        registry_url=registry_url,
+        topic_prefix=topic_prefix,
+        partitions=TEST_PARTITIONS,
+        replication_factor=1,
+        group_id_prefix=f"{topic_prefix}g-",
+    )

@@ -379,6 +379,20 @@ async def test_the_api_key_never_leaks(server: LLMTestServer, deepseek: DeepSeek
     assert all(KEY not in str(r.args) for r in caplog.records)
 
 
+async def test_credentials_in_the_base_url_stay_out_of_errors() -> None:
+    idle = LLMTestServer()
+    url = await idle.start()
+    await idle.stop()
+    with_userinfo = url.replace("http://", f"http://user:{KEY}@")
+    provider = OpenAICompatibleProvider(with_userinfo, connect_timeout_s=5, trust_env=False)
+    try:
+        _, error = await collect_failure(provider)
+    finally:
+        await provider.aclose()
+    assert error.code == "NETWORK" and "***@127.0.0.1" in str(error)
+    assert KEY not in str(error) and KEY not in repr(provider)
+
+
 # --------------------------------------------------------------------------- construction
 
 

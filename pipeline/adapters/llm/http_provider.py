@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -136,6 +137,14 @@ def translate_http_error(exc: Exception, *, provider: str, url: str,
                          request_id=request_id)
 
 
+def _without_userinfo(url: str) -> str:
+    """``url`` without ``user:password@`` (credentials never reach a message)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def _replaced(error: ProviderError, *, message: str | None = None,
               request_id: str | None = None) -> ProviderError:
     return ProviderError(str(error) if message is None else message, code=error.code,
@@ -156,7 +165,8 @@ class OpenAICompatibleProvider:
             raise ConfigError(f"provider base URL must start with http:// or https://, got "
                               f"{base_url!r}")
         self.name = dialect.name
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self._endpoint = base_url.rstrip("/") + "/chat/completions"
+        self.url = _without_userinfo(self._endpoint)  # what messages and logs may show
         self._dialect = dialect
         self._api_key = api_key
         timeout = httpx.Timeout(connect=connect_timeout_s, read=idle_timeout_s, write=30.0,
@@ -192,7 +202,7 @@ class OpenAICompatibleProvider:
     async def _stream_body(self, body: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
         request_id: str | None = None
         try:
-            async with self._client.stream("POST", self.url, json=body,
+            async with self._client.stream("POST", self._endpoint, json=body,
                                            headers=self._headers()) as response:
                 request_id = request_id_of(response.headers)
                 await self._check_status(response)

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_processors",
+    "pipeline.cli.cmd_avro",
 )
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -312,3 +316,39 @@ async def test_redelivered_command_already_in_the_log_is_not_run_again(
     else:
         assert events[:len(before)] == before
         assert events[-1].data["reason"] == {"kind": "interrupted"}
+
+
+async def test_cli_send_and_driver_process_with_graceful_sigterm(
+        topics: Settings, group_id: str) -> None:
+    """``dsh-pipeline driver`` as a process: ready line, a turn from ``send``, clean SIGTERM."""
+    env = {**os.environ, "DSH_BOOTSTRAP_SERVERS": topics.bootstrap_servers,
+           "DSH_TOPIC_PREFIX": topics.topic_prefix, "DSH_PARTITIONS": str(PARTITIONS),
+           "DSH_REPLICATION_FACTOR": "1", "DSH_GROUP_ID_PREFIX": f"{group_id}-"}
+    cli = [sys.executable, "-m", "pipeline.cli.main"]
+    driver = await asyncio.create_subprocess_exec(
+        *cli, "driver", "--grace", "5", env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        assert driver.stdout is not None
+        ready = await asyncio.wait_for(driver.stdout.readline(), WAIT_S)
+        assert ready.startswith(b"ready group=" + f"{group_id}-driver".encode())
+        sender = await asyncio.create_subprocess_exec(
+            *cli, "send", "s-cli", "--followup", "from the command line", env=env,
+            stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(sender.communicate(), WAIT_S)
+        assert sender.returncode == 0
+        sent = json.loads(out)
+        assert sent["sessionId"] == "s-cli" and sent["kind"] == "followup"
+        assert sent["partition"] == partition_of("s-cli")
+        events = await wait_for_events(topics, "s-cli", lambda ev: completed_turns(ev) == 1)
+        assert events[0].data["inserted"][0]["id"] == sent["messageId"]
+        driver.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(driver.communicate(), WAIT_S)
+        assert driver.returncode == 0
+        summary = json.loads(rest.splitlines()[-1])
+        assert summary["stopped"] is True and summary["commands"] == 1
+        assert summary["events_committed"] == len(events)
+    finally:
+        if driver.returncode is None:
+            driver.kill()
+            await driver.wait()

@@ -271,6 +271,8 @@ async def test_stream_torn_mid_way_is_network_after_the_chunks_seen(
     ([chat_chunk(content="x", finish_reason="eos")], True, "PROTOCOL", "unknown finish"),
     ([chat_chunk(content="x"), {"error": {"message": "upstream died", "type": "server_error"}}],
      True, "SERVER", "mid-stream: upstream died"),
+    ([{"error": {"message": "busy", "type": "overloaded_error"}}], True, "OVERLOADED", "busy"),
+    ([{"error": {"message": "slow", "code": "rate_limit_exceeded"}}], True, "RATE_LIMIT", "slow"),
     ([chat_chunk(finish_reason="stop", usage={"prompt_tokens": -1})], True, "PROTOCOL",
      "prompt_tokens"),
 ])

@@ -41,6 +41,8 @@ FAILED_FINISH_REASONS: Final = {
     "content_filter": ("CONTENT_FILTER", "the provider's content filter stopped the answer"),
     "insufficient_system_resource": ("OVERLOADED", "the provider ran out of capacity mid-answer"),
 }
+STREAM_ERROR_CODES: Final = (("rate_limit", "RATE_LIMIT"), ("overload", "OVERLOADED"),
+                              ("context_length", "CONTEXT_WINDOW_EXCEEDED"))
 EXCERPT_CHARS: Final = 200
 
 
@@ -272,7 +274,8 @@ class ChatStreamTranslator:
     def _stream_error(self, error: Any) -> ProviderError:
         """An ``{"error": ...}`` payload sent mid-stream (the HTTP status was already 200)."""
         message = error.get("message") if isinstance(error, dict) else error
-        kind = str(error.get("type", "")) if isinstance(error, dict) else ""
-        code = "OVERLOADED" if "overload" in kind.lower() else "SERVER"
+        kind = (f"{error.get('type', '')} {error.get('code', '')}".lower()
+                if isinstance(error, dict) else "")
+        code = next((code for word, code in STREAM_ERROR_CODES if word in kind), "SERVER")
         return ProviderError(f"the provider failed mid-stream: {excerpt(str(message))}",
                              code=code, request_id=self._request_id)

@@ -122,7 +122,7 @@ class KafkaLocal:
         """Block until every node answers metadata requests, or raise with the log tails."""
         deadline = time.monotonic() + budget_s
         while True:
-            dead = [n for n in self.nodes if not self._procs[n.node_id].alive()]
+            dead = self.dead_nodes()
             if dead:
                 raise BrokerError(self._failure(f"node {dead[0].node_id} exited", dead[0]))
             listening = all(_accepts(n.port) for n in self.nodes)
@@ -142,6 +142,11 @@ class KafkaLocal:
     def alive(self, node_id: int) -> bool:
         proc = self._procs.get(node_id)
         return proc is not None and proc.alive()
+
+    def dead_nodes(self) -> list[NodeSpec]:
+        """Nodes that were started and have exited (killed by a test, or crashed)."""
+        return [n for n in self.nodes
+                if n.node_id in self._procs and not self._procs[n.node_id].alive()]
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL), then remove a temporary workdir."""

@@ -101,6 +101,10 @@ class RegistryLocal:
                 raise RegistryError(self._failure(f"not ready within {budget_s:.0f} s"))
         self._set_compatibility()
 
+    def alive(self) -> bool:
+        """Whether the launched process is still running (False before launch)."""
+        return self._proc is not None and self._proc.alive()
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()

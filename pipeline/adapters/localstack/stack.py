@@ -53,6 +53,13 @@ class LocalStack:
             raise
         self.started_s = time.monotonic() - began
 
+    def dead_processes(self) -> list[tuple[str, Path]]:
+        """(name, log file) of each started process that has exited on its own."""
+        dead = [(f"kafka node {n.node_id}", n.log_path) for n in self.kafka.dead_nodes()]
+        if self.registry is not None and not self.registry.alive():
+            dead.append(("apicurio registry", self.registry.log_path))
+        return dead
+
     def stop(self) -> None:
         self.kafka.stop()
         if self.registry:

@@ -311,7 +311,7 @@ async def test_unreachable_endpoint_is_network() -> None:
 async def test_a_silent_stream_hits_the_idle_timeout(server: LLMTestServer) -> None:
     server.enqueue(ScriptedResponse(hang_after=1, events=[chat_chunk(content="x"),
                                                           chat_chunk(finish_reason="stop")]))
-    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=0.3,
+    provider = DeepSeekProvider(Secret(KEY), server.base_url, idle_timeout_s=1.0,
                                 trust_env=False)
     try:
         chunks, error = await collect_failure(provider)

@@ -291,3 +291,22 @@ async def test_many_sessions_run_concurrently_and_all_validate() -> None:
         log = SessionLog.from_events(session, events_of(driver, session), mode="strict")
         assert log.turn.last_end_reason == {"kind": "completed"}
         assert len(log.messages()) == 4
+
+
+async def test_dispose_aborts_the_open_turn_and_leaves_the_queue() -> None:
+    gate = Gate()
+    driver = driver_for(replies(ScriptedReply(tool_calls=(ScriptedToolCall("gate", "{}"),))),
+                        tools=gate_registry(gate, parallel=False))
+    driver.submit(follow_up("s1", "go"))
+    await gate.started.wait()
+    driver.submit(follow_up("s1", "later", "m2"))
+    runner = driver.runners["s1"]
+    disposing = asyncio.ensure_future(runner.dispose())
+    gate.release.set()
+    await disposing
+    await driver.drain()
+    events = events_of(driver)
+    assert end_reason(events) == {"kind": "aborted", "reason": {"kind": "disposed"}}
+    assert kinds(events).count("turn/start") == 1  # the queued follow-up did not start
+    assert len(strict_log(events).turn.open_calls) == 0
+    assert len(runner.machine.inbox.next_turn) == 1

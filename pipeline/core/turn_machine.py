@@ -109,7 +109,7 @@ class TurnMachine:
         self._outbox: list[Event] = []
         self._repaired = False
         self.phase = Phase.IDLE
-        self.cancel_requested = False
+        self._abort_reason: dict[str, JsonValue] | None = None
         self._boundary = False
         self._reset_turn()
 
@@ -193,8 +193,7 @@ class TurnMachine:
             if not command.keep_queue:
                 for splice in self.inbox.cancel_all():
                     self._append(SPLICE_TYPE, splice, now)
-            if self.phase is not Phase.IDLE:
-                self.cancel_requested = True
+            self.abort("user")
         elif isinstance(command, Configure):
             self._configure(command, tools)
         return True
@@ -212,8 +211,8 @@ class TurnMachine:
         if self._boundary:
             self._boundary = False
             return StepBoundary()
-        if self.cancel_requested:
-            return self._abort(now)
+        if self._abort_reason is not None:
+            return self._abort(self._abort_reason, now)
         if self.phase is Phase.IDLE:
             if not self.inbox.wakes:
                 return Idle()
@@ -441,7 +440,7 @@ class TurnMachine:
     def _end_turn(self, reason: dict[str, JsonValue], now: int) -> None:
         self._append("turn/end", {"turn": self._turn, "reason": reason}, now)
         self._boundary = True
-        self.cancel_requested = False
+        self._abort_reason = None
         self.phase = Phase.IDLE
 
     def _after_step(self, now: int) -> Effect:
@@ -453,7 +452,21 @@ class TurnMachine:
             self._end_turn({"kind": "completed"}, now)
         return self.next_effect(now)
 
-    def _abort(self, now: int) -> Effect:
+    @property
+    def cancel_requested(self) -> bool:
+        """An abort is pending: no tool may start; the next effect closes the turn."""
+        return self._abort_reason is not None
+
+    def abort(self, kind: str = "user") -> None:
+        """Ask to abort the open turn (``turn/end aborted`` with ``reason.kind == kind``).
+
+        ``user`` is a cancel command; ``disposed`` a driver that gives the session up. No-op
+        when no turn is open.
+        """
+        if self.phase is not Phase.IDLE and self._abort_reason is None:
+            self._abort_reason = {"kind": kind}
+
+    def _abort(self, reason: dict[str, JsonValue], now: int) -> Effect:
         """Close the turn for a user cancel, from whatever point it had reached."""
         if self.phase is Phase.STREAMING:
             self._append_assistant(self._acc.partial_content(), now, interrupted=True)
@@ -462,7 +475,7 @@ class TurnMachine:
             self._close_unanswered(TOOL_CANCELED, _CANCELED_TEXT, now)
         if self.phase in (Phase.CALL, Phase.STREAMING, Phase.RETRY_WAIT, Phase.TOOLS):
             self._close_step(now)
-        self._end_turn({"kind": "aborted", "reason": {"kind": "user"}}, now)
+        self._end_turn({"kind": "aborted", "reason": reason}, now)
         self._boundary = False
         return StepBoundary()
 

@@ -109,6 +109,7 @@ class SessionRunner:
         self._request_check = request_check
         self._lock = asyncio.Lock()
         self._interruptible: asyncio.Future[Any] | None = None
+        self._disposed = False
 
     @property
     def log(self) -> SessionLog:
@@ -139,10 +140,23 @@ class SessionRunner:
         if self.machine.cancel_requested and self._interruptible is not None:
             self._interruptible.cancel()
 
+    async def dispose(self) -> None:
+        """Give the session up: abort an open turn (``aborted``/``disposed``) and wait for it
+        to be closed and flushed. Queued inbox items stay queued in the log."""
+        self._disposed = True
+        self.machine.abort("disposed")
+        if self._interruptible is not None:
+            self._interruptible.cancel()
+        await self.run_until_idle()
+
     async def run_until_idle(self) -> None:
         """Run turns while woken work is pending; returns when the session is idle."""
         async with self._lock:
             while True:
+                if self._disposed and not self.machine.busy:
+                    await self._publish()
+                    await self._sink.flush(self.session_id)
+                    return
                 effect = self.machine.next_effect(self._clock())
                 await self._publish()
                 if isinstance(effect, Idle):

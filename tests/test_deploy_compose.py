@@ -170,7 +170,8 @@ def test_ports_and_health_checks_match_the_settings(name: str) -> None:
     port = getattr(env, PORT_SETTING_OF_SERVICE[name])
     assert port == getattr(Settings(), PORT_SETTING_OF_SERVICE[name]), "port is not the default"
     published = [str(p).split(":") for p in service["ports"]]
-    assert [str(port), str(port)] in published, f"{name}: {published} does not publish {port}"
+    assert ["127.0.0.1", str(port), str(port)] in published, (
+        f"{name}: {published} does not publish {port} on the host's loopback only")
     url = health_url(service["healthcheck"]["test"])
     assert (url.port, url.path) == (port, "/health")
 
@@ -180,6 +181,12 @@ def health_url(test: list[str]) -> Any:
     found = re.search(r"'(http://[^']+)'", code)
     assert found, f"no URL in health check {test}"
     return urlparse(found.group(1))
+
+
+def test_host_ports_are_bound_to_loopback_only() -> None:
+    for name, service in load_compose({})["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} to every host"
 
 
 def test_dependencies_wait_for_health_or_completion() -> None:
@@ -216,7 +223,7 @@ def test_registry_url_points_at_the_registry_service() -> None:
     services = load_compose({})["services"]
     assert re.fullmatch(r"apicurio/apicurio-registry:3\.\d+\.\d+", services["registry"]["image"])
     url = urlparse(service_env(services["driver"])["DSH_REGISTRY_URL"])
-    container_port = services["registry"]["ports"][0].split(":")[1]
+    container_port = services["registry"]["ports"][0].split(":")[-1]
     assert (url.hostname, str(url.port)) == ("registry", container_port)
     assert url.path == "/apis/ccompat/v7"
 
@@ -299,7 +306,7 @@ def test_registry_health_check_passes_on_200_and_fails_otherwise(
         health_server: http.server.HTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     services = load_compose({})["services"]
     test = services["registry"]["healthcheck"]["test"]
-    container_port = services["registry"]["ports"][0].split(":")[1]
+    container_port = services["registry"]["ports"][0].split(":")[-1]
     assert test[:2] == ["CMD", "bash"] and f"/127.0.0.1/{container_port}" in test[-1]
     command = [*test[1:-1], test[-1].replace(f"/127.0.0.1/{container_port}",
                                              f"/127.0.0.1/{health_server.server_port}")]

@@ -321,6 +321,20 @@ async def test_a_silent_stream_hits_the_idle_timeout(server: LLMTestServer) -> N
     assert assemble(chunks) == [] and len(chunks) == 2
 
 
+async def test_calls_beyond_the_connection_limit_wait_for_a_free_connection(
+        server: LLMTestServer) -> None:
+    server.enqueue(*[ScriptedResponse(pause_s=0.01, events=[
+        chat_chunk(content=f"answer {i}"), chat_chunk(finish_reason="stop")]) for i in range(3)])
+    provider = DeepSeekProvider(Secret(KEY), server.base_url, max_connections=1,
+                                trust_env=False)
+    try:
+        results = await asyncio.gather(*[collect(provider) for _ in range(3)])
+    finally:
+        await provider.aclose()
+    assert sorted(assemble(r)[0]["text"] for r in results) == [
+        "answer 0", "answer 1", "answer 2"]
+
+
 # --------------------------------------------------------------------------- cancellation
 
 

@@ -169,8 +169,10 @@ class OpenAICompatibleProvider:
         self.url = _without_userinfo(self._endpoint)  # what messages and logs may show
         self._dialect = dialect
         self._api_key = api_key
+        # pool=None: beyond max_connections a call waits for a free connection (backpressure)
+        # instead of failing while other sessions stream for minutes.
         timeout = httpx.Timeout(connect=connect_timeout_s, read=idle_timeout_s, write=30.0,
-                                pool=connect_timeout_s)
+                                pool=None)
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=trust_env)

@@ -290,10 +290,11 @@ async def test_malformed_streams(server: LLMTestServer, deepseek: DeepSeekProvid
 
 async def test_a_json_answer_instead_of_a_stream_is_protocol(
         server: LLMTestServer, deepseek: DeepSeekProvider) -> None:
-    server.enqueue(ScriptedResponse(content_type="application/json",
-                                    events=[chat_chunk(content="x")]))
+    server.enqueue(ScriptedResponse(content_type="application/json", done=False,
+                                    events=[error_body("model is warming up")]))
     _, error = await collect_failure(deepseek)
     assert error.code == "PROTOCOL" and "instead of text/event-stream" in str(error)
+    assert "model is warming up" in str(error)
 
 
 async def test_unreachable_endpoint_is_network() -> None:

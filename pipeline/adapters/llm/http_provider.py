@@ -220,22 +220,22 @@ class OpenAICompatibleProvider:
             raise _replaced(exc, request_id=request_id) from None
 
     async def _check_status(self, response: httpx.Response) -> None:
-        if response.status_code == 200:
-            content_type = response.headers.get("content-type", "")
-            if "text/event-stream" not in content_type:
-                raise ProviderError(f"{self.name} answered {content_type or 'no content type'}"
-                                    f" instead of text/event-stream at {self.url}",
-                                    code="PROTOCOL", status=200,
-                                    request_id=request_id_of(response.headers))
+        content_type = response.headers.get("content-type", "")
+        if response.status_code == 200 and "text/event-stream" in content_type:
             return
         raw = b""
         async for piece in response.aiter_bytes():
             raw += piece
             if len(raw) >= MAX_ERROR_BODY:
                 break
-        raise error_from_response(response.status_code, response.headers,
-                                  raw.decode("utf-8", "replace"), provider=self.name,
-                                  now=time.time())
+        body = raw.decode("utf-8", "replace")
+        if response.status_code == 200:
+            raise ProviderError(f"{self.name} answered {content_type or 'no content type'}"
+                                f" instead of text/event-stream at {self.url}: "
+                                f"{_server_message(body)}", code="PROTOCOL", status=200,
+                                request_id=request_id_of(response.headers))
+        raise error_from_response(response.status_code, response.headers, body,
+                                  provider=self.name, now=time.time())
 
     async def _chunks(self, response: httpx.Response,
                       request_id: str | None) -> AsyncGenerator[Chunk, None]:

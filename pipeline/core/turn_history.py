@@ -4,6 +4,9 @@ A driver that takes over a session (restart, rebalance) has nothing but the log:
 number, the last logged request header, the inbox lists (every change of them is an
 ``agent/inbox/spliced`` event) and the ids of the messages that already entered the inbox
 (so a redelivered inbox record is not queued twice).
+
+A splice this driver cannot apply (another writer's shape, indices that do not fit the lists)
+is skipped: a session must stay runnable whatever plugins wrote into its log.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pipeline.core.errors import TurnError
+from pipeline.core.errors import EventError, TurnError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
 from pipeline.core.turn_effects import SessionConfig
@@ -39,7 +42,10 @@ def scan_history(events: Iterable[Event]) -> History:
             if isinstance(header, dict):
                 history.header = header
         elif event.type == SPLICE_TYPE:
-            history.inbox.apply_splice(data, seq=event.seq)
+            try:
+                history.inbox.apply_splice(data, seq=event.seq)
+            except EventError:  # plugin data is carried, not trusted: skip what does not fit
+                continue
             for message in data.get("inserted", []):
                 if isinstance(message, Mapping) and isinstance(message.get("id"), str):
                     history.message_ids.add(message["id"])

@@ -6,6 +6,9 @@ the decision it gets back; it rejects by returning :func:`reject` without callin
 The end of the chain accepts whatever messages reach it. A rejected (or emptied) first claim of
 a turn closes the turn with no steps (``turn/end blocked``); a rejection later in the turn
 aborts it (``turn/end aborted`` with ``reason.kind == "hook"``).
+
+Messages are shared with events already logged (the inbox splice that queued them): a hook
+builds new message objects to rewrite, it never mutates the ones it is given.
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_bad_input_is_a_clear_codec_error() -> None:
         SINGLE.decode(b"{\"type\":1}")
     with pytest.raises(CodecError, match="trailing bytes"):
         SINGLE.decode(good + b"\x00")
-    with pytest.raises(CodecError, match="truncated|past the end"):
+    with pytest.raises(CodecError, match=r"truncated|past the end"):
         SINGLE.decode(good[:-1])
     with pytest.raises(CodecError, match="not lossless JSON"):
         SINGLE.encode("s", Event("x/y", 0, 0, {"v": float("nan")}))

@@ -11,7 +11,8 @@ check that both agree byte for byte.
 
 Value conventions (those of fastavro): records are dicts; a union value is ``None`` for
 null, a ``(name, value)`` tuple naming the branch, or a value whose Python type picks the
-branch; decoded unions with more than one record branch give ``(record name, record)``
+branch (the first in union order that takes it); an optional ``[null, X]`` union takes
+``None`` or the plain value only (no tuple: the fast path of every optional field); decoded unions with more than one record branch give ``(record name, record)``
 (fastavro's ``return_record_name=True, return_record_name_override=True``).
 
 Errors: every decoder or encoder failure surfaces as :class:`AvroBinaryError` (a
@@ -237,25 +238,22 @@ class _Compiler:
         out.append(f"{ind}else: raise _Bad('no union branch fits the value')")
 
     def union_picker(self, branches: list[Any]) -> Callable[[Any], int]:
-        """Branch index from the Python type of a value (fastavro's usual choices)."""
-        table: dict[type, int] = {}
-        str_enum: list[tuple[int, frozenset[str]]] = []
+        """Branch index from the Python type of a value: the first branch that takes it,
+        in union order (as fastavro chooses for unambiguous values)."""
+        tests: list[tuple[int, tuple[type, ...], frozenset[str] | None]] = []
         for index, branch in enumerate(branches):
             resolved = self.resolve(branch)
             kind = resolved if isinstance(resolved, str) else resolved["type"]
-            for py in _PY_TYPES.get(kind, ()):
-                table.setdefault(py, index)
-            if kind == "enum":
-                str_enum.append((index, frozenset(resolved["symbols"])))
+            symbols = frozenset(resolved["symbols"]) if kind == "enum" else None
+            tests.append((index, _PY_TYPES.get(kind, (str,) if kind == "enum" else ()),
+                          symbols))
 
         def pick(value: Any) -> int:
-            for index, symbols in str_enum:
-                if type(value) is str and value in symbols:
+            py = type(value)
+            for index, types, symbols in tests:
+                if py in types and (symbols is None or value in symbols):
                     return index
-            found = table.get(type(value))
-            if found is None:
-                raise _Bad(f"no union branch for a {type(value).__name__}")
-            return found
+            raise _Bad(f"no union branch for a {py.__name__}")
 
         return pick
 

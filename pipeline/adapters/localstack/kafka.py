@@ -44,6 +44,11 @@ from pipeline.core.errors import BrokerError, ConfigError
 READY_BUDGET_S: Final = 60.0
 FORMAT_TIMEOUT_S: Final = 120.0
 PROBE_TIMEOUT_MS: Final = 2_000
+# A broker's controlled shutdown waits for the controller; past this it is killed.
+STOP_TIMEOUT_S: Final = 10.0
+# A killed node is noticed in seconds rather than the default 9 s, so failover tests stay short.
+CLUSTER_FAILURE_DETECTION: Final = (
+    "broker.heartbeat.interval.ms=1000\nbroker.session.timeout.ms=4000")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +156,9 @@ class KafkaLocal:
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL), then remove a temporary workdir."""
         for proc in self._procs.values():
-            proc.stop()
+            proc.terminate()
+        for proc in self._procs.values():
+            proc.wait_stopped(STOP_TIMEOUT_S)
         self._procs.clear()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -168,6 +175,7 @@ class KafkaLocal:
             node_id=node.node_id, quorum_line=quorum, port=node.port,
             controller_port=node.controller_port, log_dir=node.data_dir,
             replication_factor=rf, min_isr=min(rf, 2), internal_partitions=1 if rf == 1 else 3,
+            failure_detection="" if rf == 1 else CLUSTER_FAILURE_DETECTION,
         )
 
     def _classpath(self) -> str:

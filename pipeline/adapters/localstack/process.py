@@ -74,16 +74,23 @@ class ChildProcess:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM the process group, SIGKILL it if still alive after ``timeout_s``."""
+        self.terminate()
+        return self.wait_stopped(timeout_s)
+
+    def terminate(self) -> None:
+        """Ask the process group to stop (SIGTERM) without waiting: stop several at once."""
         if self.alive():
             self._signal_group(signal.SIGTERM)
-            try:
-                self._popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self._popen.wait()
-        else:
-            # The leader may be gone while children of its group live on.
+
+    def wait_stopped(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """Wait for the exit after :meth:`terminate`; SIGKILL the group after ``timeout_s``."""
+        try:
+            self._popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
             self._signal_group(signal.SIGKILL)
+            self._popen.wait()
+        # The leader may be gone while children of its group live on.
+        self._signal_group(signal.SIGKILL)
         self._forget()
         return self._popen.returncode
 

@@ -12,7 +12,8 @@ check that both agree byte for byte.
 Value conventions (those of fastavro): records are dicts; a union value is ``None`` for
 null, a ``(name, value)`` tuple naming the branch, or a value whose Python type picks the
 branch (the first in union order that takes it); an optional ``[null, X]`` union takes
-``None`` or the plain value only (no tuple: the fast path of every optional field); decoded unions with more than one record branch give ``(record name, record)``
+``None`` or the plain value only (no tuple: the fast path of every optional field);
+decoded unions with more than one record branch give ``(record name, record)``
 (fastavro's ``return_record_name=True, return_record_name_override=True``).
 
 Errors: every decoder or encoder failure surfaces as :class:`AvroBinaryError` (a

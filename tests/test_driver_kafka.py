@@ -28,6 +28,7 @@ from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.adapters.kafka.session_reader import read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.adapters.llm.factory import provider_from_settings
+from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -62,10 +63,12 @@ async def topics(driver_settings: Settings) -> Settings:
 
 
 class RunningDriver:
-    def __init__(self, settings: Settings, group: str) -> None:
-        ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10)
-        self.service = DriverService(ctx, DriverConfig(linger_ms=10, shutdown_grace_s=5,
-                                                       session_timeout_ms=6000))
+    def __init__(self, settings: Settings, group: str, *, script: Script = echo_script,
+                 config: DriverConfig | None = None) -> None:
+        ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10,
+                             script=script)
+        self.service = DriverService(ctx, config or DriverConfig(
+            linger_ms=10, shutdown_grace_s=5, session_timeout_ms=6000))
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.service.run(self.stop))
 
@@ -83,8 +86,9 @@ class RunningDriver:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings, group: str) -> AsyncIterator[RunningDriver]:
-    driver = RunningDriver(settings, group)
+async def running(settings: Settings, group: str, *, script: Script = echo_script,
+                  config: DriverConfig | None = None) -> AsyncIterator[RunningDriver]:
+    driver = RunningDriver(settings, group, script=script, config=config)
     try:
         yield driver
     finally:
@@ -352,3 +356,48 @@ async def test_cli_send_and_driver_process_with_graceful_sigterm(
         if driver.returncode is None:
             driver.kill()
             await driver.wait()
+
+
+def slow_script(request: object, attempt: int) -> ScriptedReply:
+    """A turn that streams for about 2 s (20 pieces, 100 ms apart)."""
+    return ScriptedReply(text="slowly " * 20, pieces=20, chunk_delay_ms=100)
+
+
+async def test_shutdown_disposes_a_running_turn_and_commits_its_command(
+        topics: Settings, group_id: str) -> None:
+    session = "s-dispose"
+    config = DriverConfig(linger_ms=10, shutdown_grace_s=0.2, session_timeout_ms=6000)
+    async with running(topics, group_id, script=slow_script, config=config) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        await send_followup(topics, session, "take your time")
+        await wait_for_events(topics, session,
+                              lambda ev: any(e.type == "assistant/chunk" for e in ev))
+        await driver.close()
+    events = await session_events(topics, session)
+    strict_log(session, events)
+    assert events[-1].type == "turn/end"
+    assert events[-1].data["reason"] == {"kind": "aborted", "reason": {"kind": "disposed"}}
+    assert await committed_offset(topics, group_id, partition_of(session)) == 1
+
+
+def short_slow_script(request: object, attempt: int) -> ScriptedReply:
+    return ScriptedReply(text="wait for it", delay_ms=400)
+
+
+async def test_inbox_is_paused_while_too_many_turns_run_and_everything_completes(
+        topics: Settings, group_id: str) -> None:
+    sessions = [f"s-busy-{n}" for n in range(6)]
+    config = DriverConfig(linger_ms=10, max_turns_in_flight=2, resume_below=1,
+                          session_timeout_ms=6000)
+    async with running(topics, group_id, script=short_slow_script, config=config) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        codec = InboxCodec()
+        await send_records(topics, [
+            OutRecord(topics.topics.inbox, s.encode(), codec.encode(
+                FollowUp(s, str(uuid.uuid4()), ({"type": "text", "text": "go"},))))
+            for s in sessions])
+        for session in sessions:
+            events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+            strict_log(session, events)
+        assert driver.service.metrics.pauses >= 1
+        assert driver.service.metrics_snapshot()["throttled"] == 0

@@ -26,6 +26,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
+from pipeline.adapters.llm.scripted import Script, echo_script
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError
@@ -113,15 +114,18 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
-                   linger_ms: float = 25.0) -> PartitionContext:
-    """The composition of the Kafka driver: codecs, providers, tools, runners."""
+                   linger_ms: float = 25.0, script: Script = echo_script) -> PartitionContext:
+    """The composition of the Kafka driver: codecs, providers, tools, runners.
+
+    ``script`` drives the scripted provider (the default provider of the settings).
+    """
     serde = EventSerde()
     inbox_codec = InboxCodec()
     providers: dict[str, ModelProvider] = {}
 
     def provider_factory(provider: str, model: str) -> ModelProvider:
         if provider not in providers:
-            providers[provider] = provider_from_settings(settings, provider)
+            providers[provider] = provider_from_settings(settings, provider, script=script)
         return providers[provider]
 
     default_config = SessionConfig(provider=settings.provider, model=settings.model)

@@ -46,6 +46,7 @@ class SessionRunnerLike(Protocol):
     async def recover(self) -> None: ...
     def submit(self, command: InboxCommand) -> None: ...
     async def run_until_idle(self) -> None: ...
+    async def dispose(self) -> None: ...
     @property
     def busy(self) -> bool: ...
 
@@ -253,12 +254,23 @@ class OwnedPartition:
             del slot.awaiting[message_id]
         self.sink.wake()
 
-    async def release(self, *, grace_s: float) -> None:
-        """Stop at a safe point: let turns finish within ``grace_s``, commit, close."""
+    async def release(self, *, grace_s: float, dispose_timeout_s: float = 5.0) -> None:
+        """Stop at a safe point: let turns finish within ``grace_s``, commit, close.
+
+        Turns still running after the grace are disposed (``turn/end`` aborted, reason
+        ``disposed``) and that is committed, unless the producer is fenced already: then the
+        next owner repairs them (``interrupted``). Tasks still alive after that are cancelled.
+        """
         self.accepting = False
         tasks = [s.task for s in self.sessions.values() if s.task is not None and not s.task.done()]
         if tasks and grace_s > 0:
             await asyncio.wait(tasks, timeout=grace_s)
+        running = [s.runner for s in self.sessions.values() if s.driving and s.runner]
+        if running and self.sink.failure is None:
+            disposals = [asyncio.create_task(r.dispose()) for r in running]
+            await asyncio.wait(disposals + tasks, timeout=dispose_timeout_s,
+                               return_when=asyncio.ALL_COMPLETED)
+            tasks += disposals
         for task in tasks:
             task.cancel()
         for task in tasks:

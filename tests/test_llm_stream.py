@@ -92,6 +92,16 @@ def test_any_split_of_an_answer_assembles_to_the_whole(
     assert acc.finish_kind == ("tool-calls" if arguments else "stop")
 
 
+def test_null_fields_of_lenient_servers_are_ignored() -> None:
+    translator = ChatStreamTranslator()
+    payload = chat_chunk(content="a", finish_reason="")
+    payload["error"] = None
+    payload["choices"][0]["delta"].update(reasoning_content=None, reasoning="r", tool_calls=None)
+    assert [c["type"] for c in translator.feed(json.dumps(payload))] == [
+        "block-start", "reasoning-delta", "block-start", "text-delta"]
+    assert not translator.finished
+
+
 @pytest.mark.parametrize(("raw", "usage"), [
     ({"prompt_tokens": 2986, "completion_tokens": 28, "prompt_cache_hit_tokens": 2816,
       "prompt_cache_miss_tokens": 170, "completion_tokens_details": {"reasoning_tokens": 25}},

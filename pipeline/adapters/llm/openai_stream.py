@@ -156,7 +156,7 @@ class ChatStreamTranslator:
         if not isinstance(payload, dict):
             raise self._error(f"a data payload is not an object: {excerpt(data)!r}")
         self.payload_count += 1
-        if "error" in payload:
+        if payload.get("error") is not None:
             raise self._stream_error(payload["error"])
         if isinstance(payload.get("usage"), dict):
             self._usage = map_usage(payload["usage"])
@@ -173,7 +173,7 @@ class ChatStreamTranslator:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             raise self._error("'delta' is not an object")
-        reasoning = delta.get("reasoning_content", delta.get("reasoning"))
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             self._reasoning = self._stream_text(self._reasoning, "reasoning", reasoning, out)
         content = delta.get("content")
@@ -182,7 +182,7 @@ class ChatStreamTranslator:
         for call in delta.get("tool_calls") or []:
             self._tool_call(call, out)
         reason = choice.get("finish_reason")
-        if reason is not None:
+        if reason:  # null or "" on every chunk but the last
             if not isinstance(reason, str):
                 raise self._error(f"finish_reason is not a string: {reason!r}")
             self._finish_reason = reason

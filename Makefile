@@ -1,0 +1,47 @@
+# dsh-pipeline: the two commands that matter are `make demo` and `make test`.
+# Everything installs itself when missing: the virtualenv (.venv) and the Java artifacts
+# (Kafka, Apicurio Registry from Maven Central into .cache/, or $DSH_CACHE_DIR).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dsh-installed
+PYTEST_ARGS ?= --durations=15 --timeout=900
+
+.PHONY: setup artifacts tools test lint pytest demo broker
+
+setup: $(STAMP) artifacts
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-run the (idempotent) editable install when pyproject.toml changes.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+artifacts: $(STAMP)
+	$(BIN)/dsh-pipeline broker --fetch-only
+
+tools: $(STAMP)
+	$(BIN)/dsh-pipeline broker --fetch-only --with-tools
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# pytest exits 5 when it collected no test: that is not a failure of the suite.
+pytest: setup
+	$(BIN)/pytest $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$code
+
+test: setup
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory pytest
+
+demo: setup
+	$(BIN)/dsh-pipeline demo
+
+broker: setup
+	$(BIN)/dsh-pipeline broker

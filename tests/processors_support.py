@@ -109,3 +109,136 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()
+
+
+class SessionBuilder:
+    """Builds a valid, realistic session log: turns, steps, chunks, tools, usage, replaces."""
+
+    def __init__(self, rng: Any, provider: str, model: str, now_ms: int) -> None:
+        self.rng = rng
+        self.provider, self.model = provider, model
+        self.time = now_ms
+        self.events: list[Event] = []
+        self.surface: list[int] = []   # live surface seqs, for replaces
+
+    def add(self, type_: str, data: Any, op: Any = None, sources: Any = None) -> int:
+        seq = len(self.events)
+        self.time += self.rng.randint(0, 30)
+        self.events.append(Event(type_, seq, self.time, data, op, sources))
+        if op == "append":
+            self.surface.append(seq)
+        return seq
+
+    def user(self, text: str) -> None:
+        from pipeline.core.events import Replace
+        message = {"id": f"u{len(self.events)}", "role": "user",
+                   "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
+        users = [i for i, seq in enumerate(self.surface) if self.events[seq].type == "user/message"]
+        if users and self.rng.random() < 0.3:
+            # Replace a run of surface nodes starting at a user message (e.g. rewritten
+            # instructions shadowing what followed them).
+            first = self.rng.choice(users)
+            last = self.rng.randint(first, min(len(self.surface) - 1, first + 2))
+            run = self.surface[first:last + 1]
+            seq = self.add("user/message", message, Replace(run[0], run[-1]), tuple(run))
+            self.surface[first:last + 1] = [seq]
+        else:
+            self.add("user/message", message, "append")
+
+    def step(self, turn: int, step: int, with_tool: bool) -> None:
+        self.add("step/start", {"turn": turn, "step": step})
+        self.user(f"input {turn}.{step}")
+        self.add("request/header", {"header": {"config": {"provider": self.provider,
+                                                          "model": self.model}},
+                                    "reason": "initial" if step == 1 else "resume"})
+        chunk_seqs = [self.add("assistant/chunk", {"turn": turn, "step": step, "chunk": {
+            "type": "text-delta", "index": 0, "text": f"w{i} "}})
+            for i in range(self.rng.randint(0, 12))]
+        content: list[Any] = [{"type": "text", "text": "answer"}] if self.rng.random() < 0.9 else []
+        call_id = f"call_{turn}_{step}"
+        if with_tool:
+            content.append({"type": "tool-call", "id": call_id, "name": "echo",
+                            "arguments": "{}"})
+        usage = {"inputTokens": self.rng.randint(1, 5000), "outputTokens": self.rng.randint(
+            1, 500), "cacheReadTokens": self.rng.randint(0, 3000),
+            "cacheWriteTokens": self.rng.randint(0, 100), "reasoningTokens": 0}
+        source = {"kind": "model", "provider": self.provider, "model": self.model}
+        self.add("assistant/message", {"turn": turn, "step": step, "usage": usage, "message": {
+            "id": f"m{len(self.events)}", "role": "assistant", "content": content,
+            "source": source}}, "append", tuple(chunk_seqs))
+        if with_tool:
+            call = self.add("tool/call", {"turn": turn, "step": step, "callId": call_id,
+                                          "name": "echo", "arguments": "{}"})
+            self.add("tool/result", {"turn": turn, "step": step, "message": {
+                "id": f"r{call}", "role": "user", "source": {"kind": "tool", "callId": call_id},
+                "content": [{"type": "tool-result", "toolCallId": call_id,
+                             "content": [{"type": "text", "text": "ok"}]}]}},
+                "append", (call,))
+        self.add("step/end", {"turn": turn, "step": step})
+
+    def turn(self, turn: int) -> None:
+        self.add("turn/start", {"turn": turn})
+        steps = self.rng.randint(1, 3)
+        for step in range(1, steps + 1):
+            self.step(turn, step, with_tool=step < steps)
+        reason = {"kind": "completed"} if self.rng.random() < 0.8 else {
+            "kind": "error", "error": {"message": "boom", "code": "SERVER"}}
+        self.add("turn/end", {"turn": turn, "reason": reason})
+
+
+def generated_sessions(seed: int, count: int, provider: str, models: Sequence[str],
+                       now_ms: int) -> dict[str, list[Event]]:
+    """``count`` sessions of 1-4 turns each, spread over ``models``."""
+    import random
+    rng = random.Random(seed)
+    sessions: dict[str, list[Event]] = {}
+    for index in range(count):
+        builder = SessionBuilder(rng, provider, models[index % len(models)], now_ms)
+        for turn in range(1, rng.randint(1, 4) + 1):
+            builder.turn(turn)
+        sessions[f"{provider}-s{index}"] = builder.events
+    return sessions
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def read_topic(settings: Settings, topic: str) -> list[tuple[str, Any, dict[str, bytes]]]:
+    """Every record now in ``topic`` as (key, JSON value or raw bytes or None, headers)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in
+                 sorted(consumer.partitions_for_topic(topic) or
+                        await _partitions(consumer, topic))]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        out: list[tuple[str, Any, dict[str, bytes]]] = []
+        while [tp for tp in parts if await consumer.position(tp) < ends[tp]]:
+            batch = await consumer.getmany(*parts, timeout_ms=500)
+            for records in batch.values():
+                out += [(r.key.decode(), _value(r.value), dict(r.headers)) for r in records]
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: Any, topic: str) -> set[int]:
+    await consumer._client.force_metadata_update()
+    return set(consumer.partitions_for_topic(topic) or ())
+
+
+def _value(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

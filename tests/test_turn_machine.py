@@ -497,3 +497,12 @@ def test_first_configure_needs_provider_and_model() -> None:
     with pytest.raises(ConfigError, match="provider and a model"):
         machine.submit(Configure("s1", "c1", model="m"), 1)
     assert machine.take_events() == [] and machine.config is None
+
+
+def test_inbox_rebuilt_from_the_agent_instructions_fixture_is_empty() -> None:
+    machine = new_machine(SessionLog.from_events("s1", fixture_events("agent-instructions")))
+    assert machine.inbox.next_turn == [] and machine.inbox.next_step == []
+    assert machine.turn == 1 and not machine.busy
+    # a redelivery of a message that already went through the inbox is recognised
+    assert not machine.submit(FollowUp("s1", "81078e7a-6837-45c2-a6b4-a5a3dfce0d4a", (
+        {"type": "text", "text": "again"},)), 1)

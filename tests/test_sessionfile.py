@@ -236,3 +236,21 @@ def test_validate_strict_and_ingest(capsys: pytest.CaptureFixture[str]) -> None:
 def test_write_failure_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SessionFileError, match="cannot write"):
         write_session_file(tmp_path / "missing-dir" / "x.jsonl", [])
+
+
+def test_lone_surrogates_read_in_ingest_refused_in_strict_and_written_escaped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JavaScript can write "\\ud83d" (a string cut inside an emoji): carry it, escaped."""
+    lines = fixture_lines()
+    path = write_lines(tmp_path / "s.jsonl", [
+        *lines[:5], lines[5].replace("Reply with", "Reply \\ud83d with"), *lines[6:]])
+    _, log = load_session(path)
+    assert "\ud83d" in log.messages()[0]["content"][0]["text"]
+    assert main(["derive", "--json", str(path)]) == 0
+    assert "\\ud83d" in capsys.readouterr().out
+    assert main(["derive", str(path)]) == 0
+    assert main(["validate", "--strict", str(path)]) == 1
+    assert "[rule: lossless-json]" in capsys.readouterr().out
+    out = tmp_path / "again.jsonl"
+    write_session_file(out, read_session_file(path).events, packed=True)
+    assert read_session_file(out).events == read_session_file(path).events

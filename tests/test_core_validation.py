@@ -11,6 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import lossless_json
 
 from pipeline.core.errors import EventError, SequenceError
 from pipeline.core.events import Event, event_from_json
@@ -243,3 +246,37 @@ def test_bad_mode_and_bad_messages_at_are_clear_errors() -> None:
     with pytest.raises(EventError, match="seq-in-log"):
         log.messages_at(0)
     assert log.messages_at(-1) == ()
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a JSON value (the value itself included)."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found.extend(_paths(child, (*prefix, key)))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found.extend(_paths(child, (*prefix, index)))
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_subtree_replaced_by_any_json_gives_event_error_or_passes(data: Any) -> None:
+    """Structural fuzz: validators never crash on odd shapes, whatever the mode."""
+    objs = base_log()
+    index = data.draw(st.integers(0, len(objs) - 1))
+    paths = [p for p in _paths(objs[index]) if p]
+    path = data.draw(st.sampled_from(paths))
+    target: Any = objs[index]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = data.draw(lossless_json(6))
+    mode = data.draw(st.sampled_from(["strict", "ingest"]))
+    log = SessionLog("s", mode=mode)
+    try:
+        for obj in objs:
+            log.append(event_from_json(obj))
+    except EventError as exc:
+        assert exc.rule and str(exc)
+    log.messages()

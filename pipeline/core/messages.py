@@ -27,7 +27,7 @@ _BLOCK_STRING_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
-def _check_blocks(event: Event, content: Any, where: str) -> None:
+def _check_blocks(event: Event, content: Any, where: str, depth: int = 0) -> None:
     if not isinstance(content, list):
         fail(event, f"{where}.content must be an array of blocks", "message-content")
     for index, block in enumerate(content):
@@ -36,9 +36,9 @@ def _check_blocks(event: Event, content: Any, where: str) -> None:
             fail(event, f"{at} must be an object with a string type", "content-block")
         for key in _BLOCK_STRING_FIELDS.get(block["type"], ()):
             need_str(event, block, key, at, "content-block")
-        if block["type"] == "tool-result":
+        if block["type"] == "tool-result" and depth == 0:  # nested results: carried as is
             need_str(event, block, "toolCallId", at, "content-block")
-            _check_blocks(event, block.get("content"), at)
+            _check_blocks(event, block.get("content"), at, depth + 1)
             if "isError" in block and not isinstance(block["isError"], bool):
                 fail(event, f"{at}.isError must be a boolean", "content-block")
 

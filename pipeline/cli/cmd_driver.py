@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -26,12 +27,13 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
-from pipeline.adapters.llm.scripted import Script, echo_script
+from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import SessionLog
+from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
@@ -54,6 +56,14 @@ def register(subparsers: Any) -> None:
                         help="seconds running turns get to finish on shutdown")
     driver.add_argument("--enable-host-tools", action="store_true",
                         help="offer tools that touch the host (bash); off by default")
+    driver.add_argument("--instance-id",
+                        help="static group membership id (e.g. the pod name): a restarted "
+                             "driver with the same id gets its partitions back at once")
+    driver.add_argument("--session-timeout-ms", type=int, default=10_000,
+                        help="group session timeout: how long a dead driver keeps partitions")
+    driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
+                        help="scripted provider only: wait this long between stream chunks "
+                             "(to watch chunks arrive live)")
     driver.set_defaults(func=run_driver)
     send = subparsers.add_parser("send", help="put one command on a session's inbox")
     send.add_argument("session", help="session id (the record key)")
@@ -144,14 +154,26 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = DriverConfig(linger_ms=args.linger_ms, max_turns_in_flight=args.max_turns,
-                          resume_below=args.resume_below, shutdown_grace_s=args.grace)
+                          resume_below=args.resume_below, shutdown_grace_s=args.grace,
+                          session_timeout_ms=args.session_timeout_ms,
+                          instance_id=args.instance_id)
     group = args.group or f"{settings.group_id_prefix}driver"
     tools = builtin_registry(enable_host_tools=args.enable_host_tools)
-    ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms)
+    ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
+                         script=_delayed(echo_script, args.script_chunk_delay_ms))
     service = DriverService(ctx, config)
     asyncio.run(_serve(settings, service))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
+
+
+def _delayed(script: Script, chunk_delay_ms: int) -> Script:
+    if chunk_delay_ms <= 0:
+        return script
+
+    def delayed(request: ModelRequest, attempt: int) -> ScriptedReply:
+        return dataclasses.replace(script(request, attempt), chunk_delay_ms=chunk_delay_ms)
+    return delayed
 
 
 async def _serve(settings: Settings, service: DriverService) -> None:

@@ -61,6 +61,7 @@ class DriverConfig:
     poll_timeout_ms: int = 100
     rebuild_retry_s: float = 2.0
     session_timeout_ms: int = 10_000
+    instance_id: str | None = None  # static membership: a restart keeps the assignment
 
     def __post_init__(self) -> None:
         if not 0 <= self.resume_below < self.max_turns_in_flight:
@@ -90,7 +91,8 @@ class DriverService:
         self._consumer = InboxConsumer(
             settings, topic=settings.topics.inbox, group_id=self.ctx.group_id,
             on_assigned=self._on_assigned, on_revoked=self._on_revoked,
-            session_timeout_ms=self.config.session_timeout_ms)
+            session_timeout_ms=self.config.session_timeout_ms,
+            group_instance_id=self.config.instance_id)
         await self._consumer.start()
         try:
             while not stop.is_set():

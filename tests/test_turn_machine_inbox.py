@@ -55,17 +55,18 @@ def test_bad_commands_are_refused_with_the_field_named(obj: Any, problem: str) -
 def test_lists_log_every_change_and_rebuild_from_the_log() -> None:
     lists = InboxLists()
     splices = [lists.insert(FollowUp("s", "f1", TEXT)), lists.insert(FollowUp("s", "f2", TEXT)),
-               lists.insert(Inject("s", "i1", TEXT))]
-    assert [s["start"] for s in splices] == [0, 1, 0]
-    assert lists.wakes and not lists.steered
+               lists.insert(Inject("s", "i1", TEXT)), lists.insert(Steer("s", "s1", TEXT))]
+    assert [s["start"] for s in splices] == [0, 1, 0, 1]
+    assert lists.wakes and lists.steered
     _, claim = lists.claim_next_turn()
     splices.append(claim)
     rebuilt = InboxLists()
     for seq, splice in enumerate(splices):
         rebuilt.apply_splice(splice, seq=seq)
     assert [i.message["id"] for i in rebuilt.next_turn] == ["f2"]
-    assert [i.message["id"] for i in rebuilt.next_step] == ["i1"]
-    assert not rebuilt.next_step[0].wakes  # rebuilt next-step items wait for a wake
+    assert [i.message["id"] for i in rebuilt.next_step] == ["i1", "s1"]
+    # the injected context (source kind "context") waits; the steer (kind "user") wakes
+    assert [i.wakes for i in rebuilt.next_step] == [False, True]
     with pytest.raises(EventError, match="do not fit"):
         rebuilt.apply_splice({"target": "next-turn", "start": 0, "removedCount": 5,
                               "inserted": []}, seq=9)

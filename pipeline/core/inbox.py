@@ -31,6 +31,7 @@ NEXT_STEP: Final = "next-step"
 Target: TypeAlias = Literal["next-turn", "next-step"]
 SPLICE_TYPE: Final = "agent/inbox/spliced"
 USER_SOURCE: Final[Mapping[str, JsonValue]] = {"kind": "user"}
+CONTEXT_SOURCE: Final[Mapping[str, JsonValue]] = {"kind": "context"}
 
 
 def _bad(kind: str, message: str) -> EventError:
@@ -64,6 +65,7 @@ class _MessageCommand:
     kind: ClassVar[str] = "message"
     target: ClassVar[Target] = NEXT_STEP
     wakes: ClassVar[bool] = True
+    default_source: ClassVar[Mapping[str, JsonValue]] = USER_SOURCE
 
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
@@ -76,7 +78,7 @@ class _MessageCommand:
         """The user message as it enters the log (``user/message`` data, splice item)."""
         return {
             "id": self.message_id, "role": "user", "content": list(self.content),
-            "source": dict(self.source if self.source is not None else USER_SOURCE),
+            "source": dict(self.source if self.source is not None else self.default_source),
         }
 
 
@@ -100,11 +102,16 @@ class Steer(_MessageCommand):
 
 @dataclass(frozen=True, slots=True)
 class Inject(_MessageCommand):
-    """Injected context: enters at the next step boundary; waits for something else to wake."""
+    """Injected context: enters at the next step boundary; waits for something else to wake.
+
+    Its message's source defaults to ``{kind:"context"}`` (not ``user``): that is how a
+    rebuilt inbox tells it from a steer, which must still wake after a restart.
+    """
 
     kind: ClassVar[str] = "inject"
     target: ClassVar[Target] = NEXT_STEP
     wakes: ClassVar[bool] = False
+    default_source: ClassVar[Mapping[str, JsonValue]] = CONTEXT_SOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,9 +290,9 @@ class InboxLists:
     def apply_splice(self, data: JsonValue, *, seq: int) -> None:
         """Fold a logged splice (rebuild after a restart).
 
-        A rebuilt next-step item is treated as injected (it does not wake): the log does not
-        say whether it came from a steer, and waking a model on a guess would spend tokens no
-        one asked for. It enters with the next wake.
+        The log does not say which next-step item came from a steer: a rebuilt next-step item
+        wakes when its message's source kind is ``user`` (steering is the user's; injected
+        context has another source kind, ``context`` by default), as in dsh.
         """
         if not isinstance(data, Mapping) or data.get("target") not in (NEXT_TURN, NEXT_STEP):
             raise EventError("splice data needs target next-turn or next-step", seq=seq,
@@ -295,9 +302,16 @@ class InboxLists:
         removed = data.get("removedCount", 0)
         inserted = data.get("inserted", [])
         if not (isinstance(start, int) and isinstance(removed, int) and isinstance(inserted, list)
+                and all(isinstance(m, Mapping) for m in inserted)
                 and 0 <= start <= len(queue) and 0 <= removed <= len(queue) - start):
             raise EventError(f"splice start/removedCount/inserted do not fit a list of "
                              f"{len(queue)} items", seq=seq, type=SPLICE_TYPE,
                              rule="inbox-splice")
-        wakes = data["target"] == NEXT_TURN
-        queue[start:start + removed] = [InboxItem(dict(m), wakes) for m in inserted]
+        turn = data["target"] == NEXT_TURN
+        queue[start:start + removed] = [InboxItem(dict(m), turn or _from_user(m))
+                                        for m in inserted]
+
+
+def _from_user(message: Mapping[str, JsonValue]) -> bool:
+    source = message.get("source")
+    return isinstance(source, Mapping) and source.get("kind") == "user"

@@ -19,6 +19,7 @@ from pipeline.settings import Settings
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_broker",
+    "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_files",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",

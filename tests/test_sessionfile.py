@@ -254,3 +254,12 @@ def test_lone_surrogates_read_in_ingest_refused_in_strict_and_written_escaped(
     out = tmp_path / "again.jsonl"
     write_session_file(out, read_session_file(path).events, packed=True)
     assert read_session_file(out).events == read_session_file(path).events
+
+
+def test_crlf_blank_lines_and_a_byte_order_mark_are_tolerated(tmp_path: Path) -> None:
+    lines = fixture_lines()
+    path = tmp_path / "crlf.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n\r\n".join(lines).encode() + b"\r\n")
+    read = read_session_file(path)
+    assert read.events == read_session_file(TEXT_TURN).events
+    assert read.line_of(0) == 3 and read.header is not None

@@ -231,6 +231,8 @@ class _Reader:
 
     def _line(self, number: int, raw: bytes, terminated: bool, *, last: bool) -> None:
         raw = raw.removesuffix(b"\r")
+        if number == 1:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte order mark an editor added
         if not raw.strip():
             return
         try:

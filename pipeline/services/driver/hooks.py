@@ -34,8 +34,10 @@ class PreStepContext:
 
 
 class PreStepHook(Protocol):
-    async def __call__(self, context: PreStepContext, messages: Messages,
-                       next: NextHook) -> HookDecision: ...
+    """Any async callable ``(context, messages, next) -> HookDecision`` (names free)."""
+
+    async def __call__(self, context: PreStepContext, messages: Messages, next_hook: NextHook,
+                       /) -> HookDecision: ...
 
 
 def reject(reason: str) -> HookDecision:

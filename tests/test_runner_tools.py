@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -57,9 +58,14 @@ async def test_timeouts_and_exceptions_are_error_results() -> None:
     async def boom(args: dict[str, Any]) -> str:
         raise RuntimeError("disk on fire")
 
+    async def wrong(args: dict[str, Any]) -> Any:
+        return 42
+
     registry = ToolRegistry([
         ToolSpec("hang", "", {"type": "object"}, hang, timeout_s=0.01),
-        ToolSpec("boom", "", {"type": "object"}, boom)])
+        ToolSpec("boom", "", {"type": "object"}, boom),
+        ToolSpec("wrong", "", {"type": "object"}, wrong)])
+    assert (await registry.run("wrong", "{}")).error["code"] == "TOOL_FAILED"
     timed_out = await registry.run("hang", "{}")
     assert timed_out.error == {"name": "ToolTimeoutError", "code": "TOOL_TIMEOUT"}
     failed = await registry.run("boom", "{}")
@@ -77,6 +83,8 @@ async def test_host_tools_only_when_enabled() -> None:
         "exitCode": 0}
     failed = await registry.run("bash", '{"command": "exit 3"}')
     assert failed.is_error and failed.meta == {"exitCode": 3}
+    big = await registry.run("bash", json.dumps({"command": "yes x | head -c 100000"}))
+    assert "[output truncated: 100000 characters" in big.content[0]["text"]
 
 
 def test_registry_refuses_bad_specs() -> None:

@@ -28,6 +28,7 @@ INVALID_ARGUMENTS: Final = ("ToolArgumentsError", "INVALID_ARGUMENTS")
 UNKNOWN_TOOL: Final = ("UnknownToolError", "UNKNOWN_TOOL")
 TOOL_TIMEOUT: Final = ("ToolTimeoutError", "TOOL_TIMEOUT")
 TOOL_FAILED: Final = ("ToolExecutionError", "TOOL_FAILED")
+BASH_OUTPUT_LIMIT: Final = 64 * 1024
 _JSON_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
     "integer": (int,), "number": (int, float), "null": (type(None),),
@@ -172,7 +173,12 @@ class ToolRegistry:
             raise
         except Exception as exc:  # a tool's own bug must reach the model, not end the turn
             return _failure(f"Tool {name!r} failed: {type(exc).__name__}: {exc}", TOOL_FAILED)
-        return ToolOutcome.text(result) if isinstance(result, str) else result
+        if isinstance(result, str):
+            return ToolOutcome.text(result)
+        if not isinstance(result, ToolOutcome):
+            return _failure(f"Tool {name!r} returned a {type(result).__name__}, not text or a "
+                            "ToolOutcome (a bug in the tool).", TOOL_FAILED)
+        return result
 
 
 def _failure(text: str, kind: tuple[str, str]) -> ToolOutcome:
@@ -223,6 +229,9 @@ async def _bash(args: dict[str, Any]) -> ToolOutcome:
         await process.wait()
         raise
     text = output.decode("utf-8", errors="replace")
+    if len(text) > BASH_OUTPUT_LIMIT:  # the model gets the head and a note, not megabytes
+        text = (text[:BASH_OUTPUT_LIMIT]
+                + f"\n[output truncated: {len(text)} characters, first {BASH_OUTPUT_LIMIT} shown]")
     code = process.returncode
     if code != 0:
         return ToolOutcome(({"type": "text", "text": text},), True,

@@ -506,3 +506,21 @@ def test_inbox_rebuilt_from_the_agent_instructions_fixture_is_empty() -> None:
     # a redelivery of a message that already went through the inbox is recognised
     assert not machine.submit(FollowUp("s1", "81078e7a-6837-45c2-a6b4-a5a3dfce0d4a", (
         {"type": "text", "text": "again"},)), 1)
+
+
+def test_a_configure_mid_stream_applies_to_the_next_request_only() -> None:
+    machine = new_machine()
+    harness = Harness(machine, iter([Attempt(tool_reply(("c1", "echo", "{}"))),
+                                     Attempt(text_reply("b"))]))
+    machine.submit(follow_up("hi"), 1)
+    effect = machine.next_effect(harness.now())
+    while not isinstance(effect, CallModel):
+        harness._perform(effect)
+        effect = machine.next_effect(harness.now())
+    machine.submit(Configure("s1", "c1", model="next-model"), harness.now())
+    harness._perform(effect)
+    events = machine.take_events() + harness.run()
+    messages = [e for e in events if e.type == "assistant/message"]
+    assert [m.data["message"]["source"]["model"] for m in messages] == [
+        "deepseek-v4-flash", "next-model"]
+    assert [r.model for r in harness.requests] == ["deepseek-v4-flash", "next-model"]

@@ -8,7 +8,7 @@ argument.
 
 **Events.** The machine appends every event itself, through the session's
 :class:`~pipeline.core.log.SessionLog` (strict validation, seq stamped from ``log.next_seq``,
-the caller's time): an event the model breaks is refused before anything is published, and
+the caller's time): an event that breaks a rule is refused before anything is published, and
 ``sourceEventSeqs`` (chunk seqs, tool/call seqs) are known when they are needed. The caller
 takes the appended events with :meth:`take_events` and publishes them; nothing else may append
 to the log while a machine drives it.
@@ -128,6 +128,7 @@ class TurnMachine:
         self._chunk_seqs: list[int] = []
         self._replay_state: JsonValue = None
         self._retry_delay: int | None = None
+        self._asked: tuple[str, str] = ("", "")
 
     def _append(self, type_: str, data: JsonValue, now: int, *, surface: bool = False,
                 sources: Iterable[int] | None = None) -> int:
@@ -314,8 +315,11 @@ class TurnMachine:
             f"request differs from the log in {', '.join(request_diff(expected, request))}")
 
     def _call_model(self) -> CallModel:
+        request = self.expected_request()
+        # the answer's source names who was asked, whatever a configure changes meanwhile
+        self._asked = (request.provider, request.model)
         self.phase = Phase.STREAMING
-        return CallModel(self.expected_request(), self._attempt)
+        return CallModel(request, self._attempt)
 
     def chunk(self, chunk: Mapping[str, JsonValue], now: int) -> None:
         """One stream chunk, logged as ``assistant/chunk`` as it comes."""
@@ -349,9 +353,8 @@ class TurnMachine:
 
     def _append_assistant(self, content: list[JsonValue], now: int, *,
                           usage: JsonValue = None, interrupted: bool = False) -> None:
-        assert self._config is not None
-        source: dict[str, JsonValue] = {"kind": "model", "provider": self._config.provider,
-                                        "model": self._config.model}
+        source: dict[str, JsonValue] = {"kind": "model", "provider": self._asked[0],
+                                        "model": self._asked[1]}
         if self._replay_state is not None:  # the provider's opaque state for the next call
             source["replayState"] = self._replay_state
         message = {"id": self._new_id(), "role": "assistant", "content": content,

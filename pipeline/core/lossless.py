@@ -79,8 +79,41 @@ def find_lossless_violation(value: JsonValue, *,
                             allow_lone_surrogates: bool = False) -> str | None:
     """The first reason ``value`` is not lossless JSON, with its path; None when it is.
 
-    Iterative (an explicit stack), so deep nesting cannot overflow the interpreter stack.
+    A fast pass checks without building paths (this runs on every appended event); only a
+    value that fails is walked again to name the place. Both walks are iterative (an
+    explicit stack), so deep nesting cannot overflow the interpreter stack.
     """
+    if _is_lossless(value, allow_lone_surrogates):
+        return None
+    return _locate_violation(value, allow_lone_surrogates)
+
+
+def _is_lossless(value: JsonValue, allow_lone_surrogates: bool) -> bool:
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    search = _LONE_SURROGATE.search
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str:
+            if not allow_lone_surrogates and not item.isascii() and search(item) is not None:
+                return False
+        elif kind is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return False
+                push(child)
+        elif kind is list:
+            extend(item)
+        elif kind is float:
+            if not math.isfinite(item) or (item == 0.0 and math.copysign(1.0, item) < 0):
+                return False
+        elif not (item is None or kind is bool or kind is int):
+            return False
+    return True
+
+
+def _locate_violation(value: JsonValue, allow_lone_surrogates: bool) -> str | None:
     stack: list[tuple[str, Any]] = [("$", value)]
     while stack:
         path, item = stack.pop()

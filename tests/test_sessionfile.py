@@ -263,3 +263,12 @@ def test_crlf_blank_lines_and_a_byte_order_mark_are_tolerated(tmp_path: Path) ->
     read = read_session_file(path)
     assert read.events == read_session_file(TEXT_TURN).events
     assert read.line_of(0) == 3 and read.header is not None
+
+
+def test_validate_reports_an_unreadable_file_and_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.jsonl"
+    assert main(["validate", str(missing), str(TEXT_TURN)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{missing}: cannot read")
+    assert out[1] == f"{TEXT_TURN}: valid (40 events)"

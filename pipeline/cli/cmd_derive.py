@@ -22,7 +22,7 @@ from pipeline.codec.sessionfile import (
     load_session,
     scan_session_file,
 )
-from pipeline.core.errors import EventError
+from pipeline.core.errors import EventError, SessionFileError
 from pipeline.core.events import Event, JsonValue, Replace
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.lossless import dumps_json_safe
@@ -93,7 +93,10 @@ def run_validate(args: argparse.Namespace, settings: Settings,
 
 def validate_file(path: str, mode: Mode) -> tuple[list[FileProblem], SessionFile | None]:
     """Every line problem of ``path``, then the first rule an event breaks when folded."""
-    session_file, problems = scan_session_file(path)
+    try:
+        session_file, problems = scan_session_file(path)
+    except SessionFileError as exc:  # the file cannot be opened at all
+        return [FileProblem(path, None, exc)], None
     log = SessionLog(session_file.session_id or "", mode=mode)
     for event, line in zip(session_file.events, session_file.lines, strict=True):
         if event.seq != log.next_seq:

@@ -13,7 +13,12 @@ from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
-from pipeline.services.driver.kafka_sink import InboxOffsets, event_headers, logged_message_ids
+from pipeline.services.driver.kafka_sink import (
+    InboxOffsets,
+    applied_from_metadata,
+    event_headers,
+    logged_message_ids,
+)
 
 COMMANDS: list[InboxCommand] = [
     FollowUp("s-1", "m-1", ({"type": "text", "text": "héllo ✓"},)),
@@ -84,11 +89,26 @@ def test_offsets_commit_point_waits_for_the_oldest_unfinished_command() -> None:
     offsets.done(13)
     assert offsets.advance() is None and offsets.in_flight == 2
     offsets.done(10)
-    assert offsets.advance() == 14
+    assert offsets.advance() == (14, "")
     offsets.done(14)
-    assert offsets.advance() == 15
+    assert offsets.advance() == (15, "")
     assert offsets.advance() is None
     assert offsets.seen(9) and offsets.seen(14) and not offsets.seen(15)
+
+
+def test_control_commands_applied_beyond_the_commit_point_travel_in_the_metadata() -> None:
+    offsets = InboxOffsets(committed=0)
+    offsets.start(0)  # a follow-up still running
+    offsets.start(1)  # a cancel, applied at once
+    offsets.applied_control(1, "cancel-1")
+    offsets.done(1)
+    point = offsets.advance()
+    assert point == (0, '{"applied":["cancel-1"]}')
+    # The next owner reads that metadata and skips the re-delivered cancel.
+    assert applied_from_metadata(point[1]) == {"cancel-1"}
+    offsets.done(0)
+    assert offsets.advance() == (2, "")  # past the cancel: nothing left to remember
+    assert applied_from_metadata("not json") == frozenset()
 
 
 def test_dead_letter_keeps_key_bytes_and_headers_and_says_why() -> None:

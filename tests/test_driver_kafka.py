@@ -34,7 +34,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
-from pipeline.core.inbox import FollowUp
+from pipeline.core.inbox import Cancel, FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.runner import MemorySink, SessionRunner
@@ -401,3 +401,32 @@ async def test_inbox_is_paused_while_too_many_turns_run_and_everything_completes
             strict_log(session, events)
         assert driver.service.metrics.pauses >= 1
         assert driver.service.metrics_snapshot()["throttled"] == 0
+
+
+async def test_redelivered_cancel_recorded_as_applied_in_commit_metadata_is_skipped(
+        topics: Settings, group_id: str) -> None:
+    """A cancel applied before a crash, its offset not committed: not applied again."""
+    session = "s-cancel-once"
+    partition = partition_of(session)
+    codec = InboxCodec()
+    cancel = Cancel(session, "cancel-before-crash")
+    # The dead owner's last transaction: offset 0 still pending, the cancel (offset 1) applied.
+    previous = PartitionProducer(topics, group_id=group_id, partition=partition)
+    await previous.start()
+    await previous.commit([], {(topics.topics.inbox, partition):
+                               (0, '{"applied":["cancel-before-crash"]}')})
+    await previous.close()
+    first = FollowUp(session, str(uuid.uuid4()), ({"type": "text", "text": "first"},))
+    await send_records(topics, [
+        OutRecord(topics.topics.inbox, session.encode(), codec.encode(command))
+        for command in (first, cancel)])
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+
+        async def offset_committed() -> None:
+            while await committed_offset(topics, group_id, partition) != 2:
+                await asyncio.sleep(0.1)
+        await asyncio.wait_for(offset_committed(), WAIT_S)
+        assert driver.service.metrics.duplicates == 1
+    strict_log(session, events)

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
@@ -52,8 +53,9 @@ class InboxConsumer:
         self.topic = topic
         self.group_id = group_id
         self._listener = _Listener(on_assigned, on_revoked)
+        self._options = client_options(settings)
         self._consumer = AIOKafkaConsumer(
-            **client_options(settings), group_id=group_id, enable_auto_commit=False,
+            **self._options, group_id=group_id, enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(session_timeout_ms // 4, 500),
@@ -105,13 +107,23 @@ class InboxConsumer:
         if tp in self._consumer.assignment():
             self._consumer.seek(tp, offset)
 
-    async def committed(self, partition: int) -> int | None:
+    async def committed(self, partition: int) -> tuple[int | None, str]:
+        """The group's committed offset of ``partition`` (None if none) and its metadata."""
+        tp = TopicPartition(self.topic, partition)
+        admin = AIOKafkaAdminClient(**self._options)
         try:
-            result = await self._consumer.committed(TopicPartition(self.topic, partition))
+            await admin.start()
+            found = await admin.list_consumer_group_offsets(self.group_id, partitions=[tp])
         except KafkaError as exc:
             raise BrokerError(f"reading the committed offset of {self.topic}[{partition}] "
-                              f"failed: {type(exc).__name__}: {exc}") from None
-        return int(result) if result is not None else None
+                              f"for group {self.group_id!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+        finally:
+            await admin.close()
+        entry = found.get(tp)
+        if entry is None or entry.offset < 0:
+            return None, ""
+        return int(entry.offset), entry.metadata or ""
 
     def _tps(self, partitions: set[int] | None) -> list[Any]:
         assigned = self._consumer.assignment()

@@ -84,11 +84,12 @@ class PartitionProducer:
         await self._producer.commit_transaction()
 
     async def commit(self, records: Sequence[OutRecord],
-                     inbox_offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+                     inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None = None
+                     ) -> None:
         """One transaction: ``records`` plus the group's next inbox offsets, atomically.
 
-        ``inbox_offsets`` maps (topic, partition) to the offset of the next record to
-        consume. On failure the transaction is aborted (if still possible) and
+        ``inbox_offsets`` maps (topic, partition) to (offset of the next record to consume,
+        commit metadata). On failure the transaction is aborted (if still possible) and
         :class:`BrokerError` (:class:`FencedError` when fenced) is raised.
         """
         if self._producer is None:
@@ -97,7 +98,8 @@ class PartitionProducer:
         self.transactions_committed += 1
 
     async def _transaction(self, records: Sequence[OutRecord],
-                           inbox_offsets: Mapping[tuple[str, int], int] | None) -> None:
+                           inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None
+                           ) -> None:
         producer = self._producer
         await producer.begin_transaction()
         try:

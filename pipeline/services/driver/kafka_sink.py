@@ -23,6 +23,7 @@ recognises the ones already logged by their message id and skips them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pipeline.adapters.kafka.records import Headers, OutRecord
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.core.errors import BrokerError, DshError
-from pipeline.core.events import Event
+from pipeline.core.events import Event, dumps_json
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,19 @@ class InboxOffsets:
 
     Offsets are not contiguous (transaction markers take offsets), so the commit point is
     the first dispatched offset not yet done, or one past the last one seen.
+
+    Cancel and configure leave no message id in the log, so a re-delivery could not be
+    recognised there: the message ids of those applied *beyond* the commit point travel in
+    the commit's metadata (``{"applied":[ids]}``), atomically with the events, and the next
+    owner skips them (:meth:`already_applied`).
     """
 
     committed: int
+    applied_before: frozenset[str] = frozenset()  # from the metadata found at assignment
     pending: dict[int, bool] = field(default_factory=dict)  # offset -> done, offset order
+    controls: dict[int, str] = field(default_factory=dict)  # offset -> cancel/configure id
     last_seen: int = -1
+    metadata: str = ""
 
     def seen(self, offset: int) -> bool:
         return offset < self.committed or offset <= self.last_seen
@@ -84,21 +93,60 @@ class InboxOffsets:
         if offset in self.pending:
             self.pending[offset] = True
 
-    def advance(self) -> int | None:
-        """The new commit point if it moved since the last call, else None."""
+    def applied_control(self, offset: int, message_id: str) -> None:
+        """A cancel/configure at ``offset`` took effect (or was found applied already)."""
+        self.controls[offset] = message_id
+
+    def already_applied(self, message_id: str) -> bool:
+        return message_id in self.applied_before
+
+    def advance(self) -> tuple[int, str] | None:
+        """(commit point, metadata) when either changed since the last call, else None."""
         for offset in list(self.pending):
             if not self.pending[offset]:
                 break
             del self.pending[offset]
         point = next(iter(self.pending), self.last_seen + 1)
-        if point > self.committed:
-            self.committed = point
-            return point
+        for offset in [o for o in self.controls if o < point]:
+            del self.controls[offset]
+        applied = [i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
+        metadata = _applied_metadata(applied)
+        if point > self.committed or metadata != self.metadata:
+            self.committed = max(point, self.committed)
+            self.metadata = metadata
+            return self.committed, metadata
         return None
 
     @property
     def in_flight(self) -> int:
         return sum(1 for done in self.pending.values() if not done)
+
+
+MAX_METADATA_CHARS = 4000  # the broker's offset.metadata.max.bytes defaults to 4096
+
+
+def _applied_metadata(message_ids: list[str]) -> str:
+    if not message_ids:
+        return ""
+    text = dumps_json({"applied": message_ids})
+    while len(text) > MAX_METADATA_CHARS and message_ids:
+        message_ids = message_ids[1:]  # oldest first out: it is the most likely committed
+        log.warning("inbox commit metadata too long; a re-delivered control command may be "
+                    "applied twice after a crash")
+        text = dumps_json({"applied": message_ids})
+    return text
+
+
+def applied_from_metadata(metadata: str) -> frozenset[str]:
+    """The control-command ids a committed offset's metadata says were applied."""
+    if not metadata:
+        return frozenset()
+    try:
+        found = json.loads(metadata).get("applied", [])
+    except (ValueError, AttributeError):
+        log.warning("ignoring unreadable inbox commit metadata %r", metadata[:80])
+        return frozenset()
+    return frozenset(i for i in found if isinstance(i, str))
 
 
 class PartitionSink:
@@ -193,7 +241,8 @@ class PartitionSink:
         generation = self._emitted_gen
         point = self.offsets.advance()
         if records or point is not None:
-            offsets = {(self._inbox_topic, self.partition): point} if point is not None else None
+            offsets = ({(self._inbox_topic, self.partition): point} if point is not None
+                       else None)
             await self.producer.commit(records, offsets)
             self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
         self._committed_gen = generation

@@ -33,6 +33,7 @@ from pipeline.services.driver.kafka_sink import (
     EventEncoder,
     InboxOffsets,
     PartitionSink,
+    applied_from_metadata,
     logged_message_ids,
 )
 from pipeline.settings import Settings
@@ -115,7 +116,7 @@ class OwnedPartition:
     """Everything the driver holds for one owned inbox partition."""
 
     def __init__(self, ctx: PartitionContext, partition: int, producer: PartitionProducer,
-                 committed: int) -> None:
+                 committed: int, metadata: str = "") -> None:
         self.ctx = ctx
         self.partition = partition
         self.producer = producer
@@ -123,7 +124,10 @@ class OwnedPartition:
         self.sessions: dict[str, SessionSlot] = {}
         self.sink = PartitionSink(producer, events_topic=topics.session_events,
                                   inbox_topic=topics.inbox, partition=partition,
-                                  encode=ctx.encode_event, offsets=InboxOffsets(committed),
+                                  encode=ctx.encode_event,
+                                  offsets=InboxOffsets(committed,
+                                                       applied_from_metadata(metadata),
+                                                       metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
@@ -204,10 +208,14 @@ class OwnedPartition:
 
     def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:
         assert slot.runner is not None
+        offsets = self.sink.offsets
         is_message = isinstance(command, FollowUp | Steer | Inject)
-        if is_message and command.message_id in slot.message_ids:
+        if (command.message_id in slot.message_ids if is_message
+                else offsets.already_applied(command.message_id)):
             self.ctx.metrics.duplicates += 1
-            self.sink.offsets.done(record.offset)
+            if not is_message:
+                offsets.applied_control(record.offset, command.message_id)
+            offsets.done(record.offset)
             self.sink.wake()
             return
         try:
@@ -217,6 +225,8 @@ class OwnedPartition:
             return
         if is_message:
             slot.awaiting[command.message_id] = record.offset
+        else:
+            offsets.applied_control(record.offset, command.message_id)
         slot.offsets.append(record.offset)
         self.drive(slot)
 
@@ -295,15 +305,15 @@ class OwnedPartition:
             await task
 
 
-async def build_partition(ctx: PartitionContext, partition: int,
-                          committed: int) -> OwnedPartition:
+async def build_partition(ctx: PartitionContext, partition: int, committed: int,
+                          metadata: str = "") -> OwnedPartition:
     """Fence, rebuild every session of ``partition`` from the session topic, repair, resume."""
     producer = PartitionProducer(ctx.settings, group_id=ctx.group_id, partition=partition)
     await producer.start()
     try:
         contents = await read_session_partition(ctx.settings, ctx.settings.topics.session_events,
                                                 partition, ctx.decode_event)
-        owned = OwnedPartition(ctx, partition, producer, committed)
+        owned = OwnedPartition(ctx, partition, producer, committed, metadata)
         for offset, reason in contents.undecodable:
             log.error("session topic partition %d offset %d is undecodable: %s", partition,
                       offset, reason)

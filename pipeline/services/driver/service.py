@@ -144,8 +144,8 @@ class DriverService:
         assert self._consumer is not None
         if delay_s:
             await asyncio.sleep(delay_s)
-        committed = await self._consumer.committed(partition)
-        owned = await build_partition(self.ctx, partition, committed or 0)
+        committed, metadata = await self._consumer.committed(partition)
+        owned = await build_partition(self.ctx, partition, committed or 0, metadata)
         # Fetch from the committed offset: records fetched while building were dropped.
         await self._consumer.seek(partition, committed or 0)
         return owned

@@ -272,3 +272,14 @@ def test_validate_reports_an_unreadable_file_and_goes_on(
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{missing}: cannot read")
     assert out[1] == f"{TEXT_TURN}: valid (40 events)"
+
+
+def test_validate_reports_every_refused_event_not_just_the_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = fixture_lines()
+    bad = [line.replace('"role":"user"', '"role":"robot"') for line in lines]
+    path = write_lines(tmp_path / "two.jsonl", bad)
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in out] == [f"{path}:6", f"{path}:7"]
+    assert all(line.endswith("[rule: message-role]") for line in out)

@@ -29,6 +29,8 @@ from pipeline.core.lossless import dumps_json_safe
 from pipeline.settings import Settings
 
 PREVIEW: Final = 160
+MAX_PROBLEMS_SHOWN: Final = 100  # per file
+REFUSED_PLACEHOLDER: Final = "x-dsh-pipeline/refused"
 
 
 def register(subparsers: Any) -> None:
@@ -82,8 +84,10 @@ def run_validate(args: argparse.Namespace, settings: Settings,
         problems, session_file = validate_file(path, _mode(args))
         for warning in session_file.warnings if session_file else ():
             print(f"warning: {warning}", file=sys.stderr)
-        for problem in problems:
+        for problem in problems[:MAX_PROBLEMS_SHOWN]:
             out.write(printable(str(problem)) + "\n")
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            out.write(f"{path}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems\n")
         if problems:
             failed = True
         elif session_file is not None:
@@ -92,7 +96,12 @@ def run_validate(args: argparse.Namespace, settings: Settings,
 
 
 def validate_file(path: str, mode: Mode) -> tuple[list[FileProblem], SessionFile | None]:
-    """Every line problem of ``path``, then the first rule an event breaks when folded."""
+    """Every line problem of ``path`` and every event the fold refuses.
+
+    A refused event is replaced by an inert placeholder (an unknown ``ignorable`` event) so
+    that the events after it are still checked against the log as accepted so far; a hole
+    left by a bad line ends the fold (the events after it cannot be placed).
+    """
     try:
         session_file, problems = scan_session_file(path)
     except SessionFileError as exc:  # the file cannot be opened at all
@@ -105,7 +114,7 @@ def validate_file(path: str, mode: Mode) -> tuple[list[FileProblem], SessionFile
             log.append(event)
         except EventError as exc:
             problems.append(FileProblem(path, line, exc))
-            break
+            log.append(Event(REFUSED_PLACEHOLDER, event.seq, event.time, None, ignorable=True))
     problems.sort(key=lambda p: p.line or 0)
     return problems, session_file
 

@@ -123,3 +123,22 @@ def test_replace_reports_position_removed_seqs_and_new_message() -> None:
     change = fold.apply(user(5, Replace(3, 3), (3,)))
     assert change == Replaced(2, (3,), 5, user(5).data)
     assert fold.seqs() == (0, 4, 5)
+
+
+def test_messages_at_with_checkpoints_in_any_query_order(monkeypatch: Any) -> None:
+    import random
+
+    import pipeline.core.log as log_module
+    from pipeline.core.synth import synth_session
+    monkeypatch.setattr(log_module, "CHECKPOINT_EVERY", 4)
+    events = synth_session(21, 3000)
+    log = SessionLog("s")
+    log.extend(events)
+    rng = random.Random(5)
+    fresh = SessionLog("fresh")
+    expected: dict[int, Any] = {}
+    for event in events:  # every prefix's messages, computed incrementally once
+        fresh.append(event)
+        expected[event.seq] = fresh.messages()
+    for seq in [rng.randrange(len(events)) for _ in range(300)] + [0, 2999, 1, 2998]:
+        assert log.messages_at(seq) == expected[seq], seq

@@ -8,15 +8,15 @@ then changes state, so a refused event leaves no trace.
 Cost per append is O(size of the event) plus O(1) for an append to the surface and
 O(surface length) for a replace; nothing is recomputed over the whole log. The derived messages
 are built lazily and cached until the surface changes. ``messages_at(seq)`` replays the
-recorded surface changes up to ``seq`` (surface events only, not the whole log) and caches the
-last answer.
+recorded surface changes up to ``seq`` from the nearest checkpoint (surface events only, at
+most a few hundred, never the whole log) and caches the last answer.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from typing import overload
+from typing import Final, overload
 
 from pipeline.core.errors import EventError, SequenceError
 from pipeline.core.events import Event, JsonValue
@@ -32,6 +32,8 @@ from pipeline.core.turns import TurnState
 from pipeline.core.validation import validate_event
 
 __all__ = ["Mode", "SessionLog", "derive_messages"]
+
+CHECKPOINT_EVERY: Final = 512  # surface changes between snapshots kept for messages_at
 
 
 class EventsView(Sequence[Event]):
@@ -74,6 +76,7 @@ class SessionLog:
         self._change_seqs: list[int] = []  # seq of each surface change, ascending
         self._changes: list[SurfaceChange] = []
         self._at_cache: tuple[int, tuple[JsonValue, ...]] | None = None
+        self._checkpoints: dict[int, tuple[SurfaceNode, ...]] = {}
 
     @classmethod
     def from_events(cls, session_id: str, events: Iterable[Event], *,
@@ -132,10 +135,26 @@ class SessionLog:
             return self.messages()
         if self._at_cache is not None and self._at_cache[0] == count:
             return self._at_cache[1]
-        nodes = apply_changes((), self._changes[:count])
-        result = derive_from_nodes(nodes)
+        result = derive_from_nodes(self._nodes_after(count))
         self._at_cache = (count, result)
         return result
+
+    def _nodes_after(self, count: int) -> list[SurfaceNode]:
+        """The surface after the first ``count`` surface changes.
+
+        Replays from the nearest checkpoint at or below ``count`` (one every
+        ``CHECKPOINT_EVERY`` changes, kept as they are passed: the change list only grows, so
+        they stay valid), hence at most ``CHECKPOINT_EVERY`` changes per call.
+        """
+        base = count - count % CHECKPOINT_EVERY
+        while base and base not in self._checkpoints:
+            base -= CHECKPOINT_EVERY
+        nodes = list(self._checkpoints.get(base, ()))
+        while base + CHECKPOINT_EVERY <= count:
+            nodes = apply_changes(nodes, self._changes[base:base + CHECKPOINT_EVERY])
+            base += CHECKPOINT_EVERY
+            self._checkpoints[base] = tuple(nodes)
+        return apply_changes(nodes, self._changes[base:count])
 
 
 def derive_messages(events: Iterable[Event], *, mode: Mode = "ingest") -> tuple[JsonValue, ...]:

@@ -39,6 +39,7 @@ CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
 CONFLUENT_HEADER_LEN: Final = 5
 SINGLE_OBJECT_HEADER_LEN: Final = 10
+_PREFIX_CACHE_LIMIT: Final = 1024  # distinct writer schemas remembered per serde
 Framing = Literal["confluent", "single-object"]
 
 
@@ -88,34 +89,34 @@ def event_from_record(record: Mapping[str, Any], writer: WriterSchema) -> tuple[
     """(session id, event) from an envelope record read with ``writer`` (record names
     returned, as ``return_record_name=True, return_record_name_override=True`` give them)."""
     seq, type_ = record["seq"], record["type"]
-    where = f"seq {seq}, type {type_!r}"
     if seq < 0 or not type_:
-        raise CodecError(f"{where}: decoded an invalid envelope (negative seq or empty type)")
+        raise CodecError(f"seq {seq}, type {type_!r}: decoded an invalid envelope (negative "
+                         f"seq or empty type)")
     payload = record["payload"]
-    if not isinstance(payload, tuple):
-        raise CodecError(f"{where}: payload union read without its record name")
+    if type(payload) is not tuple:
+        raise CodecError(f"seq {seq}, type {type_!r}: payload read without its record name")
     name, body = payload
     if name == JSON_PAYLOAD:
-        data = parse_json_text(body["data"], f"{where}: payload")
+        data = parse_json_text(body["data"], "payload")
     else:
         plan = writer.plans.get(name)
         if plan is None:
-            raise CodecError(f"{where}: payload record {name!r} is not in the writer schema")
+            raise CodecError(f"seq {seq}, type {type_!r}: payload record {name!r} is not in "
+                             f"the writer schema")
         data = plan.decode(body)
     sources = record["sourceEventSeqs"]
+    op = record["surfaceOp"]
     return record["sessionId"], Event(
-        type_, seq, record["time"], data, _surface_op_from(record["surfaceOp"], where),
+        type_, seq, record["time"], data, None if op is None else _surface_op_from(op),
         None if sources is None else tuple(sources), record["ignorable"])
 
 
-def _surface_op_from(raw: Any, where: str) -> SurfaceOp | None:
-    if raw is None:
-        return None
+def _surface_op_from(raw: Any) -> SurfaceOp:
     if raw == APPEND:
         return APPEND
     if isinstance(raw, Mapping):
         return Replace(raw["start"], raw["end"])
-    raise CodecError(f"{where}: unexpected surfaceOp {raw!r}")
+    raise CodecError(f"unexpected surfaceOp {raw!r}")
 
 
 class EventSerde:
@@ -141,6 +142,7 @@ class EventSerde:
             self.prefix = SINGLE_OBJECT_MAGIC + self.writer.fingerprint
         self.framing: Framing = "confluent" if schema_id is not None else "single-object"
         self.schema_id = schema_id
+        self._by_prefix: dict[bytes, tuple[WriterSchema, int]] = {}
 
     def encode(self, session_id: str, event: Event) -> bytes:
         """The framed Avro bytes of one event. Raises CodecError if it cannot be encoded."""
@@ -166,26 +168,43 @@ class EventSerde:
 
     def decode(self, data: bytes) -> tuple[str, Event]:
         """(session id, event) from framed bytes of either framing."""
-        writer, start = self.writer_of(data)
-        return decode_body(data, start, writer)
+        if type(data) is not bytes:
+            data = _as_bytes(data)
+        # The framing prefix of a record names its writer schema; most records share one.
+        head = data[:5] if data[:1] == b"\x00" else data[:SINGLE_OBJECT_HEADER_LEN]
+        known = self._by_prefix.get(head)
+        if known is None:
+            known = self.writer_of(data)
+            if len(self._by_prefix) < _PREFIX_CACHE_LIMIT:
+                self._by_prefix[head] = known
+        return decode_body(data, known[1], known[0])
 
     def writer_of(self, data: bytes) -> tuple[WriterSchema, int]:
         """The writer schema of framed bytes and where the Avro body starts."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise CodecError(f"expected bytes to decode, got {type(data).__name__}")
+        data = _as_bytes(data)
         if len(data) >= CONFLUENT_HEADER_LEN and data[0] == CONFLUENT_MAGIC:
             return self.table.by_id(int.from_bytes(data[1:5], "big")), CONFLUENT_HEADER_LEN
         if len(data) >= SINGLE_OBJECT_HEADER_LEN and data[:2] == SINGLE_OBJECT_MAGIC:
-            return self.table.by_fingerprint(bytes(data[2:10])), SINGLE_OBJECT_HEADER_LEN
-        head = bytes(data[:2]).hex() or "nothing"
+            return self.table.by_fingerprint(data[2:10]), SINGLE_OBJECT_HEADER_LEN
+        head = data[:2].hex() or "nothing"
         raise CodecError(f"not a framed Avro event: {len(data)} bytes starting with {head} "
                          f"(expected 00 + schema id, or c3 01 + fingerprint)")
 
 
+def _as_bytes(data: object) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise CodecError(f"expected bytes to decode, got {type(data).__name__}")
+
+
 def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Event]:
     """Decode the Avro body at ``data[start:]``, which must be exactly one record."""
-    record = writer.binary.decode(bytes(data), start)
+    record = writer.binary.decode(data, start)
     try:
         return event_from_record(record, writer)
+    except CodecError as exc:
+        raise CodecError(f"decoded record: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise CodecError(f"decoded record does not fit the envelope: {exc}") from None

@@ -68,15 +68,24 @@ def read_container(handle: IO[bytes], name: str = "<avro>") -> ContainerFile:
     try:
         reader = fastavro.reader(handle, return_record_name=True,
                                  return_record_name_override=True)
-        writer = WriterSchema.from_json(reader.writer_schema)
+        schema = reader.writer_schema
+        if not isinstance(schema, dict):
+            raise SchemaError("the container's schema is not a record")
+        writer = WriterSchema.from_json(schema)
         metadata = dict(reader.metadata)
-        events = tuple(event_from_record(record, writer) for record in reader)
+        events = tuple(event_from_record(_record(record), writer) for record in reader)
     except (CodecError, SchemaError) as exc:
         raise CodecError(f"{name}: {exc}") from None
     except Exception as exc:  # fastavro raises many types on a damaged file
         raise CodecError(f"{name}: not a readable Avro container: {type(exc).__name__}: "
                          f"{exc}"[:300]) from None
     return ContainerFile(_header(metadata, name), events)
+
+
+def _record(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CodecError("a container entry is not a record")
+    return value
 
 
 def _header(metadata: dict[str, Any], name: str) -> dict[str, JsonValue] | None:

@@ -21,6 +21,8 @@ the encoder says so with :class:`Unrepresentable` and the caller falls back to
 from __future__ import annotations
 
 import json
+import json.encoder
+import json.scanner
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,13 +37,32 @@ EVENT_TYPES_PROP: Final = "dsh.eventTypes"
 JSON_PAYLOAD: Final = "dsh.JsonPayload"
 LONG_MIN: Final = -(2**63)
 LONG_MAX: Final = 2**63 - 1
+LAYOUT_CACHE_LIMIT: Final = 512  # distinct key layouts remembered per record type
 
-_json_decoder = json.JSONDecoder()
-_json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-_json_encoder_ascii = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"),
-                                       allow_nan=False)
-json_text: Final[Callable[[Any], str]] = _json_encoder.encode
-json_text_ascii: Final[Callable[[Any], str]] = _json_encoder_ascii.encode
+def _not_json(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _text_encoder(ascii_only: bool) -> Callable[[Any], str]:
+    """Compact JSON text, NaN refused, built once: ``JSONEncoder.encode`` would rebuild its
+    C encoder on every call, which costs as much as the encoding of a small object."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return json.JSONEncoder(ensure_ascii=ascii_only, separators=(",", ":"),
+                                allow_nan=False).encode
+    encode = make(None, _not_json, json.encoder.encode_basestring_ascii if ascii_only
+                  else json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+    def text(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return text
+
+
+json_text: Final[Callable[[Any], str]] = _text_encoder(ascii_only=False)
+json_text_ascii: Final[Callable[[Any], str]] = _text_encoder(ascii_only=True)
+_make_scanner: Any = json.scanner.make_scanner  # typeshed types it as a class, oddly
+_scan_json: Final[Callable[[str, int], tuple[Any, int]]] = _make_scanner(json.JSONDecoder())
 
 
 class Unrepresentable(Exception):  # a control-flow signal; never leaves the codec
@@ -51,9 +72,14 @@ class Unrepresentable(Exception):  # a control-flow signal; never leaves the cod
 def parse_json_text(text: str, where: str) -> JsonValue:
     """Parse JSON text read from Avro; malformed text is a CodecError naming the field."""
     try:
-        return _json_decoder.decode(text)
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        raise CodecError(f"{where}: invalid JSON text in the Avro record") from None
     except (ValueError, RecursionError) as exc:
         raise CodecError(f"{where}: invalid JSON text in the Avro record ({exc})") from None
+    if end != len(text):
+        raise CodecError(f"{where}: trailing characters after the JSON text")
+    return value
 
 
 # Field kinds.
@@ -78,7 +104,7 @@ class FieldPlan:
 class RecordPlan:
     """The generic codec of one payload record type (built once per schema)."""
 
-    __slots__ = ("by_key", "fields", "has_extra", "has_order", "name", "required")
+    __slots__ = ("by_key", "fields", "has_extra", "has_order", "layouts", "name", "required")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -87,11 +113,30 @@ class RecordPlan:
         self.required: tuple[str, ...] = ()
         self.has_extra = False
         self.has_order = False
+        # Key tuples seen before whose values all fit: the fast path of encode().
+        self.layouts: dict[tuple[str, ...], tuple[tuple[str, FieldPlan], ...]] = {}
 
     def encode(self, data: JsonValue) -> dict[str, Any]:
         """The Avro record for ``data``; raises Unrepresentable if it cannot be exact."""
         if type(data) is not dict:
             raise Unrepresentable
+        layout = self.layouts.get(tuple(data))
+        if layout is not None:  # keys seen before: all modeled, in canonical order
+            out: dict[str, Any] = {}
+            for key, field in layout:
+                value = data[key]
+                if field.kind == JSON_FIELD:
+                    out[key] = json_text(value)
+                    continue
+                try:
+                    out[key] = _encode_field(field, value)
+                except Unrepresentable:
+                    break  # a value of another type: the general path sorts it out
+            else:
+                return out
+        return self._encode_general(data)
+
+    def _encode_general(self, data: dict[str, JsonValue]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         extra: dict[str, JsonValue] | None = None
         in_order = True
@@ -112,7 +157,10 @@ class RecordPlan:
             if extra is None:
                 extra = {}
             extra[key] = value
-        return self._finish(data, out, extra, in_order)
+        record = self._finish(data, out, extra, in_order)
+        if extra is None and in_order and len(self.layouts) < LAYOUT_CACHE_LIMIT:
+            self.layouts[tuple(data)] = tuple((key, by_key[key]) for key in data)
+        return record
 
     def _finish(self, data: dict[str, JsonValue], out: dict[str, Any],
                 extra: dict[str, JsonValue] | None, in_order: bool) -> dict[str, Any]:

@@ -8,7 +8,14 @@ session; many sessions run concurrently on one event loop.
 
 :class:`MemorySink` and :class:`Driver` are the in-memory sink and router: the whole turn logic
 runs without a broker (unit tests, demos, benchmarks). The Kafka driver plugs its own sink (a
-transactional producer per inbox partition) into the same :class:`SessionRunner`.
+transactional producer per inbox partition) into the same :class:`SessionRunner`::
+
+    provider = ScriptedProvider(echo_script)          # pipeline.adapters.llm.scripted
+    driver = Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
+                    config=SessionConfig("scripted", "demo"))
+    driver.submit(FollowUp("s1", "m1", ({"type": "text", "text": "hi"},)))
+    await driver.drain()                              # every session idle again
+    driver.runners["s1"].log.messages()               # the derived conversation
 """
 
 from __future__ import annotations

@@ -326,3 +326,29 @@ async def test_an_unknown_provider_ends_the_turn_with_a_config_error() -> None:
     assert end_reason(events)["error"]["code"] == "CONFIG"
     header = next(e for e in events if e.type == "request/header").data["header"]
     assert [t["name"] for t in header["tools"]] == ["clock", "echo", "sleep"]  # the default
+
+
+async def test_every_event_the_runner_writes_survives_the_avro_codec() -> None:
+    from pipeline.codec.avro import EventSerde
+
+    def script(request: ModelRequest, attempt: int) -> ScriptedReply:
+        if attempt == 1:
+            return ScriptedReply(text="x", error=ScriptedError("SERVER", after_chunks=2))
+        if len(request.messages) == 1:
+            return ScriptedReply(reasoning="think", tool_calls=(
+                ScriptedToolCall("echo", '{"text": "é"}'), ScriptedToolCall("nope", "{")))
+        return ScriptedReply(text="done", finish="max-tokens")
+
+    driver = driver_for(script)
+    driver.submit(Configure("s1", "c", system="sys", reasoning_effort="high", max_tokens=9))
+    driver.submit(FollowUp("s1", "m1", TEXT_BLOCKS, source={"kind": "api", "n": None}))
+    await driver.drain()
+    events = events_of(driver)
+    serde = EventSerde()
+    for event in events:
+        assert serde.decode(serde.encode("s1", event)) == ("s1", event), event.type
+    assert {"llm/retry", "llm/retry-started", "request/header", "request/context",
+            "agent/inbox/spliced", "tool/call", "tool/result"} <= set(kinds(events))
+
+
+TEXT_BLOCKS = ({"type": "text", "text": "go"},)

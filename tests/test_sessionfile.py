@@ -177,8 +177,37 @@ def test_random_bytes_never_crash_the_reader(tmp_path: Path, junk: bytes, name: 
         load_session(path)
 
 
+ODD_VALUES = (None, [], {}, [1], {"a": None}, "s", "", -1, 0, 1.5, 2**70, True, "\ud83d")
+
+
+def mutate_structure(line: str, rng: random.Random) -> str:
+    """Parse the line, replace one random subtree by an odd value, dump it again."""
+    value = json.loads(line)
+    parent: list[tuple[object, object]] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        children = (list(node.items()) if isinstance(node, dict)
+                    else list(enumerate(node)) if isinstance(node, list) else [])
+        for key, child in children:
+            parent.append((node, key))
+            stack.append(child)
+    if not parent:
+        return json.dumps(rng.choice(ODD_VALUES))
+    node, key = rng.choice(parent)
+    node[key] = rng.choice(ODD_VALUES)  # type: ignore[index]
+    return json.dumps(value)
+
+
 def mutate(line: str, rng: random.Random) -> str:
-    choice = rng.randrange(5)
+    choice = rng.randrange(7)
+    if not line.strip():
+        return json.dumps(rng.choice(ODD_VALUES))
+    if choice >= 5:
+        try:
+            return mutate_structure(line, rng)
+        except ValueError:  # an earlier mutation already broke the JSON
+            return line[::-1]
     if choice == 0:
         return line[: rng.randrange(len(line) + 1)]
     if choice == 1:
@@ -192,7 +221,7 @@ def mutate(line: str, rng: random.Random) -> str:
     return json.dumps(rng.choice([None, [], {}, "s", 1.5, {"type": "text-chunks", "seq0": 3}]))
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=400, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(FIXTURES), st.randoms(use_true_random=False))
 def test_mutated_lines_give_clear_errors_never_tracebacks(tmp_path: Path, fixture: Path,
@@ -283,3 +312,19 @@ def test_validate_reports_every_refused_event_not_just_the_first(
     out = capsys.readouterr().out.splitlines()
     assert [line.split(": ")[0] for line in out] == [f"{path}:6", f"{path}:7"]
     assert all(line.endswith("[rule: message-role]") for line in out)
+
+
+@pytest.mark.parametrize("line", [
+    '{"type":[1],"seq":0,"time":0,"data":{}}',
+    '{"type":{"a":1},"seq0":0,"time0":0,"data":{}}',
+    '{"type":"text-chunks","seq0":0,"time0":0,"data":{"turn":1,"step":1,"index":0,'
+    '"dt":[1.5],"texts":["a","b"]}}',
+    '{"type":"tool-call-chunks","seq0":0,"time0":0,"data":{"turn":1,"step":1,"index":0,'
+    '"dt":[],"id":["x"],"args":["a"]}}',
+    '[]', '"session"', "null", '{"type":"session","version":0}',
+])
+def test_odd_rows_are_clear_errors(tmp_path: Path, line: str) -> None:
+    path = write_lines(tmp_path / "odd.jsonl", [line])
+    with pytest.raises(SessionFileError) as info:
+        load_session(path)
+    assert str(info.value).startswith(f"{path}:1: ")

@@ -261,7 +261,8 @@ class _Reader:
             self._problem(number, exc)
 
     def _add(self, number: int, obj: JsonValue) -> None:
-        if isinstance(obj, dict) and obj.get("type") in PACKED_TYPES and "seq" not in obj:
+        row_type = obj.get("type") if isinstance(obj, dict) else None
+        if isinstance(row_type, str) and row_type in PACKED_TYPES and "seq" not in obj:
             new_events = expand_packed_row(obj)
         else:
             new_events = [event_from_json(obj)]

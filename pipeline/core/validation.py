@@ -11,6 +11,26 @@ Two modes. ``strict`` is what the driver writes: dsh's own message shapes (``id`
 (``fixtures/seed-example.jsonl``: no ids or sources, ``tool_use`` blocks, a ``tool``-role result)
 and a surface event without ``surfaceOp`` (it then stays off the surface); every envelope,
 lossless-JSON and surface rule still holds.
+
+The rules, by the name errors carry (``[rule: ...]``):
+
+envelope (:func:`pipeline.core.events.event_from_json`): ``envelope-object``,
+``envelope-type``, ``envelope-keys`` (only type/seq/time/data/surfaceOp/sourceEventSeqs/
+ignorable), ``envelope-seq``, ``envelope-time`` (an integer, within +-2^53), ``envelope-data``,
+``envelope-ignorable`` (absent or true), ``surface-op-shape``, ``source-seqs-shape``;
+log: ``seq-contiguous`` (no gap, no repeat);
+types and data: ``unknown-type`` (refused unless ignorable), ``lossless-json``,
+``data-object`` (core types), ``turn-number``, ``step-number``, ``turn-end-reason``,
+``chunk-shape``, ``tool-call-shape``, ``request-header-shape`` (strict);
+surface metadata: ``surface-op-placement``, ``source-seqs-placement`` (surface types only),
+``surface-op-required`` (strict), ``source-seqs-empty`` (``[]`` only on assistant/message),
+``source-seqs-unique``, ``source-seqs-earlier``, ``replace-range`` (earlier seqs);
+surface fold (:mod:`pipeline.core.surface`): ``replace-target-live``, ``replace-range-order``,
+``replace-sources`` (sourceEventSeqs name every shadowed node), ``tool-result-replace-one``,
+``tool-result-replace-target``, ``tool-result-replace-content-only``;
+messages (:mod:`pipeline.core.messages`): ``message-shape``, ``message-id``, ``message-role``,
+``message-source``, ``message-content``, ``content-block``, ``assistant-message-shape``,
+``tool-result-source``, ``tool-result-block``, ``tool-result-call-id``, ``tool-result-error``.
 """
 
 from __future__ import annotations

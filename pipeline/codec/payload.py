@@ -125,8 +125,13 @@ class RecordPlan:
             out: dict[str, Any] = {}
             for key, field in layout:
                 value = data[key]
-                if field.kind == JSON_FIELD:
+                kind = field.kind
+                if kind == JSON_FIELD:
                     out[key] = json_text(value)
+                    continue
+                if kind == SCALAR and type(value) is field.scalar and (
+                        field.scalar is not int or LONG_MIN <= value <= LONG_MAX):
+                    out[key] = value  # inlined: the most common field by far
                     continue
                 try:
                     out[key] = _encode_field(field, value)
@@ -182,7 +187,14 @@ class RecordPlan:
         out: dict[str, JsonValue] = {}
         for field in self.fields:
             value = record.get(field.key)
-            if value is not None:
+            if value is None:
+                continue
+            kind = field.kind
+            if kind == SCALAR:  # inlined: the most common field by far
+                out[field.key] = value
+            elif kind == JSON_FIELD:
+                out[field.key] = parse_json_text(value, field.key)
+            else:
                 out[field.key] = _decode_field(field, value, self.name)
         if self.has_extra:
             extra = record.get(EXTRA)

@@ -352,3 +352,23 @@ async def test_every_event_the_runner_writes_survives_the_avro_codec() -> None:
 
 
 TEXT_BLOCKS = ({"type": "text", "text": "go"},)
+
+
+async def test_a_claim_is_emitted_together_with_the_messages_it_claims() -> None:
+    class Batches(MemorySink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[list[str]] = []
+
+        async def emit(self, session_id: str, events: Sequence[Event]) -> None:
+            await super().emit(session_id, events)
+            self.batches.append([e.type for e in events])
+
+    sink = Batches()
+    driver = driver_for(replies(ScriptedReply(text="ok")), sink=sink)
+    driver.submit(follow_up("s1", "hi"))
+    await driver.drain()
+    claim_batch = next(b for b in sink.batches if "turn/start" in b)
+    start = claim_batch.index("turn/start")
+    assert claim_batch[start:start + 4] == ["turn/start", "agent/inbox/spliced", "step/start",
+                                            "user/message"]

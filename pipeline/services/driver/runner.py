@@ -169,7 +169,10 @@ class SessionRunner:
                     await self._sink.flush(self.session_id)
                     return
                 effect = self.machine.next_effect(self._clock())
-                await self._publish()
+                if not isinstance(effect, RunPreStepHooks):
+                    # a claim is published with the step and messages it opens (one emit),
+                    # so no commit can hold the claim without the claimed messages
+                    await self._publish()
                 if isinstance(effect, Idle):
                     await self._sink.flush(self.session_id)
                     if not self.machine.inbox.wakes:  # no await between check and return

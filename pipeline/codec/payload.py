@@ -130,7 +130,7 @@ class RecordPlan:
                     out[key] = json_text(value)
                     continue
                 if kind == SCALAR and type(value) is field.scalar and (
-                        field.scalar is not int or LONG_MIN <= value <= LONG_MAX):
+                        type(value) is not int or LONG_MIN <= value <= LONG_MAX):
                     out[key] = value  # inlined: the most common field by far
                     continue
                 try:

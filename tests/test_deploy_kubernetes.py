@@ -344,3 +344,17 @@ def test_processors_bind_where_probes_and_other_workers_reach_them() -> None:
     pod_ip = next(e for e in env_vars(container) if e["name"] == "POD_IP")
     assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert args[args.index("--store") + 1] == "rocksdb://"
+
+
+def test_registry_probes_use_apicurios_management_port() -> None:
+    (container,) = containers(named("Deployment", "registry"))
+    env = {e["name"]: e.get("value") for e in env_vars(container)}
+    assert env["APICURIO_STORAGE_KIND"] == "kafkasql", "in-memory schemas die with the pod"
+    assert env["APICURIO_KAFKASQL_BOOTSTRAP_SERVERS"] == config_map()["DSH_BOOTSTRAP_SERVERS"]
+    for key in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = container[key]["httpGet"]
+        assert probe["path"].startswith("/health/")
+        assert port_named(container, probe["port"]) == 9000
+    service_port = named("Service", "registry")["spec"]["ports"][0]["port"]
+    assert config_map()["DSH_REGISTRY_URL"] == (
+        f"http://registry:{service_port}/apis/ccompat/v7")

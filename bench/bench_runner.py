@@ -14,22 +14,25 @@ what the driver costs when wall time is inflated by other processes.
 Every log is re-validated in strict mode at the end (``invalid_logs`` must be 0).
 
     .venv/bin/python bench/bench_runner.py --sessions 1000
+    .venv/bin/python bench/bench_runner.py --sessions 1000 --chunk-delay-ms 5   # paced streams
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import time
 from collections.abc import Sequence
 
-from pipeline.adapters.llm.scripted import ScriptedProvider, tool_loop_script
+from pipeline.adapters.llm.scripted import ScriptedProvider, ScriptedReply, tool_loop_script
 from pipeline.core.errors import DshError
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
+from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
@@ -54,8 +57,13 @@ class TimingSink(MemorySink):
                 self.step_ms.append((now - self._open.pop(session_id)) * 1000)
 
 
-def new_driver(sink: TimingSink) -> Driver:
-    provider = ScriptedProvider(tool_loop_script("echo", '{"text": "pong"}'))
+def new_driver(sink: TimingSink, chunk_delay_ms: int = 0) -> Driver:
+    loop = tool_loop_script("echo", '{"text": "pong"}')
+
+    def script(request: ModelRequest, attempt: int) -> ScriptedReply:
+        return dataclasses.replace(loop(request, attempt), chunk_delay_ms=chunk_delay_ms)
+
+    provider = ScriptedProvider(script)
     return Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
                   sink=sink, config=SessionConfig("scripted", "bench"))
 
@@ -64,10 +72,11 @@ def follow_up(session_id: str, turn: int) -> FollowUp:
     return FollowUp(session_id, f"m{turn}", ({"type": "text", "text": f"ping {turn}"},))
 
 
-async def run_fleet(sessions: int, turns: int) -> tuple[TimingSink, float]:
+async def run_fleet(sessions: int, turns: int, chunk_delay_ms: int = 0
+                    ) -> tuple[TimingSink, float]:
     """``sessions`` sessions at once; each round gives every session one more turn."""
     sink = TimingSink()
-    driver = new_driver(sink)
+    driver = new_driver(sink, chunk_delay_ms)
     started, cpu_started = time.perf_counter(), time.process_time()
     for turn in range(turns):
         for n in range(sessions):
@@ -103,11 +112,12 @@ def percentile(values: list[float], q: float) -> float:
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
     solo = await run_solo(args.solo_steps // 2)
-    fleet, elapsed = await run_fleet(args.sessions, args.turns)
+    fleet, elapsed = await run_fleet(args.sessions, args.turns, args.chunk_delay_ms)
     steps = len(fleet.step_ms)
     events = sum(len(e) for e in fleet.events.values())
     return {
-        "sessions": args.sessions, "turns": args.sessions * args.turns, "steps": steps,
+        "sessions": args.sessions, "chunk_delay_ms": args.chunk_delay_ms,
+        "turns": args.sessions * args.turns, "steps": steps,
         "events": events, "seconds": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed, 1), "events_per_s": round(events / elapsed),
         "cpu_seconds": round(fleet.cpu_seconds, 3),
@@ -123,4 +133,6 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--solo-steps", type=int, default=2000)
+    parser.add_argument("--chunk-delay-ms", type=int, default=0,
+                        help="scripted streaming pace in the fleet run (0: as fast as possible)")
     print(json.dumps(asyncio.run(main(parser.parse_args()))))

@@ -372,3 +372,20 @@ async def test_a_claim_is_emitted_together_with_the_messages_it_claims() -> None
     start = claim_batch.index("turn/start")
     assert claim_batch[start:start + 4] == ["turn/start", "agent/inbox/spliced", "step/start",
                                             "user/message"]
+
+
+async def test_step_limit_hook_stops_a_tool_loop() -> None:
+    from pipeline.services.driver.hooks import step_limit
+
+    def forever(request: ModelRequest, attempt: int) -> ScriptedReply:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("echo", '{"text": "again"}'),))
+
+    driver = driver_for(forever, hooks=[step_limit(3)])
+    driver.submit(follow_up("s1", "loop"))
+    await driver.drain()
+    events = events_of(driver)
+    assert kinds(events).count("step/start") == 3
+    assert end_reason(events) == {"kind": "aborted", "reason": {
+        "kind": "hook", "reason": "step limit 3 reached"}}
+    with pytest.raises(ConfigError):
+        step_limit(0)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from pipeline.core.errors import ConfigError
 from pipeline.core.events import JsonValue
 from pipeline.core.turn_effects import HookDecision
 
@@ -59,3 +60,20 @@ async def run_pre_step_hooks(hooks: Sequence[PreStepHook], context: PreStepConte
         return await hooks[index](context, current, next_hook)
 
     return await call(0, messages)
+
+
+def step_limit(max_steps: int) -> PreStepHook:
+    """A hook that stops a turn before step ``max_steps + 1`` (a model looping on tools).
+
+    The turn ends ``aborted`` with ``reason: {kind:"hook", reason:"step limit N reached"}``.
+    """
+    if max_steps < 1:
+        raise ConfigError(f"step limit must be at least 1, got {max_steps}")
+
+    async def limit(context: PreStepContext, messages: Messages,
+                    next_hook: NextHook) -> HookDecision:
+        if context.step > max_steps:
+            return reject(f"step limit {max_steps} reached")
+        return await next_hook(messages)
+
+    return limit

@@ -200,6 +200,9 @@ class TurnMachine:
         return True
 
     def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None) -> None:
+        if command.tools is not None and (tools is None or len(tools) != len(command.tools)):
+            raise TurnError(f"configure {command.message_id!r} names tools "
+                            f"{list(command.tools)}: pass their resolved definitions")
         self._config = SessionConfig.configured(self._config, command, tools)
         if self._header is not None:
             self._header_reason = "change"

@@ -76,9 +76,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except KeyboardInterrupt:
         return 0 if ready else 130
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the shutdown short.
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _progress("stopping ...")
         stack.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         _progress("stopped")
 
 

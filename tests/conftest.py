@@ -31,6 +31,8 @@ from pipeline.adapters.localstack.registry import RegistryLocal
 from pipeline.settings import Settings
 
 TEST_PARTITIONS = 3
+# Generous: a loaded 2-core machine can take well over the 60 s the CLI allows.
+READY_BUDGET_S = 150.0
 KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "settings"})
 REGISTRY_FIXTURES = frozenset({"registry_url", "settings"})
 
@@ -55,7 +57,7 @@ class _LocalServices:
             self._kafka = kafka
             if self.registry_wanted and os.environ.get("DSH_TEST_REGISTRY_URL") is None:
                 self._launch_registry()
-            kafka.start()
+            kafka.start(budget_s=READY_BUDGET_S)
         return self._kafka.bootstrap
 
     def registry_url(self) -> str:
@@ -63,7 +65,7 @@ class _LocalServices:
             self._launch_registry()
         assert self._registry is not None
         if not self._registry_ready:
-            self._registry.wait_ready()
+            self._registry.wait_ready(budget_s=READY_BUDGET_S)
             self._registry_ready = True
         return self._registry.url
 

@@ -42,6 +42,8 @@ def register(subparsers: Any) -> None:
                         help="Kafka port (default: the port of DSH_BOOTSTRAP_SERVERS; 0: free)")
     parser.add_argument("--registry-port", type=int, default=None,
                         help="registry port (default: the port of DSH_REGISTRY_URL; 0: free)")
+    parser.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds each of Kafka and the registry may take to answer (60)")
     parser.add_argument("--fetch-only", action="store_true",
                         help="only resolve the Java artifacts into the cache, then exit")
     parser.add_argument("--with-tools", action="store_true",
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     ready = False
     try:
         _progress(f"starting Kafka ({args.cluster} node(s)) and Apicurio Registry ...")
-        stack.start()
+        stack.start(budget_s=args.ready_timeout)
         _progress(f"both answered after {stack.started_s:.1f} s; ensuring topics ...")
         local = replace(settings, bootstrap_servers=stack.bootstrap,
                         registry_url=stack.registry_url, replication_factor=args.cluster)

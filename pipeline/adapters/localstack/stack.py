@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.adapters.localstack.kafka import READY_BUDGET_S, KafkaLocal
 from pipeline.adapters.localstack.registry import RegistryLocal
 
 
@@ -38,16 +38,16 @@ class LocalStack:
     def registry_url(self) -> str:
         return self.registry.url if self.registry else ""
 
-    def start(self) -> None:
+    def start(self, budget_s: float = READY_BUDGET_S) -> None:
         """Launch both, wait for both; on failure stop what was started and re-raise."""
         began = time.monotonic()
         try:
             if self.registry:
                 self.registry.launch()
             self.kafka.launch()
-            self.kafka.wait_ready()
+            self.kafka.wait_ready(budget_s)
             if self.registry:
-                self.registry.wait_ready()
+                self.registry.wait_ready(budget_s)
         except BaseException:
             self.stop()
             raise

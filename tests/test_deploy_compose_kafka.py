@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE_VARIABLES = {"CLUSTER_ID", "KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS",
                    "KAFKA_LOG4J_OPTS", "KAFKA_JMX_OPTS", "KAFKA_GC_LOG_OPTS", "KAFKA_VERSION"}
 
-pytestmark = pytest.mark.broker
 
 
 def compose_kafka_env() -> dict[str, str]:
@@ -115,6 +114,7 @@ async def broker_config(bootstrap: str, budget_s: float = 60.0) -> dict[str, str
         await asyncio.sleep(0.5)
 
 
+@pytest.mark.broker
 def test_compose_kafka_serves_both_listeners_without_auto_topic_creation(
         compose_kafka: ComposeKafka) -> None:
     for bootstrap in (compose_kafka.bootstrap, compose_kafka.host_bootstrap):
@@ -123,6 +123,7 @@ def test_compose_kafka_serves_both_listeners_without_auto_topic_creation(
         assert config["process.roles"] == "broker,controller"
 
 
+@pytest.mark.broker
 def test_the_services_topic_plan_is_created_on_it(compose_kafka: ComposeKafka) -> None:
     settings = Settings.from_env({"DSH_BOOTSTRAP_SERVERS": compose_kafka.bootstrap})
     asyncio.run(broker_config(settings.bootstrap_servers))

@@ -67,7 +67,7 @@ class PartitionProducer:
             **client_options(self._settings),
             transactional_id=self.transactional_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
-            enable_idempotence=True, acks="all", linger_ms=0,
+            enable_idempotence=True, acks="all", linger_ms=0, retry_backoff_ms=20,
         )
         try:
             await producer.start()

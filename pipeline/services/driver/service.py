@@ -16,8 +16,9 @@ they read committed); the next owner fences the dead producer (its open transact
 aborted), rebuilds each session from the committed events, writes crash-repair closers for
 an open turn (``turn/end interrupted``), and gets every command after the committed inbox
 offset again. Commands whose message id is in the log are skipped; the inbox lists are
-rebuilt from the splices, so queued work continues. A cancel or configure whose effect was
-committed but whose offset was not is applied a second time (see the report on limits).
+rebuilt from the splices, so queued work continues. Cancel and configure leave no id in the
+log: those applied beyond the commit point are named in the commit's metadata (same
+transaction) and skipped too.
 
 Eager rebalances (aiokafka has no cooperative protocol): on revocation nothing is torn
 down; on the following assignment partitions no longer assigned are released (their turns

@@ -379,3 +379,14 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
     result = compose_config({}, tmp_path / "docker-compose.yml", "--quiet")
     assert result.returncode != 0
     assert "depends_on.topics.condition value must be one of" in result.stderr
+
+
+
+def test_the_stack_runs_the_versions_the_tests_run() -> None:
+    """The Kafka and Apicurio of the stack are the releases the local test stack uses (the
+    same Maven Central releases the tests start), not merely some 4.x and 3.x."""
+    from pipeline.adapters.localstack.artifacts import APICURIO_VERSION, KAFKA_VERSION
+
+    services = load_compose({})["services"]
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert services["registry"]["image"] == f"apicurio/apicurio-registry:{APICURIO_VERSION}"

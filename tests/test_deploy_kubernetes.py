@@ -358,3 +358,14 @@ def test_registry_probes_use_apicurios_management_port() -> None:
     service_port = named("Service", "registry")["spec"]["ports"][0]["port"]
     assert config_map()["DSH_REGISTRY_URL"] == (
         f"http://registry:{service_port}/apis/ccompat/v7")
+
+
+def test_the_driver_pod_outlives_its_shutdown_grace() -> None:
+    driver = named("Deployment", "driver")
+    (container,) = containers(driver)
+    if "driver" not in cli_commands():
+        pytest.skip("`dsh-pipeline driver` is not built yet")
+    grace = cli_commands()["driver"].parse_args(container["args"][1:]).grace
+    # the driver's grace for running turns, then closing transactions and leaving the group
+    assert grace + 15 <= driver["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert driver["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}

@@ -137,3 +137,19 @@ def test_huge_counts_of_empty_items_are_refused_not_looped() -> None:
     with pytest.raises(AvroBinaryError, match="block count"):
         compiled.decode(b"\xfe\xff\xff\xff\xff\xff\xff\xff\x7f")  # 2**62 nulls
     assert compiled.decode(b"\x06\x00") == {"a": [None, None, None]}
+
+
+def test_structural_errors_name_what_is_wrong() -> None:
+    compiled = CompiledSchema(parse_schema({
+        "type": "record", "name": "B", "fields": [
+            {"name": "b", "type": "boolean"},
+            {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A"]}}]}))
+    assert compiled.decode(b"\x01\x00") == {"b": True, "e": "A"}
+    with pytest.raises(AvroBinaryError, match="boolean byte"):
+        compiled.decode(b"\x02\x00")
+    with pytest.raises(AvroBinaryError, match="enum index"):
+        compiled.decode(b"\x00\x02")
+    with pytest.raises(AvroBinaryError, match="truncated"):
+        compiled.decode(b"\x00")
+    with pytest.raises(AvroBinaryError, match="trailing"):
+        compiled.decode(b"\x00\x00\x00")

@@ -274,7 +274,10 @@ class _Compiler:
         if kind == "null":
             out.append(f"{ind}{t} = None")
         elif kind == "boolean":
-            out.append(f"{ind}{t} = (False, True)[data[pos]]; pos += 1")
+            b = self.var("b")
+            out.append(f"{ind}{b} = data[pos]; pos += 1")
+            out.append(f"{ind}if {b} > 1: raise _Bad('a boolean byte must be 0 or 1')")
+            out.append(f"{ind}{t} = {b} == 1")
         elif kind in ("int", "long"):
             self.emit_read_long(out, t, ind)
         elif kind in ("float", "double"):
@@ -286,8 +289,10 @@ class _Compiler:
         elif kind == "enum":
             n = self.var("n")
             self.emit_read_long(out, n, ind)
-            out.append(f"{ind}if {n} < 0: raise _Bad('negative enum index')")
-            out.append(f"{ind}{t} = {self.const(tuple(schema['symbols']))}[{n}]")
+            symbols = tuple(schema["symbols"])
+            out.append(f"{ind}if not 0 <= {n} < {len(symbols)}: "
+                       f"raise _Bad('enum index out of range')")
+            out.append(f"{ind}{t} = {self.const(symbols)}[{n}]")
         elif kind == "record":
             out.append(f"{ind}{t}, pos = {self.fname('dec', schema)}(data, pos, size)")
         elif kind in ("array", "map"):

@@ -13,8 +13,10 @@ identical. Reading through today's schema by Avro resolution could only drop wha
 knew and the reader does not; the registry's BACKWARD_TRANSITIVE rule is what keeps that
 resolution possible for other readers (Spark, DuckDB, Java).
 
-Every failure is a :class:`CodecError` (or :class:`SchemaError`) naming what was wrong;
-fastavro's and struct's exceptions never leave this module.
+The bytes are written and read by the schema-compiled codec of :mod:`pipeline.codec.binary`
+(fastavro is the reference it is tested against byte for byte, and writes container files).
+Every failure is a :class:`CodecError` (or :class:`SchemaError`) naming what was wrong; no
+foreign exception leaves this module.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ class EventSerde:
     Writes today's schema, Confluent-framed when given the registry id of today's schema
     (register it once up front, e.g. with ``pipeline.adapters.registry``), else as Avro
     single-object encoding. Decodes both framings, with any committed schema version, and
-    with registry ids resolved through the table's lookup (once per id).
+    with registry ids resolved through the table's lookup (once per id). Thread-safe; build
+    one per process and share it.
     """
 
     def __init__(self, table: SchemaTable | None = None, *, schema_id: int | None = None

@@ -29,7 +29,8 @@ from pipeline.adapters.kafka.session_reader import read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.adapters.llm.factory import provider_from_settings
 from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
-from pipeline.cli.cmd_driver import driver_context
+from pipeline.adapters.registry.client import RegistryClient
+from pipeline.cli.cmd_driver import driver_context, registry_codecs
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.sessionfile import read_session_file
@@ -430,3 +431,39 @@ async def test_redelivered_cancel_recorded_as_applied_in_commit_metadata_is_skip
         await asyncio.wait_for(offset_committed(), WAIT_S)
         assert driver.service.metrics.duplicates == 1
     strict_log(session, events)
+
+
+async def test_driver_with_registry_writes_confluent_framing(settings: Settings,
+                                                             group_id: str) -> None:
+    await ensure_topics(settings)
+    session = "s-registry"
+    with RegistryClient.from_settings(settings) as client:
+        serde, inbox_codec = registry_codecs(settings, client)
+        ctx = driver_context(settings, group_id=group_id, tools=builtin_registry(),
+                             linger_ms=10, codecs=(serde, inbox_codec))
+        service = DriverService(ctx, DriverConfig(linger_ms=10, session_timeout_ms=6000))
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            await asyncio.wait_for(service.ready.wait(), WAIT_S)
+            command = FollowUp(session, str(uuid.uuid4()), ({"type": "text", "text": "hi"},))
+            await send_records(settings, [OutRecord(settings.topics.inbox, session.encode(),
+                                                    inbox_codec.encode(command))])
+
+            async def turn_done() -> list[Event]:
+                while True:
+                    found = await read_session_partition(
+                        settings, settings.topics.session_events, partition_of(session),
+                        serde.decode)
+                    events = found.events.get(session, [])
+                    if completed_turns(events) == 1:
+                        return events
+                    await asyncio.sleep(0.1)
+            events = await asyncio.wait_for(turn_done(), WAIT_S)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, WAIT_S)
+        strict_log(session, events)
+        raw = await read_all(settings, settings.topics.session_events)
+        assert raw and all(value[0] == 0 for _, value, _ in raw)  # Confluent: 0x00 + id
+        assert int.from_bytes(raw[0][1][1:5], "big") == serde.schema_id

@@ -28,6 +28,12 @@ from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
 from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
+from pipeline.adapters.registry.client import (
+    BACKWARD_TRANSITIVE,
+    RegistryClient,
+    event_serde_for_topic,
+    value_subject,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError
@@ -64,6 +70,9 @@ def register(subparsers: Any) -> None:
     driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
                         help="scripted provider only: wait this long between stream chunks "
                              "(to watch chunks arrive live)")
+    driver.add_argument("--registry", action="store_true",
+                        help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
+                             "framing (default: Avro single-object encoding, no registry)")
     driver.set_defaults(func=run_driver)
     send = subparsers.add_parser("send", help="put one command on a session's inbox")
     send.add_argument("session", help="session id (the record key)")
@@ -79,6 +88,8 @@ def register(subparsers: Any) -> None:
     send.add_argument("--tools", help="with --configure: comma-separated tool names ('' = none)")
     send.add_argument("--max-tokens", type=int, help="with --configure")
     send.add_argument("--message-id", help="default: a new UUID")
+    send.add_argument("--registry", action="store_true",
+                      help="Confluent framing with the id registered at DSH_REGISTRY_URL")
     send.set_defaults(func=run_send)
 
 
@@ -112,8 +123,13 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
         raise
     except Exception as exc:  # EventError from the command's own checks
         raise ConfigError(f"send: {exc}") from None
+    if args.registry:
+        with RegistryClient.from_settings(settings) as client:
+            codec = registry_codecs(settings, client)[1]
+    else:
+        codec = InboxCodec()
     record = OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
-                       InboxCodec().encode(command))
+                       codec.encode(command))
     [(partition, offset)] = asyncio.run(send_records(settings, [record]))
     print(json.dumps({"sessionId": command.session_id, "messageId": command.message_id,
                       "kind": command.kind, "partition": partition, "offset": offset}))
@@ -123,14 +139,27 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
 # -- driver ----------------------------------------------------------------------------
 
 
+def registry_codecs(settings: Settings, client: RegistryClient) -> tuple[EventSerde, InboxCodec]:
+    """Codecs writing the Confluent framing with ids registered under ``<topic>-value``
+    (TopicNameStrategy), compatibility BACKWARD_TRANSITIVE set explicitly."""
+    topics = settings.topics
+    serde = event_serde_for_topic(client, topics.session_events)
+    inbox_codec = InboxCodec()
+    subject = value_subject(topics.inbox)
+    inbox_id = client.register(subject, json.dumps(inbox_codec.schema_json))
+    client.set_compatibility(BACKWARD_TRANSITIVE, subject)
+    return serde, InboxCodec(confluent_id=inbox_id)
+
+
 def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
-                   linger_ms: float = 25.0, script: Script = echo_script) -> PartitionContext:
+                   linger_ms: float = 25.0, script: Script = echo_script,
+                   codecs: tuple[EventSerde, InboxCodec] | None = None) -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
-    ``script`` drives the scripted provider (the default provider of the settings).
+    ``script`` drives the scripted provider (the default provider of the settings);
+    ``codecs`` default to the single-object encoding (no registry needed).
     """
-    serde = EventSerde()
-    inbox_codec = InboxCodec()
+    serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     providers: dict[str, ModelProvider] = {}
 
     def provider_factory(provider: str, model: str) -> ModelProvider:
@@ -159,10 +188,16 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                           instance_id=args.instance_id)
     group = args.group or f"{settings.group_id_prefix}driver"
     tools = builtin_registry(enable_host_tools=args.enable_host_tools)
-    ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
-                         script=_delayed(echo_script, args.script_chunk_delay_ms))
-    service = DriverService(ctx, config)
-    asyncio.run(_serve(settings, service))
+    with contextlib.ExitStack() as stack:
+        codecs = None
+        if args.registry:
+            client = stack.enter_context(RegistryClient.from_settings(settings))
+            codecs = registry_codecs(settings, client)
+        ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
+                             script=_delayed(echo_script, args.script_chunk_delay_ms),
+                             codecs=codecs)
+        service = DriverService(ctx, config)
+        asyncio.run(_serve(settings, service))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
 

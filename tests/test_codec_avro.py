@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import lossless_json, valid_logs
 
-from pipeline.codec.avro import EventSerde
+from pipeline.codec.avro import EventSerde, event_from_record
 from pipeline.codec.payload import JSON_PAYLOAD
 from pipeline.codec.records import (
     HEADER_SEQ,
@@ -245,3 +247,16 @@ def test_record_key_and_headers() -> None:
         session_id_of_key(None)
     with pytest.raises(CodecError, match="not UTF-8"):
         session_id_of_key(b"\xff")
+
+
+@settings(max_examples=100, deadline=None)
+@given(tricky_events())
+def test_compiled_decoder_and_fastavro_with_the_plans_agree(event: Event) -> None:
+    """The hot path (payload JSON built inside the compiled decoder) and the reference path
+    (fastavro record + RecordPlan.decode, used for container files) give the same event."""
+    data = SINGLE.encode("s", event)
+    writer = current_event_schema()
+    record = fastavro.schemaless_reader(io.BytesIO(data[10:]), writer.parsed, None,
+                                        return_record_name=True,
+                                        return_record_name_override=True)
+    assert event_from_record(record, writer) == SINGLE.decode(data) == ("s", event)

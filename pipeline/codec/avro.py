@@ -87,9 +87,11 @@ def _surface_op_record(op: SurfaceOp) -> Any:
     return op
 
 
-def event_from_record(record: Mapping[str, Any], writer: WriterSchema) -> tuple[str, Event]:
+def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
+                      json_payload: bool = False) -> tuple[str, Event]:
     """(session id, event) from an envelope record read with ``writer`` (record names
-    returned, as ``return_record_name=True, return_record_name_override=True`` give them)."""
+    returned, as ``return_record_name=True, return_record_name_override=True`` give them).
+    ``json_payload``: typed payloads are already JSON data (``writer.binary`` decodes so)."""
     seq, type_ = record["seq"], record["type"]
     if seq < 0 or not type_:
         raise CodecError(f"seq {seq}, type {type_!r}: decoded an invalid envelope (negative "
@@ -100,6 +102,8 @@ def event_from_record(record: Mapping[str, Any], writer: WriterSchema) -> tuple[
     name, body = payload
     if name == JSON_PAYLOAD:
         data = parse_json_text(body["data"], "payload")
+    elif json_payload:
+        data = body
     else:
         plan = writer.plans.get(name)
         if plan is None:
@@ -206,7 +210,7 @@ def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Eve
     """Decode the Avro body at ``data[start:]``, which must be exactly one record."""
     record = writer.binary.decode(data, start)
     try:
-        return event_from_record(record, writer)
+        return event_from_record(record, writer, json_payload=True)
     except CodecError as exc:
         raise CodecError(f"decoded record: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pipeline.core.errors import CodecError
 
@@ -91,11 +91,27 @@ def _type_name(schema: Any) -> str:
     return str(schema["name"]) if kind in ("record", "enum", "fixed") else kind
 
 
+class RecordBuilder(Protocol):
+    """Lets a caller decode chosen records straight into its own shape (no dict between).
+
+    ``tail`` gets a record schema and its fields paired with the local variable holding
+    each decoded value, and returns the source lines (indented 4) that end the generated
+    decoder with ``return <value>, pos``, or None for the usual dict. ``helpers`` are the
+    names those lines use.
+    """
+
+    helpers: Mapping[str, Any]
+
+    def tail(self, record: Mapping[str, Any], fields: list[tuple[Mapping[str, Any], str]]
+             ) -> list[str] | None: ...
+
+
 class _Compiler:
     """Generates the source of the encoder and decoder functions of one schema."""
 
-    def __init__(self, named: Mapping[str, Any]) -> None:
+    def __init__(self, named: Mapping[str, Any], builder: RecordBuilder | None = None) -> None:
         self.named = named
+        self.builder = builder
         self.lines: list[str] = []
         self.consts: dict[str, Any] = {}
         self.done: set[str] = set()
@@ -149,13 +165,16 @@ class _Compiler:
             self.emit_write(out, field["type"], v, "    ")
         out.append("    return None")
         out.append(f"def {dec}(data, pos, size):")
-        names = []
+        fields = []
         for field in record["fields"]:
             v = self.var("v")
-            names.append((field["name"], v))
+            fields.append((field, v))
             self.emit_read(out, field["type"], v, "    ")
-        items = ", ".join(f"{name!r}: {v}" for name, v in names)
-        out.append(f"    return {{{items}}}, pos")
+        tail = self.builder.tail(record, fields) if self.builder is not None else None
+        if tail is None:
+            items = ", ".join(f"{field['name']!r}: {v}" for field, v in fields)
+            tail = [f"    return {{{items}}}, pos"]
+        out.extend(tail)
         self.lines.extend(out)
 
     # -- writing ---------------------------------------------------------------------------
@@ -374,10 +393,12 @@ _PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
 class CompiledSchema:
     """Encoder and decoder of one record schema (parsed by fastavro, names resolved)."""
 
-    def __init__(self, parsed: Mapping[str, Any]) -> None:
-        compiler = _Compiler(parsed.get("__named_schemas", {}))
+    def __init__(self, parsed: Mapping[str, Any], builder: RecordBuilder | None = None
+                 ) -> None:
+        compiler = _Compiler(parsed.get("__named_schemas", {}), builder)
         compiler.emit_all(parsed)
-        namespace: dict[str, Any] = {**_HELPERS, **compiler.consts}
+        helpers = builder.helpers if builder is not None else {}
+        namespace: dict[str, Any] = {**_HELPERS, **helpers, **compiler.consts}
         exec("\n".join(compiler.lines), namespace)  # our own generated code, no input text
         self._encode: Callable[[bytearray, Any], None] = namespace[
             compiler.fname("enc", parsed)]

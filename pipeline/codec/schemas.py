@@ -21,7 +21,7 @@ from fastavro.schema import SchemaParseException, fingerprint, parse_schema
 from fastavro.schema import to_parsing_canonical_form as _canonical_form
 
 from pipeline.codec.binary import CompiledSchema
-from pipeline.codec.payload import RecordPlan, payload_plans
+from pipeline.codec.payload import JsonRecordBuilder, RecordPlan, payload_plans
 from pipeline.core.errors import DshError, SchemaError
 
 SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
@@ -51,6 +51,7 @@ class WriterSchema:
     parsed: dict[str, Any] = field(repr=False)
     fingerprint: bytes
     plans: dict[str, RecordPlan] = field(repr=False)
+    # Decodes payload records straight to their JSON data (see JsonRecordBuilder).
     binary: CompiledSchema = field(repr=False)
     version: int | None = None
 
@@ -62,8 +63,9 @@ class WriterSchema:
             raise SchemaError(f"not a valid Avro schema: {exc}") from None
         if not isinstance(parsed, dict) or parsed.get("type") != "record":
             raise SchemaError("a session-event schema must be an Avro record")
-        return cls(dict(schema), parsed, schema_fingerprint(schema), payload_plans(parsed),
-                   CompiledSchema(parsed), version)
+        plans, payload_records = payload_plans(parsed)
+        binary = CompiledSchema(parsed, JsonRecordBuilder(payload_records))
+        return cls(dict(schema), parsed, schema_fingerprint(schema), plans, binary, version)
 
     @classmethod
     def from_text(cls, text: str, version: int | None = None) -> WriterSchema:

@@ -158,7 +158,7 @@ async def test_windows_close_on_wall_clock_and_late_samples_are_reported(
 
     def closed_windows_cover_on_time_usage() -> bool:
         records = asyncio.run(read_topic(settings, settings.topics.usage))
-        closed = [v for k, v, _h in records if k.startswith(f"window/2s/") and
+        closed = [v for k, v, _h in records if k.startswith("window/2s/") and
                   v["gen_ai.provider.name"] == provider and v["closed"]]
         total = sum((counts_of_record(v) for v in closed), TokenCounts())
         return total == scan.by_session[next(iter(on_time))]

@@ -39,6 +39,8 @@ def register(subparsers: Any) -> None:
                         help="seconds between window-closing ticks")
     parser.add_argument("--windows", default="minute=60,hour=3600",
                         help="usage windows as NAME=SECONDS[,NAME=SECONDS]")
+    parser.add_argument("--session-timeout", type=float, default=10.0,
+                        help="seconds before a dead worker's partitions move to the others")
     parser.add_argument("--loglevel", default="WARNING")
     parser.set_defaults(func=run_processors)
 
@@ -65,7 +67,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
     options = ProcessorsOptions(
         web_port=port, web_host=args.web_host, store=args.store,
         standby_replicas=args.standby_replicas, grace_ms=int(args.grace * 1000),
-        tick_interval_s=args.tick,
+        tick_interval_s=args.tick, session_timeout_s=args.session_timeout,
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
     asyncio.run(ensure_topics(settings))

@@ -6,20 +6,27 @@ two changelog partitions). The session stage therefore sends each usage sample t
 topic keyed by ``provider/model``; this stage owns every model key of its partitions, with
 changelogs co-partitioned with that topic.
 
-Windows close on wall-clock time: a timer in each worker sends a *tick* (its clock reading) to
-every partition of the internal topic it owns, and the tick is folded here like any record, so
-closing is decided inside the stream and its table writes go to the right changelog partition
-(faust refuses table writes from a timer). A sample whose window was already closed by a tick
-is late: counted in the totals, reported (counter + log), not added to the closed window.
+**State.** One table record per (model, session), ``contrib/<provider>/<model>/<session>``:
+the last seq applied (dedup), the session's total for the model and its share of each open
+window. One sample = one record write, so a crash can never apply half a sample. Model totals
+and window totals are sums over these records, kept in memory, updated per sample and rebuilt
+from the table whenever the worker's set of partitions changes (after recovery). Per
+partition, ``book/<p>`` keeps the last tick.
 
-Duplicates (a sample re-sent after a crash of the session stage) are skipped by the last seq
-applied per (model, session).
+**Closing on time.** A timer in each worker sends a *tick* (its clock reading) to every
+partition of the internal topic it owns; the tick is folded here like any record (faust allows
+table writes only while processing a record). A window closes once ``tick >= end + grace``:
+its final record is published and it leaves the in-memory sums; the contributions stay in
+their records until those are next written (a window is "closed" by the book's last tick, so
+a rebuild never reopens it). A sample for a closed window is late: counted in the totals,
+reported (counter + log), not added to the window.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeline.core.events import JsonValue
@@ -42,17 +49,65 @@ def tick_value(now_ms: int) -> bytes:
     return json_bytes({TICK: now_ms}) or b""
 
 
+@dataclass(slots=True)
+class UsageSums:
+    """In-memory totals of the partitions this worker owns, rebuilt from the table."""
+
+    partitions: frozenset[int] | None = None
+    models: dict[str, TokenCounts] = field(default_factory=dict)
+    model_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+    windows: dict[str, tuple[list[JsonValue], TokenCounts]] = field(default_factory=dict)
+    window_partition: dict[str, int] = field(default_factory=dict)
+
+    def add(self, model_key: str, names: tuple[str, str], counts: TokenCounts) -> TokenCounts:
+        self.model_names[model_key] = names
+        self.models[model_key] = self.models.get(model_key, TokenCounts()) + counts
+        return self.models[model_key]
+
+    def add_window(self, key: str, info: list[JsonValue], partition: int,
+                   counts: TokenCounts) -> TokenCounts:
+        _info, old = self.windows.get(key, (info, TokenCounts()))
+        self.windows[key] = (info, old + counts)
+        self.window_partition[key] = partition
+        return old + counts
+
+
 class UsageAggregator:
     """Folds samples and ticks of one worker's partitions of the usage-by-model topic."""
 
-    def __init__(self, table: Table, send: Send, usage_topic: str, counters: DeliveryCounters,
-                 *, grace_ms: int, sizes: Mapping[str, int]) -> None:
+    def __init__(self, table: Table, send: Send, export_topic: str,
+                 counters: DeliveryCounters, owned: Callable[[], Iterable[int]], *,
+                 grace_ms: int, sizes: Mapping[str, int]) -> None:
         self.table = table
         self.send = send
-        self.usage_topic = usage_topic
+        self.export_topic = export_topic
         self.counters = counters
+        self.owned = owned
         self.grace_ms = grace_ms
         self.sizes = sizes
+        self.sums = UsageSums()
+
+    def current_sums(self) -> UsageSums:
+        """The sums for the partitions owned now (rebuilt after a rebalance)."""
+        owned = frozenset(self.owned())
+        if self.sums.partitions != owned:
+            self.sums = self._rebuild(owned)
+        return self.sums
+
+    def _rebuild(self, owned: frozenset[int]) -> UsageSums:
+        sums = UsageSums(partitions=owned)
+        last_tick = {p: self._book(p).last_tick_ms for p in owned}
+        for key, raw in list(self.table.items()):
+            if not key.startswith("contrib/") or not raw or raw["partition"] not in owned:
+                continue
+            model_key = f"{raw['provider']}/{raw['model']}"
+            sums.add(model_key, (raw["provider"], raw["model"]),
+                     TokenCounts.from_json(raw["totals"]))
+            for wkey, window in raw["windows"].items():
+                if last_tick[raw["partition"]] < int(window["info"][2]) + self.grace_ms:
+                    sums.add_window(wkey, window["info"], raw["partition"],
+                                    TokenCounts.from_json(window["counts"]))
+        return sums
 
     def _book(self, partition: int) -> WindowBook:
         return WindowBook.from_json(self.table.get(f"book/{partition}"), self.grace_ms,
@@ -65,37 +120,54 @@ class UsageAggregator:
             await self._sample(partition, UsageSample.from_json(value))
 
     async def _tick(self, partition: int, now_ms: int) -> None:
+        sums = self.current_sums()
         book = self._book(partition)
-        for key, info in book.tick(now_ms):
-            counts = TokenCounts.from_json(self.table.get(key) or {})
+        book.last_tick_ms = max(book.last_tick_ms, now_ms)
+        due = [key for key, (info, _c) in sums.windows.items()
+               if sums.window_partition[key] == partition
+               and book.last_tick_ms >= int(info[2]) + self.grace_ms]
+        for key in due:
+            info, counts = sums.windows.pop(key)
+            sums.window_partition.pop(key, None)
             await self._publish(key, window_record(info, counts, closed=True))
-            self.table.pop(key, None)
             self.counters.windows_closed += 1
-        self.table[f"book/{partition}"] = book.to_json()
+        self.table[f"book/{partition}"] = {"lastTickMs": book.last_tick_ms, "open": {}}
 
     async def _sample(self, partition: int, sample: UsageSample) -> None:
-        seen_key = f"seen/{sample.model_key}/{sample.session_id}"
-        if int(self.table.get(seen_key, -1)) >= sample.seq:
+        sums = self.current_sums()
+        key = f"contrib/{sample.model_key}/{sample.session_id}"
+        raw = self.table.get(key)
+        if raw is not None and int(raw["seq"]) >= sample.seq:
             self.counters.usage_duplicates += 1
             return
         book = self._book(partition)
         accepted, late = book.windows_for(sample)
-        for key in accepted:
-            counts = TokenCounts.from_json(self.table.get(key) or {}) + sample.counts
-            self.table[key] = counts.to_json()
-            await self._publish(key, window_record(book.open[key], counts, closed=False))
+        windows = {wkey: window for wkey, window in (raw or {}).get("windows", {}).items()
+                   if book.last_tick_ms < int(window["info"][2]) + self.grace_ms}
+        for wkey in accepted:
+            info = book.open[wkey]
+            mine = TokenCounts.from_json(windows.get(wkey, {}).get("counts", {}))
+            windows[wkey] = {"info": info, "counts": (mine + sample.counts).to_json()}
+            total = sums.add_window(wkey, info, partition, sample.counts)
+            await self._publish(wkey, window_record(info, total, closed=False))
         if late:
             self.counters.late_window_samples += 1
             log.warning("late usage sample (session %s seq %d, time %d) for closed windows %s: "
                         "kept in totals, not in the windows", sample.session_id, sample.seq,
                         sample.time, ", ".join(late))
-        model_key = f"model/{sample.model_key}"
-        raw = self.table.get(model_key)
-        totals = (TokenCounts.from_json(raw) if raw else TokenCounts()) + sample.counts
-        self.table[model_key] = {**totals.to_json(), "partition": partition}
-        await self._publish(model_key, model_record(sample.provider, sample.model, totals))
-        self.table[f"book/{partition}"] = book.to_json()
-        self.table[seen_key] = sample.seq
+        mine_total = TokenCounts.from_json((raw or {}).get("totals", {})) + sample.counts
+        model_total = sums.add(sample.model_key, (sample.provider, sample.model), sample.counts)
+        await self._publish(f"model/{sample.model_key}",
+                            model_record(sample.provider, sample.model, model_total))
+        self.table[key] = {"provider": sample.provider, "model": sample.model,
+                           "session": sample.session_id, "partition": partition,
+                           "seq": sample.seq, "totals": mine_total.to_json(),
+                           "windows": windows}
+
+    def model_records(self) -> list[dict[str, JsonValue]]:
+        sums = self.current_sums()
+        return [model_record(*sums.model_names[key], counts)
+                for key, counts in sorted(sums.models.items())]
 
     async def _publish(self, key: str, value: dict[str, JsonValue]) -> None:
-        await self.send(Outgoing(self.usage_topic, key.encode(), json_bytes(value)))
+        await self.send(Outgoing(self.export_topic, key.encode(), json_bytes(value)))

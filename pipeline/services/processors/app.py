@@ -3,7 +3,7 @@
 Topology (all tables have changelog topics ``<app id>-<table>-changelog``, co-partitioned
 with their source topic, and ``options.standby_replicas`` standby copies):
 
-    session-events ──fold_sessions──> tables cursor, surface, nodes, usage, fleet
+    session-events ──fold_sessions──> tables sessions (all per-session state), nodes, chunks
          │                            ├─> derived-messages (compacted, slot-keyed changes)
          │                            ├─> usage  (session totals)      ├─> fleet (compacted)
          │                            └─> <app id>-usage-by-model (internal, keyed by model)
@@ -46,7 +46,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SESSION_TABLES = ("cursor", "surface", "nodes", "usage", "fleet")
+SESSION_TABLES = ("sessions", "nodes", "chunks")
 
 
 @dataclass(slots=True)
@@ -58,6 +58,7 @@ class Processors:
     options: ProcessorsOptions
     tables: SessionTables
     usage_agg: Any
+    aggregator: UsageAggregator | None = None
     counters: DeliveryCounters = field(default_factory=DeliveryCounters)
     step_rate: StepRate = field(default_factory=StepRate)
     steps_seen: int = 0
@@ -68,8 +69,7 @@ class Processors:
     def local_fleet(self) -> list[FleetStatus]:
         """Statuses of the sessions whose partitions this worker owns (not standbys)."""
         owned = self.active_partitions(self.settings.topics.session_events)
-        return [FleetStatus.from_json({k: v for k, v in raw.items() if k != "partition"})
-                for raw in list(self.tables.fleet.values())
+        return [FleetStatus.from_json(raw["fleet"]) for raw in list(self.tables.sessions.values())
                 if raw and raw.get("partition") in owned]
 
     def fleet_summary(self) -> dict[str, Any]:
@@ -125,6 +125,9 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         value_serializer="raw",
         stream_wait_empty=False,
         producer_acks=-1,
+        # A killed worker's partitions move once its session expires: keep that short.
+        broker_session_timeout=options.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, options.session_timeout_s / 3),
         web_tables_enabled=False,
         web_graph_enabled=False,
     )
@@ -136,6 +139,7 @@ def _table(app: Any, name: str, partitions: int) -> Any:
     # itself, so faust's router hashes it like the session topic's partitioner does and
     # forwards an HTTP request to the worker that really owns the session.
     table.key_serializer = "raw"
+    table.changelog_topic = table._new_changelog_topic()  # built in __init__ with JSON keys
     return table
 
 
@@ -182,7 +186,9 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
     by_model = app.topic(name, key_type=bytes, value_type=bytes, internal=True,
                          partitions=settings.partitions)
     aggregator = UsageAggregator(processors.usage_agg, send, settings.topics.usage,
-                                 processors.counters, grace_ms=options.grace_ms, sizes=sizes)
+                                 processors.counters, lambda: processors.active_partitions(name),
+                                 grace_ms=options.grace_ms, sizes=sizes)
+    processors.aggregator = aggregator
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():

@@ -8,8 +8,18 @@ tests); sending goes through one ``Send`` callable (faust's producer in the work
 Delivery rules (DESIGN.md section 2): a seq below the next expected one is a duplicate
 (skipped, counted); a seq above it is a gap (counted, logged, dead-lettered with the reason,
 never folded past); an ``assistant/chunk`` is recognised by its ``dsh.type`` header and only
-advances the session's cursor, without being decoded; a record that does not decode, or an
-event that breaks a surface rule, is dead-lettered and processing goes on.
+advances the session's chunk cursor, without being decoded; a record that does not decode, or
+an event that breaks a surface rule, is dead-lettered and processing goes on.
+
+**Crash consistency.** Table writes reach their changelogs in the order they were made, and a
+kill -9 loses a suffix of them; offsets are committed only after every earlier write is
+durable. So everything one event decides (next seq, surface slots, usage, fleet status) is
+ONE record of the ``sessions`` table: after a crash it either holds the event or not, and
+redelivery either skips it as a duplicate or applies it once. ``nodes`` (the projected message
+of each surface event) is written before that record and is idempotent. Chunks only move the
+small ``chunks`` cursor; the next expected seq is the larger of the two cursors. Outputs are
+sent before the state is written, so a crash can only repeat them (same key and value on the
+compacted topics; the per-model stage drops a repeated usage sample by seq).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord
 from pipeline.codec.records import header_type_and_seq, session_id_of_key
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import CodecError, EventError, SequenceError
-from pipeline.core.events import SURFACE_TYPES, Event, dumps_json
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import MessageChange, SurfaceSlots, with_session
 from pipeline.core.usage import SessionUsage, UsageSample, session_record
@@ -35,8 +45,10 @@ from pipeline.settings import TopicNames
 log = logging.getLogger(__name__)
 
 CHUNK: Final = "assistant/chunk"
+USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
 
 Decoder = Callable[[bytes], tuple[str, Event]]
+Table = MutableMapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +67,42 @@ class Outgoing:
 
 
 Send = Callable[[Outgoing], Awaitable[None]]
-Table = MutableMapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class SessionTables:
-    """The co-partitioned tables keyed by session (``nodes`` by ``<session>/<seq>``)."""
+    """Co-partitioned tables: ``sessions`` and ``chunks`` by session, ``nodes`` by
+    ``<session>/<seq>``."""
 
-    cursor: Table
-    surface: Table
+    sessions: Table
     nodes: Table
-    usage: Table
-    fleet: Table
+    chunks: Table
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Everything the folds of one session need: the value of the ``sessions`` table."""
+
+    session_id: str
+    next_seq: int = 0
+    partition: int = -1
+    surface: SurfaceSlots = field(default_factory=SurfaceSlots)
+    usage: SessionUsage = field(default_factory=SessionUsage)
+    fleet: FleetStatus | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        fleet = self.fleet or FleetStatus(self.session_id)
+        return {"next": self.next_seq, "partition": self.partition,
+                "surface": self.surface.to_json(), "usage": self.usage.to_json(),
+                "fleet": fleet.to_json()}
+
+    @classmethod
+    def from_json(cls, session_id: str, raw: JsonValue) -> SessionState:
+        if raw is None:
+            return cls(session_id, fleet=FleetStatus(session_id))
+        return cls(session_id, int(raw["next"]), int(raw["partition"]),
+                   SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
+                   FleetStatus.from_json(raw["fleet"]))
 
 
 def classify(expected: int, seq: int) -> Delivery:
@@ -77,6 +113,12 @@ def classify(expected: int, seq: int) -> Delivery:
 
 def json_bytes(value: Any) -> bytes | None:
     return None if value is None else dumps_json(value).encode("utf-8")
+
+
+def next_expected(tables: SessionTables, session_id: str) -> int:
+    """The seq the session's next record must carry (0 for an unknown session)."""
+    state = tables.sessions.get(session_id)
+    return max(int(state["next"]) if state else 0, int(tables.chunks.get(session_id) or 0))
 
 
 class SessionFolder:
@@ -100,14 +142,14 @@ class SessionFolder:
         except CodecError as exc:
             await self._dead_letter(record, exc)
             return
-        verdict = self._admit(record, session_id, event.seq, event.type)
+        verdict = self._admit(session_id, event.seq)
         if verdict is Delivery.GAP:
             await self._report_gap(record, session_id, event.seq, event.type)
         elif verdict is Delivery.APPLY:
             await self._apply(record, session_id, event)
 
     async def _skip_chunk(self, record: InboxRecord) -> bool:
-        """A chunk with readable type+seq headers: advance the cursor, never decode."""
+        """A chunk with readable type+seq headers: advance the chunk cursor, never decode."""
         try:
             type_, seq = header_type_and_seq(record.headers)
             session_id = session_id_of_key(record.key)
@@ -115,23 +157,23 @@ class SessionFolder:
             return False  # malformed headers or key: decoding decides (and dead-letters)
         if type_ != CHUNK or seq is None:
             return False
-        verdict = self._admit(record, session_id, seq, CHUNK)
+        verdict = self._admit(session_id, seq)
         if verdict is Delivery.GAP:
             await self._report_gap(record, session_id, seq, CHUNK)
         elif verdict is Delivery.APPLY:
-            self.tables.cursor[session_id] = seq + 1
+            self.tables.chunks[session_id] = seq + 1
             self.counters.chunks_skipped_undecoded += 1
         return True
 
-    def _admit(self, record: InboxRecord, session_id: str, seq: int, type_: str) -> Delivery:
-        verdict = classify(int(self.tables.cursor.get(session_id, 0)), seq)
+    def _admit(self, session_id: str, seq: int) -> Delivery:
+        verdict = classify(next_expected(self.tables, session_id), seq)
         if verdict is Delivery.DUPLICATE:
             self.counters.duplicates += 1
         return verdict
 
     async def _report_gap(self, record: InboxRecord, session_id: str, seq: int,
                           type_: str) -> None:
-        expected = int(self.tables.cursor.get(session_id, 0))
+        expected = next_expected(self.tables, session_id)
         self.counters.gaps += 1
         error = SequenceError(expected=expected, found=seq, type=type_)
         log.warning("session %s: gap at partition %d offset %d: %s; not folded past",
@@ -146,85 +188,58 @@ class SessionFolder:
         await self.send(Outgoing.of(dead_letter(record, error)))
 
     async def _apply(self, record: InboxRecord, session_id: str, event: Event) -> None:
+        state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
         try:
-            plan = self._plan(session_id, event)
+            plan = _plan(state, event)
         except EventError as exc:
             # The fold cannot go on correctly: the session stops here (later seqs are gaps).
             self.counters.invalid_events += 1
             await self._dead_letter(record, exc)
             return
-        await self._commit_surface(session_id, event, plan)
-        await self._commit_usage(session_id, plan)
-        await self._commit_fleet(session_id, plan, record.partition)
-        self.tables.cursor[session_id] = event.seq + 1
+        await self._publish(session_id, state, plan)
+        if plan.changes:
+            self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
+                                                              "message": plan.message}
+        state.next_seq, state.partition = event.seq + 1, record.partition
+        self.tables.sessions[session_id] = state.to_json()  # the one atomic state write
         self.counters.applied += 1
 
-    def _plan(self, session_id: str, event: Event) -> FoldPlan:
-        """Every fold's new state for ``event``, computed before anything is written."""
-        plan = FoldPlan(event)
-        if event.type in SURFACE_TYPES and event.surface_op is not None:
-            plan.message = projected_message(event)
-            plan.surface = SurfaceSlots.from_json(self.tables.surface.get(session_id))
-            plan.changes = with_session(plan.surface.apply(event, plan.message), session_id)
-        if event.type in USAGE_TYPES:
-            plan.usage = SessionUsage.from_json(self.tables.usage.get(session_id))
-            plan.sample = plan.usage.apply(session_id, event)
-        raw = self.tables.fleet.get(session_id)
-        plan.fleet = FleetStatus.from_json(_status_fields(raw)) if raw else FleetStatus(session_id)
-        plan.fleet_changed = plan.fleet.apply(event)
-        return plan
-
-    async def _commit_surface(self, session_id: str, event: Event, plan: FoldPlan) -> None:
-        if plan.surface is None or not plan.changes:
-            return
-        self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
-                                                          "message": plan.message}
-        self.tables.surface[session_id] = plan.surface.to_json()
+    async def _publish(self, session_id: str, state: SessionState, plan: FoldPlan) -> None:
         for change in plan.changes:
             await self.send(Outgoing(self.topics.derived_messages, change.key.encode(),
                                      json_bytes(change.to_json())))
         self.counters.derived_changes += len(plan.changes)
-
-    async def _commit_usage(self, session_id: str, plan: FoldPlan) -> None:
-        if plan.usage is None:
-            return
-        self.tables.usage[session_id] = plan.usage.to_json()
-        if plan.sample is None:
-            return
-        self.counters.usage_samples += 1
-        await self.send(_usage_sample_record(self.usage_topic, plan.sample))
-        value = session_record(session_id, plan.usage.totals)
-        await self.send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
-                                 json_bytes(value)))
-
-    async def _commit_fleet(self, session_id: str, plan: FoldPlan, partition: int) -> None:
-        assert plan.fleet is not None
-        self.tables.fleet[session_id] = {**plan.fleet.to_json(), "partition": partition}
-        if plan.fleet_changed:
+        if plan.sample is not None:
+            self.counters.usage_samples += 1
+            await self.send(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
+                                     json_bytes(plan.sample.to_json())))
+            await self.send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
+                                     json_bytes(session_record(session_id,
+                                                               state.usage.totals))))
+        if plan.fleet_changed and state.fleet is not None:
             await self.send(Outgoing(self.topics.fleet, session_id.encode(),
-                                     json_bytes(plan.fleet.to_json())))
-
-
-USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
+                                     json_bytes(state.fleet.to_json())))
 
 
 @dataclass(slots=True)
 class FoldPlan:
-    """What one event does to each fold (None: that fold is untouched)."""
+    """What one event changed (the state itself is updated in place)."""
 
-    event: Event
     message: Any = None
-    surface: SurfaceSlots | None = None
     changes: list[MessageChange] = field(default_factory=list)
-    usage: SessionUsage | None = None
     sample: UsageSample | None = None
-    fleet: FleetStatus | None = None
     fleet_changed: bool = False
 
 
-def _status_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in raw.items() if k != "partition"}
-
-
-def _usage_sample_record(topic: str, sample: UsageSample) -> Outgoing:
-    return Outgoing(topic, sample.model_key.encode(), json_bytes(sample.to_json()))
+def _plan(state: SessionState, event: Event) -> FoldPlan:
+    """Fold ``event`` into ``state``; raises EventError before changing anything."""
+    plan = FoldPlan()
+    if event.type in SURFACE_TYPES and event.surface_op is not None:
+        plan.message = projected_message(event)
+        plan.changes = with_session(state.surface.apply(event, plan.message), state.session_id)
+    if event.type in USAGE_TYPES:
+        plan.sample = state.usage.apply(state.session_id, event)
+    fleet = state.fleet or FleetStatus(state.session_id)
+    plan.fleet_changed = fleet.apply(event)
+    state.fleet = fleet
+    return plan

@@ -25,6 +25,7 @@ class ProcessorsOptions:
     grace_ms: int = 5_000
     tick_interval_s: float = 1.0
     active_within_ms: int = 60_000
+    session_timeout_s: float = 10.0
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"
 
@@ -35,6 +36,9 @@ class ProcessorsOptions:
             raise ConfigError(f"usage window grace must be >= 0 ms, got {self.grace_ms}")
         if self.tick_interval_s <= 0:
             raise ConfigError(f"tick interval must be > 0 s, got {self.tick_interval_s}")
+        if self.session_timeout_s < 6:
+            raise ConfigError(f"consumer session timeout must be >= 6 s (the broker's "
+                              f"group.min.session.timeout.ms), got {self.session_timeout_s}")
         if not self.store.startswith(("memory://", "rocksdb://")):
             raise ConfigError(f"table store must be memory:// or rocksdb://, got {self.store!r}")
 

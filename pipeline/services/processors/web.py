@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from faust.web import View
 
-from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import surface_seqs_at
-from pipeline.core.usage import SessionUsage, TokenCounts, model_record, session_record
+from pipeline.core.usage import session_record
+from pipeline.services.processors.folding import SessionState, next_expected
 
 if TYPE_CHECKING:
     from pipeline.services.processors.app import Processors
@@ -30,21 +30,18 @@ def session_messages(processors: Processors, session_id: str, at_seq: int | None
                      ) -> dict[str, Any] | None:
     """The derived messages of a session from the tables (None: session unknown here)."""
     tables = processors.tables
-    next_seq = tables.cursor.get(session_id)
-    if next_seq is None:
+    if tables.sessions.get(session_id) is None and tables.chunks.get(session_id) is None:
         return None
-    surface = tables.surface.get(session_id) or {"nodes": [], "ops": []}
-    if at_seq is None:
-        seqs = [seq for _slot, seq in surface["nodes"]]
-    else:
-        seqs = surface_seqs_at(surface["ops"], at_seq)
+    state = SessionState.from_json(session_id, tables.sessions.get(session_id))
+    next_seq = next_expected(tables, session_id)
+    seqs = state.surface.seqs() if at_seq is None else surface_seqs_at(state.surface.ops, at_seq)
     messages = []
     for seq in seqs:
         node = tables.nodes.get(f"{session_id}/{seq}")
         if node is not None and node.get("message") is not None:
             messages.append(node["message"])
-    return {"session": session_id, "nextSeq": int(next_seq),
-            "atSeq": next_seq - 1 if at_seq is None else min(at_seq, int(next_seq) - 1),
+    return {"session": session_id, "nextSeq": next_seq,
+            "atSeq": next_seq - 1 if at_seq is None else min(at_seq, next_seq - 1),
             "messages": messages}
 
 
@@ -75,21 +72,21 @@ def register_views(processors: Processors) -> None:
         return view.json(body)
 
     async def fleet_session(view: Any, request: Any, session_id: str) -> Any:
-        raw = tables.fleet.get(session_id)
+        raw = tables.sessions.get(session_id)
         if raw is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
-        status = FleetStatus.from_json({k: v for k, v in raw.items() if k != "partition"})
-        return view.json(status.to_json())
+        return view.json(SessionState.from_json(session_id, raw).to_json()["fleet"])
 
     async def usage_session(view: Any, request: Any, session_id: str) -> Any:
-        raw = tables.usage.get(session_id)
+        raw = tables.sessions.get(session_id)
         if raw is None:
-            return view.error(404, f"no usage for session {session_id[:200]!r}")
-        return view.json(session_record(session_id, SessionUsage.from_json(raw).totals))
+            return view.error(404, f"session {session_id[:200]!r} is unknown")
+        totals = SessionState.from_json(session_id, raw).usage.totals
+        return view.json(session_record(session_id, totals))
 
-    _routed(processors, "/sessions/{session_id}/messages", tables.surface, messages)
-    _routed(processors, "/fleet/sessions/{session_id}", tables.fleet, fleet_session)
-    _routed(processors, "/usage/sessions/{session_id}", tables.usage, usage_session)
+    _routed(processors, "/sessions/{session_id}/messages", tables.sessions, messages)
+    _routed(processors, "/fleet/sessions/{session_id}", tables.sessions, fleet_session)
+    _routed(processors, "/usage/sessions/{session_id}", tables.sessions, usage_session)
     _register_worker_views(processors)
 
 
@@ -113,14 +110,8 @@ def _register_worker_views(processors: Processors) -> None:
         return web.json({"counters": processors.fleet_summary(), "sessions": sessions})
 
     async def usage_models(web: Any, request: Any) -> Any:
-        owned = processors.active_partitions(processors.options.usage_topic(
-            processors.settings))
-        models = []
-        for key, raw in list(processors.usage_agg.items()):
-            if key.startswith("model/") and raw and raw.get("partition") in owned:
-                provider, _sep, model = key[len("model/"):].partition("/")
-                models.append(model_record(provider, model, TokenCounts.from_json(raw)))
-        return web.json({"models": models})
+        aggregator = processors.aggregator
+        return web.json({"models": aggregator.model_records() if aggregator else []})
 
     async def health(web: Any, request: Any) -> Any:
         return web.json({"recovery": processors.recovery(),

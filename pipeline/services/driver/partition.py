@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -250,6 +250,8 @@ class OwnedPartition:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a runner bug must not stop the other sessions
+            if self.sink.failure is not None:
+                return  # the partition is being given up: the next owner carries on
             slot.failure = f"its runner failed: {type(exc).__name__}: {exc}"
             log.exception("session %s in partition %d failed", slot.session_id, self.partition)
             self.ctx.metrics.session_failures += 1
@@ -305,15 +307,23 @@ class OwnedPartition:
             await task
 
 
-async def build_partition(ctx: PartitionContext, partition: int, committed: int,
-                          metadata: str = "") -> OwnedPartition:
-    """Fence, rebuild every session of ``partition`` from the session topic, repair, resume."""
+CommittedReader = Callable[[], Awaitable[tuple[int | None, str]]]
+
+
+async def build_partition(ctx: PartitionContext, partition: int,
+                          read_committed: CommittedReader) -> OwnedPartition:
+    """Fence, rebuild every session of ``partition`` from the session topic, repair, resume.
+
+    The committed inbox offset (and its metadata) is read after fencing: before it, the
+    previous owner could still commit a transaction that moves it.
+    """
     producer = PartitionProducer(ctx.settings, group_id=ctx.group_id, partition=partition)
     await producer.start()
     try:
+        committed, metadata = await read_committed()
         contents = await read_session_partition(ctx.settings, ctx.settings.topics.session_events,
                                                 partition, ctx.decode_event)
-        owned = OwnedPartition(ctx, partition, producer, committed, metadata)
+        owned = OwnedPartition(ctx, partition, producer, committed or 0, metadata)
         for offset, reason in contents.undecodable:
             log.error("session topic partition %d offset %d is undecodable: %s", partition,
                       offset, reason)
@@ -335,7 +345,15 @@ async def _recover_sessions(owned: OwnedPartition) -> None:
         if slot.runner is None:
             continue
         before = slot.log.next_seq
-        await slot.runner.recover()
+        try:
+            await slot.runner.recover()
+        except DshError:
+            raise  # the sink failed: the whole partition is retried
+        except Exception as exc:  # a runner bug must not block the other sessions
+            slot.failure = f"its crash repair failed: {type(exc).__name__}: {exc}"
+            log.exception("session %s: crash repair failed", slot.session_id)
+            owned.ctx.metrics.session_failures += 1
+            continue
         if slot.log.next_seq != before:
             owned.ctx.metrics.turns_repaired += 1
         owned.drive(slot)  # continue work the rebuilt inbox lists still hold

@@ -145,10 +145,11 @@ class DriverService:
         assert self._consumer is not None
         if delay_s:
             await asyncio.sleep(delay_s)
-        committed, metadata = await self._consumer.committed(partition)
-        owned = await build_partition(self.ctx, partition, committed or 0, metadata)
+        consumer = self._consumer
+        owned = await build_partition(self.ctx, partition,
+                                      lambda: consumer.committed(partition))
         # Fetch from the committed offset: records fetched while building were dropped.
-        await self._consumer.seek(partition, committed or 0)
+        await consumer.seek(partition, owned.sink.offsets.committed)
         return owned
 
     async def _collect_builds(self) -> None:

@@ -77,6 +77,9 @@ def main() -> None:
                         ("confluent", EventSerde(schema_id=1))):
         rate = best_rate(mix, serde, args.rounds)
         print(f"EventSerde {name:13s} encode+decode: {rate:,.0f} events/s")
+    chunks = [(s, e) for s, e in mix if e.type == "assistant/chunk"]
+    rate = best_rate(chunks, EventSerde(), args.rounds)
+    print(f"EventSerde single-object, assistant/chunk only: {rate:,.0f} events/s")
     reference = fastavro_rate(mix, EventSerde(), max(3, args.rounds // 5))
     print(f"fastavro schemaless writer+reader (records only, reference): "
           f"{reference:,.0f} events/s")

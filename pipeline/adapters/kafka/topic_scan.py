@@ -1,0 +1,222 @@
+"""Whole-topic reads and bulk writes for replay, check, import and the shipper.
+
+- :class:`TopicScan` reads every partition of a topic from the beginning up to the end offsets
+  taken when it starts (read committed: the last stable offsets), in batches of
+  :class:`~pipeline.adapters.kafka.records.InboxRecord`; ``total`` is known up front, so callers
+  can show progress and an ETA.
+- :func:`last_seqs` is the shipper's checkpoint: the highest ``dsh.seq`` per session key,
+  from headers only (nothing is decoded).
+- :func:`ensure_topic` creates one topic (e.g. a versioned projection) if it is missing.
+- :class:`BulkProducer` sends many records fast (idempotent, acks=all, batched), for
+  rebuilding a projection; it is not transactional.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.records import Headers, InboxRecord, headers_of
+from pipeline.codec.records import read_headers
+from pipeline.core.errors import BrokerError, CodecError
+from pipeline.settings import Settings
+
+ADMIN_TIMEOUT_MS: Final = 30_000
+_IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+
+
+class TopicScan:
+    """Every committed record of ``topic`` up to the end offsets seen at :meth:`start`."""
+
+    def __init__(self, settings: Settings, topic: str, *, batch: int = 5000) -> None:
+        self.topic = topic
+        self._settings = settings
+        self._batch = batch
+        self._consumer: AIOKafkaConsumer | None = None
+        self._ends: dict[TopicPartition, int] = {}
+        self.total = 0
+        self.exists = True
+
+    async def __aenter__(self) -> TopicScan:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
+                                    auto_offset_reset="earliest",
+                                    **client_options(self._settings))
+        self._consumer = consumer
+        with broker_errors(f"scan {self.topic!r}"):
+            await consumer.start()
+            cluster = await consumer._client.fetch_all_metadata()  # see partitions_of
+            ids = cluster.partitions_for_topic(self.topic)
+            if not ids:
+                self.exists = False
+                return
+            parts = [TopicPartition(self.topic, p) for p in sorted(ids)]
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            starts = await consumer.beginning_offsets(parts)
+            self._ends = await consumer.end_offsets(parts)
+        self.total = sum(self._ends[tp] - starts[tp] for tp in parts)
+        self._ends = {tp: end for tp, end in self._ends.items() if end > starts[tp]}
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+    async def batches(self) -> AsyncIterator[list[InboxRecord]]:
+        """Batches of records, each partition in offset order, until every end is reached."""
+        consumer = self._consumer
+        if consumer is None:
+            raise BrokerError("TopicScan used before start()")
+        remaining = dict(self._ends)
+        while remaining:
+            with broker_errors(f"scan {self.topic!r}"):
+                for tp in list(remaining):  # markers can put the position past the last record
+                    if await consumer.position(tp) >= remaining[tp]:
+                        del remaining[tp]
+                if not remaining:
+                    return
+                fetched = await consumer.getmany(*remaining, timeout_ms=500,
+                                                 max_records=self._batch)
+            out: list[InboxRecord] = []
+            for tp, raws in fetched.items():
+                end = remaining.get(tp)
+                out.extend(_record(raw) for raw in raws if end is not None and raw.offset < end)
+            if out:
+                yield out
+
+
+def _record(raw: Any) -> InboxRecord:
+    return InboxRecord(topic=raw.topic, partition=raw.partition, offset=raw.offset,
+                       key=raw.key, value=raw.value, headers=headers_of(raw.headers),
+                       timestamp_ms=raw.timestamp)
+
+
+async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:
+    """Session id -> the highest seq on ``topic`` (from the ``dsh.seq`` headers only).
+
+    A record without a readable key or seq header is a :class:`CodecError`: the checkpoint
+    would otherwise be silently wrong.
+    """
+    found: dict[str, int] = {}
+    async with TopicScan(settings, topic) as scan:
+        async for batch in scan.batches():
+            for record in batch:
+                seq = read_headers(record.headers).seq
+                if record.key is None or seq is None:
+                    raise CodecError(f"{topic}[{record.partition}]@{record.offset}: a session "
+                                     "event without a key or a dsh.seq header")
+                session_id = record.key.decode("utf-8", "replace")
+                if seq > found.get(session_id, -1):
+                    found[session_id] = seq
+    return found
+
+
+async def topic_exists(settings: Settings, topic: str) -> bool:
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
+    with broker_errors(f"connect to {settings.bootstrap_servers}"):
+        await admin.start()
+    try:
+        with broker_errors("list topics"):
+            return topic in set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool:
+    """Create ``topic`` (settings' partitions and replication) unless it exists.
+
+    Returns True when this call created it. A compacted topic is for derived outputs and
+    control records; anything else is kept forever (``retention.ms=-1``).
+    """
+    configs = ({"cleanup.policy": "compact"} if compact else
+               {"cleanup.policy": "delete", "retention.ms": "-1"})
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
+    with broker_errors(f"connect to {settings.bootstrap_servers}"):
+        await admin.start()
+    try:
+        with broker_errors(f"create topic {topic!r}"):
+            if topic in set(await admin.list_topics()):
+                return False
+            response = await admin.create_topics(
+                [NewTopic(topic, settings.partitions, settings.replication_factor,
+                          topic_configs=configs)], timeout_ms=ADMIN_TIMEOUT_MS)
+        for _name, code, message in (tuple(e)[:3] for e in response.topic_errors):
+            if code != 0 and for_code(code) is not TopicAlreadyExistsError:
+                raise BrokerError(f"create topic {topic!r}: {for_code(code).__name__}"
+                                  + (f": {message}" if message else ""))
+        await _wait_visible(admin, topic)
+        return True
+    finally:
+        await admin.close()
+
+
+async def _wait_visible(admin: AIOKafkaAdminClient, topic: str) -> None:
+    for _ in range(100):  # metadata lags the controller for a moment after creation
+        with broker_errors(f"describe topic {topic!r}"):
+            described = await admin.describe_topics([topic])
+        if described and described[0]["error_code"] == 0 and described[0]["partitions"]:
+            return
+        await asyncio.sleep(0.1)
+    raise BrokerError(f"topic {topic!r} was created but does not show in the metadata")
+
+
+class BulkProducer:
+    """Idempotent, batched sends (acks=all) with bounded records in flight."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self._futures: list[Any] = []
+        self.sent = 0
+
+    async def __aenter__(self) -> BulkProducer:
+        producer = AIOKafkaProducer(**client_options(self._settings), enable_idempotence=True,
+                                    acks="all", linger_ms=20, max_batch_size=512 * 1024)
+        with broker_errors(f"connect to {self._settings.bootstrap_servers}"):
+            await producer.start()
+        self._producer = producer
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        producer, self._producer = self._producer, None
+        try:
+            if exc is None:
+                await self.flush()
+        finally:
+            if producer is not None:
+                await producer.stop()
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None,
+                   headers: Headers = ()) -> None:
+        """Queue one record (``value`` None: a tombstone); waits when too many are in flight."""
+        producer = self._producer
+        if producer is None:
+            raise BrokerError("BulkProducer used outside `async with`")
+        with broker_errors(f"send to {topic!r}"):
+            self._futures.append(await producer.send(topic, value, key=key,
+                                                     headers=list(headers) or None))
+        if len(self._futures) >= _IN_FLIGHT:
+            await self.flush()
+
+    async def flush(self) -> None:
+        futures, self._futures = self._futures, []
+        if futures:
+            with broker_errors("acknowledge sent records"):
+                await asyncio.gather(*futures)
+            self.sent += len(futures)

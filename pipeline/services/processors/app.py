@@ -72,12 +72,15 @@ class Processors:
         return [FleetStatus.from_json(raw["fleet"]) for raw in list(self.tables.sessions.values())
                 if raw and raw.get("partition") in owned]
 
+    def observe_steps(self, now_ms: int) -> None:
+        """Feed the steps/s rate (called by the tick timer, once a tick)."""
+        started = self.counters.steps_started
+        self.step_rate.observe(now_ms, started - self.steps_seen)
+        self.steps_seen = started
+
     def fleet_summary(self) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)
         statuses = self.local_fleet()
-        total_steps = sum(s.steps for s in statuses)
-        self.step_rate.observe(now_ms, max(0, total_steps - self.steps_seen))
-        self.steps_seen = total_steps
         counters = fleet_counters(statuses, now_ms=now_ms,
                                   active_within_ms=self.options.active_within_ms,
                                   steps_per_second=self.step_rate.per_second())
@@ -198,6 +201,7 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
         # Windows close on wall-clock time even when no event arrives: the tick goes through
         # the stream so the close is folded (and its table writes land) like any record.
         now_ms = int(time.time() * 1000)
+        processors.observe_steps(now_ms)
         for partition in sorted(processors.active_partitions(name)):
             await send(Outgoing(name, b"tick", tick_value(now_ms), (), partition))
 

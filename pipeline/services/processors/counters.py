@@ -21,6 +21,7 @@ class DeliveryCounters:
     late_window_samples: int = 0
     windows_closed: int = 0
     derived_changes: int = 0
+    steps_started: int = 0
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)

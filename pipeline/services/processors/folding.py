@@ -203,6 +203,7 @@ class SessionFolder:
         state.next_seq, state.partition = event.seq + 1, record.partition
         self.tables.sessions[session_id] = state.to_json()  # the one atomic state write
         self.counters.applied += 1
+        self.counters.steps_started += event.type == "step/start"
 
     async def _publish(self, session_id: str, state: SessionState, plan: FoldPlan) -> None:
         for change in plan.changes:

@@ -1,0 +1,226 @@
+"""The processors' record handling without a broker: tables are dicts, sends are collected.
+
+Covers delivery (duplicates, gaps, chunks skipped undecoded, dead letters, invalid events),
+crash consistency (replaying any suffix of the input changes nothing) and the per-model stage
+(dedup by seq, rebuilt sums equal incremental sums, windows closed by ticks).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from processors_support import generated_sessions
+
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.records import event_headers, record_key
+from pipeline.core.events import Event, Replace
+from pipeline.core.log import derive_messages
+from pipeline.core.usage import TokenCounts, UsageSample, UsageScan
+from pipeline.services.processors.aggregation import UsageAggregator
+from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.folding import (
+    Outgoing,
+    SessionFolder,
+    SessionState,
+    SessionTables,
+)
+from pipeline.settings import TopicNames
+
+TOPICS = TopicNames("t.")
+SERDE = EventSerde()
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.tables = SessionTables({}, {}, {})
+        self.sent: list[Outgoing] = []
+        self.counters = DeliveryCounters()
+        self.folder = SessionFolder(self.tables, self._send, SERDE.decode, TOPICS, "t.by-model",
+                                    self.counters)
+        self.offset = 0
+
+    async def _send(self, out: Outgoing) -> None:
+        self.sent.append(out)
+
+    def record(self, session_id: str, event: Event) -> InboxRecord:
+        self.offset += 1
+        return InboxRecord(TOPICS.session_events, 0, self.offset, record_key(session_id),
+                           SERDE.encode(session_id, event), tuple(event_headers(event)))
+
+    async def feed(self, records: list[InboxRecord]) -> None:
+        for record in records:
+            await self.folder.handle(record)
+
+    def messages(self, session_id: str) -> list[Any]:
+        state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
+        return [self.tables.nodes[f"{session_id}/{seq}"]["message"]
+                for seq in state.surface.seqs()
+                if self.tables.nodes[f"{session_id}/{seq}"]["message"] is not None]
+
+    def sent_to(self, topic: str) -> list[Outgoing]:
+        return [o for o in self.sent if o.topic == topic]
+
+
+def sessions(seed: int = 1, count: int = 3) -> dict[str, list[Event]]:
+    return generated_sessions(seed, count, "p", ["a", "b"], 1_800_000_000_000)
+
+
+async def test_tables_equal_core_and_chunks_are_never_decoded() -> None:
+    harness = Harness()
+    logs = sessions()
+    decoded: list[bytes] = []
+    decode = harness.folder.decode
+    harness.folder.decode = lambda data: (decoded.append(data), decode(data))[1]
+    for sid, events in logs.items():
+        await harness.feed([harness.record(sid, e) for e in events])
+    for sid, events in logs.items():
+        assert harness.messages(sid) == list(derive_messages(events))
+    chunks = sum(1 for events in logs.values() for e in events if e.type == "assistant/chunk")
+    assert harness.counters.chunks_skipped_undecoded == chunks
+    assert len(decoded) == sum(len(e) for e in logs.values()) - chunks
+
+
+async def test_replaying_any_suffix_changes_nothing() -> None:
+    """At-least-once: after a crash, records from the last committed offset come again."""
+    harness = Harness()
+    (sid, events), = sessions(4, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.feed(records)
+    state, nodes = json.dumps(harness.tables.sessions), json.dumps(harness.tables.nodes)
+    start = random.Random(0).randrange(len(records))
+    await harness.feed(records[start:])
+    assert json.dumps(harness.tables.sessions) == state
+    assert json.dumps(harness.tables.nodes) == nodes
+    assert harness.counters.duplicates == len(records) - start
+
+
+async def test_gap_is_dead_lettered_with_its_reason_and_never_folded_past() -> None:
+    harness = Harness()
+    (sid, events), = sessions(5, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.feed(records[:5] + records[6:])
+    assert harness.messages(sid) == list(derive_messages(events[:5]))
+    letters = harness.sent_to(TOPICS.dlq(TOPICS.session_events))
+    assert len(letters) == harness.counters.gaps == len(records) - 6
+    headers = dict(letters[0].headers)
+    assert headers["dsh.error.class"] == b"SequenceError"
+    assert b"expected seq 5, found 6 (gap)" in headers["dsh.error.message"]
+    assert letters[0].value == records[6].value and letters[0].key == records[6].key
+    # The missing record arrives late: folding resumes from it.
+    await harness.feed([records[5], *records[6:]])
+    assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_undecodable_record_is_dead_lettered_and_processing_goes_on() -> None:
+    harness = Harness()
+    (sid, events), = sessions(6, 1).items()
+    garbage = InboxRecord(TOPICS.session_events, 2, 77, b"s", b"\xc3\x01 not avro", ())
+    await harness.feed([garbage, *[harness.record(sid, e) for e in events]])
+    (letter,) = harness.sent_to(TOPICS.dlq(TOPICS.session_events))
+    headers = dict(letter.headers)
+    assert headers["dsh.error.class"] == b"SchemaError"  # a CodecError: unknown fingerprint
+    assert (headers["dsh.original.partition"], headers["dsh.original.offset"]) == (b"2", b"77")
+    assert letter.value == garbage.value
+    assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_an_invalid_replace_is_dead_lettered_and_the_session_stops_there() -> None:
+    harness = Harness()
+    msg = {"id": "u", "role": "user", "content": [{"type": "text", "text": "x"}]}
+    good = Event("user/message", 0, 0, msg, "append")
+    bad = Event("user/message", 1, 0, msg, Replace(7, 7), (0,))
+    after = Event("user/message", 2, 0, msg, "append")
+    await harness.feed([harness.record("s", e) for e in (good, bad, after)])
+    assert harness.counters.invalid_events == 1 and harness.counters.gaps == 1
+    assert harness.messages("s") == [msg]
+    classes = [dict(o.headers)["dsh.error.class"]
+               for o in harness.sent_to(TOPICS.dlq(TOPICS.session_events))]
+    assert classes == [b"EventError", b"SequenceError"]
+
+
+async def test_published_changes_cost_the_size_of_the_change() -> None:
+    harness = Harness()
+    (sid, events), = sessions(8, 1).items()
+    for event in events:
+        before = len(harness.sent_to(TOPICS.derived_messages))
+        await harness.feed([harness.record(sid, event)])
+        published = len(harness.sent_to(TOPICS.derived_messages)) - before
+        if event.surface_op is None:
+            assert published == 0
+        elif isinstance(event.surface_op, Replace):
+            assert published == len(event.source_event_seqs or ())  # 1 record + tombstones
+        else:
+            assert published == 1
+
+
+class AggHarness:
+    def __init__(self, table: dict[str, Any] | None = None) -> None:
+        self.table: dict[str, Any] = table if table is not None else {}
+        self.sent: list[Outgoing] = []
+        self.counters = DeliveryCounters()
+        self.agg = UsageAggregator(self.table, self._send, "t.usage", self.counters,
+                                   lambda: [0, 1], grace_ms=100, sizes={"s": 1000})
+
+    async def _send(self, out: Outgoing) -> None:
+        self.sent.append(out)
+
+    def published(self) -> dict[str, Any]:
+        return {o.key.decode(): json.loads(o.value) for o in self.sent if o.key and o.value}
+
+
+def sample(session: str, seq: int, time: int, tokens: int, model: str = "m") -> dict[str, Any]:
+    return UsageSample(session, seq, time, "p", model, TokenCounts(tokens, 1, 0, 0, 0, 1)
+                       ).to_json()
+
+
+async def test_usage_stage_dedups_by_seq_and_rebuilds_the_same_sums() -> None:
+    harness = AggHarness()
+    await harness.agg.handle(0, sample("a", 3, 100, 10))
+    await harness.agg.handle(0, sample("a", 3, 100, 10))   # redelivered
+    await harness.agg.handle(0, sample("b", 1, 200, 5))
+    await harness.agg.handle(1, sample("c", 1, 300, 7, model="n"))
+    assert harness.counters.usage_duplicates == 1
+    totals = {r["gen_ai.request.model"]: r["dsh.usage.input_tokens"]
+              for r in harness.agg.model_records()}
+    assert totals == {"m": 15, "n": 7}
+    # A new worker (or a restart) rebuilds the same sums from the table alone.
+    again = AggHarness(harness.table)
+    assert again.agg.model_records() == harness.agg.model_records()
+
+
+async def test_usage_windows_close_on_ticks_and_late_samples_only_reach_totals() -> None:
+    harness = AggHarness()
+    await harness.agg.handle(0, sample("a", 1, 100, 10))
+    await harness.agg.handle(0, {"tick": 1050})              # before end 1000 + grace 100
+    await harness.agg.handle(0, sample("a", 2, 900, 1))      # late but within grace
+    await harness.agg.handle(0, {"tick": 1100})
+    window = harness.published()["window/s/0/p/m"]
+    assert window["closed"] is True and window["dsh.usage.input_tokens"] == 11
+    await harness.agg.handle(0, sample("a", 3, 950, 100))    # after the close
+    assert harness.counters.late_window_samples == 1
+    assert harness.published()["window/s/0/p/m"]["dsh.usage.input_tokens"] == 11
+    assert harness.published()["model/p/m"]["dsh.usage.input_tokens"] == 111
+    # A rebuild after the close does not reopen the window.
+    assert AggHarness(harness.table).agg.current_sums().windows == {}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_session_and_model_totals_equal_a_full_scan(seed: int) -> None:
+    harness, agg = Harness(), AggHarness()
+    logs = sessions(seed, 6)
+    for sid, events in logs.items():
+        await harness.feed([harness.record(sid, e) for e in events])
+    for out in harness.sent_to("t.by-model"):
+        await agg.agg.handle(0, json.loads(out.value or b""))
+    scan = UsageScan()
+    for sid, events in logs.items():
+        scan.add_log(sid, events)
+        state = SessionState.from_json(sid, harness.tables.sessions[sid])
+        assert state.usage.totals == scan.by_session[sid]
+    found = {f"p/{r['gen_ai.request.model']}": r["dsh.usage.input_tokens"]
+             for r in agg.agg.model_records()}
+    assert found == {k: v.input_tokens for k, v in scan.by_model.items()}

@@ -18,6 +18,7 @@ import pytest
 from pipeline.adapters.registry.client import (
     RegistryClient,
     event_serde_for_topic,
+    event_serde_for_topic_async,
     register_event_schema,
     value_subject,
 )
@@ -102,6 +103,12 @@ def test_confluent_framing_round_trip_with_registry_ids(client: RegistryClient) 
             session_id, decoded = reader.decode(data)
             assert session_id == "session-9"
             assert json.dumps(decoded.to_json()) == json.dumps(event.to_json())
+
+
+async def test_registration_from_an_event_loop(client: RegistryClient) -> None:
+    topic = f"t{uuid.uuid4().hex[:10]}.session-events"
+    serde = await event_serde_for_topic_async(client, topic)
+    assert serde.schema_id == client.latest(value_subject(topic))[0]
 
 
 def test_unknown_id_and_bad_schema_are_clear_errors(client: RegistryClient) -> None:

@@ -17,6 +17,7 @@ by default), schema ids from the registry's own id space (never assumed).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import TracebackType
 from typing import Any, Final
@@ -223,3 +224,8 @@ def event_serde_for_topic(client: RegistryClient, topic: str) -> EventSerde:
     schema, and reading any id through the registry (once per id)."""
     schema_id = register_event_schema(client, topic)
     return EventSerde(SchemaTable(client.get_schema), schema_id=schema_id)
+
+
+async def event_serde_for_topic_async(client: RegistryClient, topic: str) -> EventSerde:
+    """:func:`event_serde_for_topic` off the event loop (registration blocks on HTTP)."""
+    return await asyncio.to_thread(event_serde_for_topic, client, topic)

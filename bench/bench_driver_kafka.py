@@ -141,7 +141,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--linger-ms", type=float, default=25.0)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    parser.add_argument("--warmup", type=int, default=20, help="sessions of a first, unmeasured run")
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="sessions of a first, unmeasured run")
     args = parser.parse_args()
     with broker(args.bootstrap) as bootstrap:
         if args.warmup:  # a fresh broker creates its offsets/transaction topics on first use

@@ -1,4 +1,4 @@
-"""Kafka adapters (aiokafka): the only place besides the other adapters that talks to brokers.
+"""Kafka adapters: everything that talks to brokers through aiokafka.
 
 - :mod:`.options`: ``client_options(settings)`` for every aiokafka client (bootstrap, SASL,
   TLS) and ``broker_errors``/``kafka_error``, which translate aiokafka errors to BrokerError.

@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_processors",
     "pipeline.cli.cmd_avro",
+    "pipeline.cli.cmd_fanout",
 )
 
 

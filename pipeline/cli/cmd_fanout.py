@@ -1,0 +1,216 @@
+"""Fan-out and replay commands: ``tail``, ``export``, ``import``, ``ship``, ``replay``, ``check``.
+
+- ``tail [SESSION] [--from-beginning]``: a live readable view of the session topic;
+- ``export SESSION -o FILE``: the session as a dsh file (header + events, packed rows);
+- ``import FILE...``: idempotent, transactional per file; a conflicting file is refused;
+- ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
+- ``replay``: rebuild derived-messages into a new version, verify, switch readers to it;
+  ``replay --session ID [--jsonl|--transcript]`` prints one session from the topic;
+- ``check [SESSION...]``: fsck of the session topic, JSON summary, exit 1 on any problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.event_stream import EventStream, Start
+from pipeline.codec.avro import EventSerde
+from pipeline.core.errors import ConfigError
+from pipeline.services.processors.verify import verify_processors
+from pipeline.services.replay.check import CheckSummary, check_topic
+from pipeline.services.replay.rebuild import replay_projection
+from pipeline.services.replay.render import Renderer, transcript
+from pipeline.services.replay.ship import Shipper
+from pipeline.services.replay.transfer import Importer, export_session, read_session
+from pipeline.settings import Settings
+
+_MAX_LISTED = 200  # differences printed one per line; the rest counted
+
+
+def register(subparsers: Any) -> None:
+    tail = subparsers.add_parser("tail", help="live readable view of session events")
+    tail.add_argument("session", nargs="?", help="only this session (default: all)")
+    tail.add_argument("--from-beginning", action="store_true",
+                      help="start at the beginning of the topic instead of its end")
+    tail.set_defaults(func=run_tail)
+
+    export = subparsers.add_parser("export", help="write a session as a dsh JSONL file")
+    export.add_argument("session")
+    export.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="file to write (.jsonl, or .jsonl.zstd for zstd)")
+    export.add_argument("--unpacked", action="store_true",
+                        help="one line per chunk event instead of dsh's packed rows")
+    export.set_defaults(func=run_export)
+
+    imp = subparsers.add_parser("import", help="publish dsh session files (idempotent)")
+    imp.add_argument("files", nargs="+", metavar="FILE")
+    imp.add_argument("--session-id", help="session id to use (one file only; default: the "
+                                          "header's id)")
+    imp.set_defaults(func=run_import)
+
+    ship = subparsers.add_parser("ship", help="follow a directory of dsh session files")
+    ship.add_argument("directory", metavar="DIR")
+    ship.add_argument("--follow", action="store_true", help="keep following (Ctrl-C stops)")
+    ship.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    ship.add_argument("--batch", type=int, default=5000, help="events per transaction")
+    ship.set_defaults(func=run_ship)
+
+    _register_replay_and_check(subparsers)
+
+
+def _register_replay_and_check(subparsers: Any) -> None:
+    replay = subparsers.add_parser(
+        "replay", help="rebuild derived messages into a new version (or print one session)")
+    replay.add_argument("--session", metavar="ID", help="print this session instead")
+    form = replay.add_mutually_exclusive_group()
+    form.add_argument("--jsonl", action="store_true", help="print the session as dsh JSONL")
+    form.add_argument("--transcript", action="store_true",
+                      help="print a readable transcript (the default with --session)")
+    replay.add_argument("--force", action="store_true",
+                        help="switch readers to the new version even if it differs")
+    replay.set_defaults(func=run_replay)
+
+    check = subparsers.add_parser("check", help="fsck of the session topic (JSON summary)")
+    check.add_argument("sessions", nargs="*", metavar="SESSION")
+    check.add_argument("--open-turn-max-age", default="1h", type=parse_duration_ms,
+                       help="an open turn older than this is a problem (e.g. 90s, 30m, 1h)")
+    check.add_argument("--processors", metavar="URL",
+                       help="also compare a processors worker's derived tables with the log")
+    check.set_defaults(func=run_check)
+
+
+def parse_duration_ms(text: str) -> int:
+    """``90s``, ``30m``, ``1h``, ``2d`` or plain seconds -> milliseconds."""
+    units = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    for unit in ("ms", "s", "m", "h", "d"):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return int(float(text[: -len(unit)]) * units[unit])
+    if text.replace(".", "", 1).isdigit():
+        return int(float(text) * 1000)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m or 1h")
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_tail(args: argparse.Namespace, settings: Settings) -> int:
+    return asyncio.run(_tail(settings, args.session, args.from_beginning))
+
+
+async def _tail(settings: Settings, session: str | None, from_beginning: bool) -> int:
+    serde = EventSerde()
+    renderer = Renderer(colour=sys.stdout.isatty(), show_session=session is None)
+    start = Start.BEGINNING if from_beginning else Start.END
+    async with EventStream(settings, decode=serde.decode, start=start) as stream:
+        async for record in stream:
+            if session is None or record.session_id == session:
+                sys.stdout.write(renderer.feed(record.session_id, record.event))
+                sys.stdout.flush()
+    return 0
+
+
+def run_export(args: argparse.Namespace, settings: Settings) -> int:
+    count = asyncio.run(export_session(settings, args.session, args.output,
+                                       EventSerde().decode, packed=not args.unpacked))
+    _progress(f"exported session {args.session}: {count} events to {args.output}")
+    return 0
+
+
+def run_import(args: argparse.Namespace, settings: Settings) -> int:
+    if args.session_id and len(args.files) > 1:
+        raise ConfigError("--session-id names the session of one file; give one FILE")
+    return asyncio.run(_import(settings, args.files, args.session_id))
+
+
+async def _import(settings: Settings, files: list[str], session_id: str | None) -> int:
+    await ensure_topics(settings)
+    serde = EventSerde()
+    async with Importer(settings, serde.encode, serde.decode) as importer:
+        for path in files:
+            result = await importer.import_file(path, session_id=session_id)
+            print(json.dumps({"file": path, "session": result.session_id,
+                              "events": result.events, "published": result.published,
+                              "already_on_topic": result.already_on_topic}), flush=True)
+    return 0
+
+
+def run_ship(args: argparse.Namespace, settings: Settings) -> int:
+    return asyncio.run(_ship(settings, args))
+
+
+async def _ship(settings: Settings, args: argparse.Namespace) -> int:
+    await ensure_topics(settings)
+    async with Shipper(settings, args.directory, EventSerde().encode, batch=args.batch,
+                       progress=_progress) as shipper:
+        stats = await shipper.run(follow=args.follow, interval_s=args.interval)
+    print(json.dumps({"files": stats.files, "sessions": stats.sessions,
+                      "published": stats.published, "problems": len(stats.problems)}))
+    return 1 if stats.problems else 0
+
+
+def run_replay(args: argparse.Namespace, settings: Settings) -> int:
+    if args.session:
+        return asyncio.run(_print_session(settings, args.session, jsonl=args.jsonl))
+    if args.jsonl or args.transcript:
+        raise ConfigError("--jsonl and --transcript print one session: add --session ID")
+    return asyncio.run(_replay(settings, force=args.force))
+
+
+async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) -> int:
+    session = await read_session(settings, session_id, EventSerde().decode)
+    if not session.events:
+        raise ConfigError(f"session {session_id!r} has no events on "
+                          f"{settings.topics.session_events!r}")
+    lines = (line + "\n" for line in session.lines(session_id)) if jsonl else \
+        transcript(session_id, session.events)
+    for text in lines:
+        sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
+
+
+async def _replay(settings: Settings, *, force: bool) -> int:
+    outcome = await replay_projection(settings, EventSerde().decode, force=force,
+                                      progress=_progress)
+    result = outcome.result
+    for line in result.problems[:_MAX_LISTED]:
+        _progress(f"log problem: {line}")
+    for line in outcome.differences[:_MAX_LISTED]:
+        print(f"difference: {line}", flush=True)
+    if len(outcome.differences) > _MAX_LISTED:
+        print(f"... and {len(outcome.differences) - _MAX_LISTED} more differences")
+    rate = result.events / result.seconds if result.seconds else 0.0
+    print(json.dumps({"version": result.version, "topic": result.topic,
+                      "events": result.events, "events_per_s": round(rate),
+                      "sessions": len(result.conversations), "changes": result.changes,
+                      "compared_with": outcome.compared_with,
+                      "differences": len(outcome.differences),
+                      "log_problems": len(result.problems), "switched": outcome.switched}),
+          flush=True)
+    return 0 if outcome.switched else 1
+
+
+def run_check(args: argparse.Namespace, settings: Settings) -> int:
+    summary = asyncio.run(_check(settings, args))
+    print(json.dumps(summary.to_json(), ensure_ascii=False), flush=True)
+    return 0 if summary.ok else 1
+
+
+async def _check(settings: Settings, args: argparse.Namespace) -> CheckSummary:
+    summary = await check_topic(settings, EventSerde().decode, now_ms=int(time.time() * 1000),
+                                open_turn_max_age_ms=args.open_turn_max_age,
+                                sessions=args.sessions or None)
+    if args.processors:
+        logs = {sid: list(r.log.events) for sid, r in summary.reports.items()
+                if r.log is not None and r.ok}
+        report = await verify_processors(args.processors, logs, timeout_s=30.0)
+        summary.derived_mismatches = report.derived_mismatches
+        summary.extra_problems.extend(report.problems)
+    return summary

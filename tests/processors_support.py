@@ -114,8 +114,10 @@ class Worker:
 class SessionBuilder:
     """Builds a valid, realistic session log: turns, steps, chunks, tools, usage, replaces."""
 
-    def __init__(self, rng: Any, provider: str, model: str, now_ms: int) -> None:
+    def __init__(self, rng: Any, provider: str, model: str, now_ms: int,
+                 max_chunks: int = 12) -> None:
         self.rng = rng
+        self.max_chunks = max_chunks
         self.provider, self.model = provider, model
         self.time = now_ms
         self.events: list[Event] = []
@@ -153,7 +155,7 @@ class SessionBuilder:
                                     "reason": "initial" if step == 1 else "resume"})
         chunk_seqs = [self.add("assistant/chunk", {"turn": turn, "step": step, "chunk": {
             "type": "text-delta", "index": 0, "text": f"w{i} "}})
-            for i in range(self.rng.randint(0, 12))]
+            for i in range(self.rng.randint(0, self.max_chunks))]
         content: list[Any] = [{"type": "text", "text": "answer"}] if self.rng.random() < 0.9 else []
         call_id = f"call_{turn}_{step}"
         if with_tool:
@@ -187,13 +189,14 @@ class SessionBuilder:
 
 
 def generated_sessions(seed: int, count: int, provider: str, models: Sequence[str],
-                       now_ms: int) -> dict[str, list[Event]]:
+                       now_ms: int, max_chunks: int = 12) -> dict[str, list[Event]]:
     """``count`` sessions of 1-4 turns each, spread over ``models``."""
     import random
     rng = random.Random(seed)
     sessions: dict[str, list[Event]] = {}
     for index in range(count):
-        builder = SessionBuilder(rng, provider, models[index % len(models)], now_ms)
+        builder = SessionBuilder(rng, provider, models[index % len(models)], now_ms,
+                                 max_chunks)
         for turn in range(1, rng.randint(1, 4) + 1):
             builder.turn(turn)
         sessions[f"{provider}-s{index}"] = builder.events

@@ -36,7 +36,7 @@ SERDE = EventSerde()
 
 class Harness:
     def __init__(self) -> None:
-        self.tables = SessionTables({}, {}, {})
+        self.tables = SessionTables({}, {})
         self.sent: list[Outgoing] = []
         self.counters = DeliveryCounters()
         self.folder = SessionFolder(self.tables, self._send, SERDE.decode, TOPICS, "t.by-model",
@@ -96,6 +96,20 @@ async def test_replaying_any_suffix_changes_nothing() -> None:
     assert json.dumps(harness.tables.sessions) == state
     assert json.dumps(harness.tables.nodes) == nodes
     assert harness.counters.duplicates == len(records) - start
+
+
+async def test_after_a_restart_redelivery_from_mid_chunk_run_resyncs_without_false_gaps() -> None:
+    harness = Harness()
+    (sid, events), = sessions(9, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.feed(records)
+    state = json.dumps(harness.tables.sessions)
+    harness.tables.chunks.clear()   # a restart: in-memory chunk cursors are gone
+    start = next(i for i, e in enumerate(events) if e.type == "assistant/chunk"
+                 and i + 1 < len(events) and events[i + 1].type == "assistant/chunk") + 1
+    await harness.feed(records[start:])
+    assert harness.counters.gaps == 0
+    assert json.dumps(harness.tables.sessions) == state
 
 
 async def test_gap_is_dead_lettered_with_its_reason_and_never_folded_past() -> None:

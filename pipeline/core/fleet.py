@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Final
 
 from pipeline.core.events import Event, JsonValue
@@ -49,11 +49,15 @@ class FleetStatus:
         return False
 
     def to_json(self) -> dict[str, JsonValue]:
-        return asdict(self)
+        # Hand-written, not dataclasses.asdict: this runs once per folded event.
+        return {name: getattr(self, name) for name in _STATUS_FIELDS}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, JsonValue]) -> FleetStatus:
         return cls(**raw)
+
+
+_STATUS_FIELDS: Final = tuple(f.name for f in fields(FleetStatus))
 
 
 def _int_or_none(value: JsonValue) -> int | None:

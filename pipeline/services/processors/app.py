@@ -3,7 +3,7 @@
 Topology (all tables have changelog topics ``<app id>-<table>-changelog``, co-partitioned
 with their source topic, and ``options.standby_replicas`` standby copies):
 
-    session-events ──fold_sessions──> tables sessions (all per-session state), nodes, chunks
+    session-events ──fold_sessions──> tables sessions (all per-session state), nodes
          │                            ├─> derived-messages (compacted, slot-keyed changes)
          │                            ├─> usage  (session totals)      ├─> fleet (compacted)
          │                            └─> <app id>-usage-by-model (internal, keyed by model)
@@ -46,7 +46,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SESSION_TABLES = ("sessions", "nodes", "chunks")
+SESSION_TABLES = ("sessions", "nodes")
 
 
 @dataclass(slots=True)
@@ -163,6 +163,11 @@ def build_processors(settings: Settings, decode: Decoder,
         await app.producer.send(out.topic, out.key, out.value, out.partition, None,
                                 list(out.headers) or None)
 
+    async def forget_chunk_cursors(*_args: Any, **_kwargs: Any) -> None:
+        processors.tables.chunks.clear()  # partitions moved: other workers folded meanwhile
+
+    app.on_partitions_revoked.connect(forget_chunk_cursors)
+    app.on_partitions_assigned.connect(forget_chunk_cursors)
     _wire_sessions(processors, decode, send)
     _wire_usage(processors, send, sizes)
     from pipeline.services.processors.web import register_views  # after tables exist

@@ -16,10 +16,18 @@ kill -9 loses a suffix of them; offsets are committed only after every earlier w
 durable. So everything one event decides (next seq, surface slots, usage, fleet status) is
 ONE record of the ``sessions`` table: after a crash it either holds the event or not, and
 redelivery either skips it as a duplicate or applies it once. ``nodes`` (the projected message
-of each surface event) is written before that record and is idempotent. Chunks only move the
-small ``chunks`` cursor; the next expected seq is the larger of the two cursors. Outputs are
-sent before the state is written, so a crash can only repeat them (same key and value on the
+of each surface event) is written before that record and is idempotent. Outputs are sent
+before the state is written, so a crash can only repeat them (same key and value on the
 compacted topics; the per-model stage drops a repeated usage sample by seq).
+
+**Chunks** (about 80% of the records) change no table, so their cursor lives in memory only
+(a changelog write per chunk would cost more than everything else together); the next
+expected seq is the larger of the table's and the in-memory cursor. After a start or a
+rebalance the in-memory cursors are empty and the first chunk of a session at or past the
+table's cursor re-synchronises it instead of counting as a gap (redelivery after a crash
+starts mid chunk-run, so the two cannot be told apart): chunk gaps are reported on a best-
+effort basis across restarts, while gaps before a decoded event are always reported and never
+folded past.
 """
 
 from __future__ import annotations
@@ -71,12 +79,12 @@ Send = Callable[[Outgoing], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTables:
-    """Co-partitioned tables: ``sessions`` and ``chunks`` by session, ``nodes`` by
-    ``<session>/<seq>``."""
+    """Co-partitioned tables (``sessions`` by session, ``nodes`` by ``<session>/<seq>``) and
+    the in-memory chunk cursors (by session; cleared on every rebalance)."""
 
     sessions: Table
     nodes: Table
-    chunks: Table
+    chunks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -118,7 +126,7 @@ def json_bytes(value: Any) -> bytes | None:
 def next_expected(tables: SessionTables, session_id: str) -> int:
     """The seq the session's next record must carry (0 for an unknown session)."""
     state = tables.sessions.get(session_id)
-    return max(int(state["next"]) if state else 0, int(tables.chunks.get(session_id) or 0))
+    return max(int(state["next"]) if state else 0, tables.chunks.get(session_id, 0))
 
 
 class SessionFolder:
@@ -158,6 +166,8 @@ class SessionFolder:
         if type_ != CHUNK or seq is None:
             return False
         verdict = self._admit(session_id, seq)
+        if verdict is Delivery.GAP and session_id not in self.tables.chunks:
+            verdict = Delivery.APPLY  # first chunk since start/rebalance: re-synchronise
         if verdict is Delivery.GAP:
             await self._report_gap(record, session_id, seq, CHUNK)
         elif verdict is Delivery.APPLY:

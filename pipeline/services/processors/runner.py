@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import faust
 
@@ -19,11 +20,15 @@ def run_worker(processors: Processors, *, loglevel: str = "WARNING") -> int:
     # The CLI may have used asyncio.run() before (topic checks), which leaves no current
     # loop; faust's worker expects one.
     asyncio.set_event_loop(asyncio.new_event_loop())
+    Path(processors.options.data_dir).mkdir(parents=True, exist_ok=True)
     worker = faust.Worker(processors.app, loglevel=loglevel, quiet=True,
                           redirect_stdouts=False)
     logging.getLogger("faust").setLevel(loglevel)
+    code = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
-        return int(exc.code or 0) if isinstance(exc.code, int | None) else 1
-    return 0
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    # faust logs a crash during start-up and then exits "normally": report it as a failure.
+    crashed = worker.crash_reason or processors.app.crash_reason
+    return 1 if crashed is not None and code == 0 else code

@@ -84,14 +84,16 @@ async def read_until_done(settings: Settings, sessions: int) -> tuple[dict[str, 
     return logs, visible_ms, time.perf_counter()
 
 
-async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float) -> dict[str, float]:
+async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
+              pipelined: bool = False) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
     await ensure_topics(settings)
     ctx = driver_context(settings, group_id=f"{prefix}driver", tools=builtin_registry(),
                          linger_ms=linger_ms,
-                         script=tool_loop_script("echo", '{"text": "pong"}'))
+                         script=tool_loop_script("echo", '{"text": "pong"}'),
+                         pipelined_flush=pipelined)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))
@@ -141,14 +143,18 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--linger-ms", type=float, default=25.0)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--pipelined-flush", action="store_true",
+                        help="step boundaries do not wait for their commit")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
     with broker(args.bootstrap) as bootstrap:
         if args.warmup:  # a fresh broker creates its offsets/transaction topics on first use
             asyncio.run(run(bootstrap, args.warmup, args.partitions, args.linger_ms))
-        result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms))
-    print(json.dumps(result))
+        result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
+                                 args.pipelined_flush))
+    print(json.dumps({**result, "partitions": args.partitions,
+                      "pipelined_flush": args.pipelined_flush}))
 
 
 if __name__ == "__main__":

@@ -65,9 +65,9 @@ async def topics(driver_settings: Settings) -> Settings:
 
 class RunningDriver:
     def __init__(self, settings: Settings, group: str, *, script: Script = echo_script,
-                 config: DriverConfig | None = None) -> None:
+                 config: DriverConfig | None = None, pipelined: bool = False) -> None:
         ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10,
-                             script=script)
+                             script=script, pipelined_flush=pipelined)
         self.service = DriverService(ctx, config or DriverConfig(
             linger_ms=10, shutdown_grace_s=5, session_timeout_ms=6000))
         self.stop = asyncio.Event()
@@ -88,8 +88,9 @@ class RunningDriver:
 
 @contextlib.asynccontextmanager
 async def running(settings: Settings, group: str, *, script: Script = echo_script,
-                  config: DriverConfig | None = None) -> AsyncIterator[RunningDriver]:
-    driver = RunningDriver(settings, group, script=script, config=config)
+                  config: DriverConfig | None = None,
+                  pipelined: bool = False) -> AsyncIterator[RunningDriver]:
+    driver = RunningDriver(settings, group, script=script, config=config, pipelined=pipelined)
     try:
         yield driver
     finally:
@@ -148,10 +149,11 @@ async def committed_offset(settings: Settings, group: str, partition: int) -> in
         await consumer.stop()
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["commit-per-step", "pipelined"])
 async def test_followup_runs_a_complete_turn_that_validates_strictly(
-        topics: Settings, group_id: str) -> None:
+        topics: Settings, group_id: str, pipelined: bool) -> None:
     session = "s-turn"
-    async with running(topics, group_id) as driver:
+    async with running(topics, group_id, pipelined=pipelined) as driver:
         await driver.wait_owning(lambda owned: owned == {0, 1, 2})
         message_id = await send_followup(topics, session, "hello driver")
         events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)

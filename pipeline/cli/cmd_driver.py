@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
     driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
                         help="scripted provider only: wait this long between stream chunks "
                              "(to watch chunks arrive live)")
+    driver.add_argument("--pipelined-flush", action="store_true",
+                        help="a step boundary does not wait for its transaction to commit "
+                             "(more steps/s; a crash may then lose the last step or two)")
     driver.add_argument("--registry", action="store_true",
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
@@ -153,7 +156,8 @@ def registry_codecs(settings: Settings, client: RegistryClient) -> tuple[EventSe
 
 def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                    linger_ms: float = 25.0, script: Script = echo_script,
-                   codecs: tuple[EventSerde, InboxCodec] | None = None) -> PartitionContext:
+                   codecs: tuple[EventSerde, InboxCodec] | None = None,
+                   pipelined_flush: bool = False) -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
     ``script`` drives the scripted provider (the default provider of the settings);
@@ -176,7 +180,7 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
                             runner_factory=runner_factory, metrics=DriverMetrics(),
-                            linger_ms=linger_ms)
+                            linger_ms=linger_ms, pipelined_flush=pipelined_flush)
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
@@ -195,7 +199,7 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
             codecs = registry_codecs(settings, client)
         ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
                              script=_delayed(echo_script, args.script_chunk_delay_ms),
-                             codecs=codecs)
+                             codecs=codecs, pipelined_flush=args.pipelined_flush)
         service = DriverService(ctx, config)
         asyncio.run(_serve(settings, service))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)

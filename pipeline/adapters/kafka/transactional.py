@@ -34,6 +34,9 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# One transaction carries hundreds of records per partition, and an idempotent producer has
+# one produce request in flight per partition: big batches mean few round trips per commit.
+MAX_BATCH_BYTES = 512 * 1024
 _FENCING_ERRORS = (ProducerFenced, InvalidProducerEpoch, TransactionCoordinatorFenced)
 
 
@@ -68,6 +71,7 @@ class PartitionProducer:
             transactional_id=self.transactional_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
             enable_idempotence=True, acks="all", linger_ms=0, retry_backoff_ms=20,
+            max_batch_size=MAX_BATCH_BYTES,
         )
         try:
             await producer.start()

@@ -154,7 +154,8 @@ class PartitionSink:
 
     def __init__(self, producer: PartitionProducer, *, events_topic: str, inbox_topic: str,
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
-                 on_logged: Callable[[str, str], None], linger_ms: float = 25.0) -> None:
+                 on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
+                 wait_for_commit: bool = True, max_buffered: int = 20_000) -> None:
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -172,6 +173,8 @@ class PartitionSink:
         self.events_committed = 0
         self._closing = False
         self._urgent = False
+        self._wait_for_commit = wait_for_commit
+        self._max_buffered = max_buffered
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
         """Encode and buffer ``events``; they commit with the next transaction."""
@@ -186,14 +189,24 @@ class PartitionSink:
         self._wake.set()
 
     async def flush(self, session_id: str) -> None:
-        """Wait until everything emitted so far is committed (a step boundary)."""
+        """A step boundary: commit soon; wait until what was emitted so far is committed.
+
+        Pipelined (``wait_for_commit=False``): wait only while more than ``max_buffered``
+        records wait for a transaction (backpressure), so the next step starts while the
+        previous one commits; the order of records and offsets is the same either way.
+        """
         target = self._emitted_gen
         self._urgent = True  # a step boundary does not wait for the linger time
         self._wake.set()
-        async with self._commit_done:
-            await self._commit_done.wait_for(
-                lambda: self._committed_gen >= target or self.failure is not None)
+        if self._wait_for_commit:
+            await self._wait(lambda: self._committed_gen >= target)
+        elif len(self._buffer) > self._max_buffered:
+            await self._wait(lambda: len(self._buffer) <= self._max_buffered)
         self._raise_if_failed()
+
+    async def _wait(self, predicate: Callable[[], bool]) -> None:
+        async with self._commit_done:
+            await self._commit_done.wait_for(lambda: predicate() or self.failure is not None)
 
     def add(self, record: OutRecord, *, done_offset: int | None = None) -> None:
         """Buffer ``record`` (e.g. a dead letter) and mark an inbox offset done with it."""

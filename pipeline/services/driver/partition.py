@@ -110,6 +110,7 @@ class PartitionContext:
     metrics: DriverMetrics
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
+    pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
 
 
 class OwnedPartition:
@@ -128,7 +129,8 @@ class OwnedPartition:
                                   offsets=InboxOffsets(committed,
                                                        applied_from_metadata(metadata),
                                                        metadata=metadata),
-                                  on_logged=self._on_logged, linger_ms=ctx.linger_ms)
+                                  on_logged=self._on_logged, linger_ms=ctx.linger_ms,
+                                  wait_for_commit=not ctx.pipelined_flush)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
 

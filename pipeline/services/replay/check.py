@@ -68,12 +68,13 @@ def check_session(session_id: str, logged: Sequence[LoggedEvent], *, now_ms: int
             report.invalid_events += 1
             report.problems.append(f"{session_id}: invalid event at {where}: {exc}")
             stopped = True
-    _check_turns(report, log.events, now_ms, open_turn_max_age_ms)
+    # A fold stopped at a defect ends mid-turn: its "open turn" is that defect, not another.
+    _check_turns(report, log.events, now_ms, None if stopped else open_turn_max_age_ms)
     return report
 
 
 def _check_turns(report: SessionReport, events: Sequence[Event], now_ms: int,
-                 max_age_ms: int) -> None:
+                 max_age_ms: int | None) -> None:
     calls = _CallLedger()
     open_since: int | None = None
     for event in events:
@@ -89,7 +90,7 @@ def _check_turns(report: SessionReport, events: Sequence[Event], now_ms: int,
                                        f"{data.get('turn')} has no tool/result")
         else:
             calls.see(event, data)
-    if open_since is not None and now_ms - open_since > max_age_ms:
+    if open_since is not None and max_age_ms is not None and now_ms - open_since > max_age_ms:
         report.open_turn_too_old = True
         age_s = (now_ms - open_since) // 1000
         report.problems.append(f"{report.session_id}: a turn has been open for {age_s}s "

@@ -98,7 +98,8 @@ async def read_sessions(settings: Settings, decode: Decoder, *,
 
 
 def _add(found: TopicSessions, record: InboxRecord, decode: Decoder) -> None:
-    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    key_text = record.key.decode("utf-8", "replace") if record.key is not None else None
+    where = f"{record.topic}[{record.partition}]@{record.offset} (key {key_text!r})"
     try:
         key = session_id_of_key(record.key)
         if record.value is None:

@@ -177,6 +177,8 @@ async def test_second_driver_takes_over_without_duplicate_seqs(
         await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
         async with running(topics, group_id) as second:
             await second.wait_owning(lambda owned: len(owned) >= 1)
+            await first.wait_owning(lambda owned: owned == {0, 1, 2} - set(second.service.owned))
+            assert set(first.service.owned) and set(second.service.owned)  # split, disjoint
             await first.close()
             await second.wait_owning(lambda owned: owned == {0, 1, 2})
             await send_followup(topics, session, "turn two")

@@ -43,7 +43,9 @@ class RegistryLocal:
         self.jar = jar
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="dsh-registry-"))
-        self.port = port if port is not None else free_ports(1)[0]
+        ports = free_ports(2)
+        self.port = port if port is not None else ports[0]
+        self.management_port = ports[1] if ports[1] != self.port else ports[0]
         self.heap_mb = heap_mb
         self._proc: ChildProcess | None = None
 
@@ -79,8 +81,10 @@ class RegistryLocal:
         argv = [
             java, "-Xms64m", f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC",
             f"-Dquarkus.http.port={self.port}", "-Dquarkus.http.host=127.0.0.1",
-            # The management interface would take the fixed port 9000: serve health on ours.
-            "-Dquarkus.management.enabled=false",
+            # The management interface (health, metrics) is fixed on at build time and would
+            # take 0.0.0.0:9000: give it its own free loopback port so instances can coexist.
+            f"-Dquarkus.management.port={self.management_port}",
+            "-Dquarkus.management.host=127.0.0.1",
             "-Dquarkus.http.access-log.enabled=false",
             f"-Dapicurio.storage.snapshot.location={self.workdir}",
             f"-Dapicurio.import.work-dir={self.workdir}",

@@ -168,6 +168,15 @@ def test_children_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
     assert _wait_dead(child_pid), "the child outlived its SIGKILLed parent"
 
 
+def test_log_tail_keeps_the_cause_and_drops_java_stack_frames(tmp_path: Path) -> None:
+    output = ("start\\nException: boom\\n\\tat a.B(B.java:1)\\n\\t... 3 more\\n"
+              "Caused by: port busy\\n")
+    child = ChildProcess("printer", ["printf", output], tmp_path / "log", tmp_path)
+    assert child.wait_stopped(10) == 0
+    assert child.log_tail() == "start\nException: boom\nCaused by: port busy"
+    assert child.log_tail(lines=1) == "Caused by: port busy"
+
+
 def test_kafka_that_cannot_start_fails_with_its_output(tmp_path: Path) -> None:
     (tmp_path / "lib").mkdir()  # no jars: the storage tool's class is missing
     kafka = KafkaLocal(tmp_path / "lib", tmp_path / "k")

@@ -31,6 +31,7 @@ from pipeline.core.errors import ConfigError
 STOP_TIMEOUT_S: Final = 15.0
 PR_SET_PDEATHSIG: Final = 1
 LOG_TAIL_LINES: Final = 40
+_STACK_FRAME: Final = re.compile(r"\s+(at |\.\.\. \d+ more)")
 
 _live: set[ChildProcess] = set()
 _live_lock = threading.Lock()
@@ -95,12 +96,14 @@ class ChildProcess:
         return self._popen.returncode
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines of the log, for error messages."""
+        """The last ``lines`` lines of the log without Java stack frames, for error messages
+        (the frames would push the "Caused by" lines that say what went wrong out of view)."""
         try:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return f"(no log at {self.log_path})"
-        return "\n".join(text.splitlines()[-lines:])
+        kept = [line for line in text.splitlines() if not _STACK_FRAME.match(line)]
+        return "\n".join(kept[-lines:])
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -56,6 +56,7 @@ async def start_driver(settings: Settings) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipeline.cli.main", "driver", "--instance-id", "crash-test",
         "--session-timeout-ms", "6000", "--script-chunk-delay-ms", "60", "--grace", "1",
+        "--metrics-port", "-1",
         env=driver_env(settings), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     assert process.stdout is not None

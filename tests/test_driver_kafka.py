@@ -11,7 +11,9 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -327,6 +329,12 @@ async def test_redelivered_command_already_in_the_log_is_not_run_again(
         assert events[-1].data["reason"] == {"kind": "interrupted"}
 
 
+def http_get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: bytes = response.read()
+        return body.decode()
+
+
 async def test_cli_send_and_driver_process_with_graceful_sigterm(
         topics: Settings, group_id: str) -> None:
     """``dsh-pipeline driver`` as a process: ready line, a turn from ``send``, clean SIGTERM."""
@@ -334,8 +342,12 @@ async def test_cli_send_and_driver_process_with_graceful_sigterm(
            "DSH_TOPIC_PREFIX": topics.topic_prefix, "DSH_PARTITIONS": str(PARTITIONS),
            "DSH_REPLICATION_FACTOR": "1", "DSH_GROUP_ID_PREFIX": f"{group_id}-"}
     cli = [sys.executable, "-m", "pipeline.cli.main"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        status_port = probe.getsockname()[1]
     driver = await asyncio.create_subprocess_exec(
-        *cli, "driver", "--grace", "5", env=env, stdout=asyncio.subprocess.PIPE,
+        *cli, "driver", "--grace", "5", "--metrics-host", "127.0.0.1", "--metrics-port",
+        str(status_port), env=env, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     try:
         assert driver.stdout is not None
@@ -351,6 +363,12 @@ async def test_cli_send_and_driver_process_with_graceful_sigterm(
         assert sent["partition"] == partition_of("s-cli")
         events = await wait_for_events(topics, "s-cli", lambda ev: completed_turns(ev) == 1)
         assert events[0].data["inserted"][0]["id"] == sent["messageId"]
+        health = json.loads(await asyncio.to_thread(
+            http_get, f"http://127.0.0.1:{status_port}/health"))
+        assert health["status"] == "ok" and health["ready"] is True
+        assert health["partitions"] == [0, 1, 2]
+        metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{status_port}/metrics")
+        assert "dsh_driver_commands_total 1\n" in metrics
         driver.send_signal(signal.SIGTERM)
         rest, _ = await asyncio.wait_for(driver.communicate(), WAIT_S)
         assert driver.returncode == 0

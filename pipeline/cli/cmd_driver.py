@@ -41,6 +41,7 @@ from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Injec
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.http_status import StatusServer
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
@@ -73,6 +74,11 @@ def register(subparsers: Any) -> None:
     driver.add_argument("--pipelined-flush", action="store_true",
                         help="a step boundary does not wait for its transaction to commit "
                              "(more steps/s; a crash may then lose the last step or two)")
+    driver.add_argument("--metrics-host", default="0.0.0.0",
+                        help="address of the /health and /metrics server (counters only)")
+    driver.add_argument("--metrics-port", type=int,
+                        help="port of /health and /metrics (default DSH_DRIVER_METRICS_PORT; "
+                             "-1 = no server, 0 = any free port)")
     driver.add_argument("--registry", action="store_true",
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
@@ -201,7 +207,8 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                              script=_delayed(echo_script, args.script_chunk_delay_ms),
                              codecs=codecs, pipelined_flush=args.pipelined_flush)
         service = DriverService(ctx, config)
-        asyncio.run(_serve(settings, service))
+        port = settings.driver_metrics_port if args.metrics_port is None else args.metrics_port
+        asyncio.run(_serve(settings, service, args.metrics_host, port))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
 
@@ -215,8 +222,18 @@ def _delayed(script: Script, chunk_delay_ms: int) -> Script:
     return delayed
 
 
-async def _serve(settings: Settings, service: DriverService) -> None:
+async def _serve(settings: Settings, service: DriverService, metrics_host: str,
+                 metrics_port: int) -> None:
     await ensure_topics(settings)
+    status = StatusServer(service.health, service.metrics_snapshot)
+    if metrics_port >= 0:
+        try:
+            bound = await status.start(metrics_host, metrics_port)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve /health and /metrics on {metrics_host}:"
+                              f"{metrics_port}: {exc.strerror or exc} (DSH_DRIVER_METRICS_PORT "
+                              f"or --metrics-port; -1 disables)") from None
+        print(f"status http://{metrics_host}:{bound}/health /metrics", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -227,6 +244,7 @@ async def _serve(settings: Settings, service: DriverService) -> None:
         await service.run(stop)
     finally:
         ready.cancel()
+        await status.close()
 
 
 async def _announce_ready(service: DriverService) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from pipeline.adapters.kafka.inbox_consumer import InboxConsumer
@@ -86,6 +87,8 @@ class DriverService:
         self._throttled = False
         self._consumer: InboxConsumer | None = None
         self.ready = asyncio.Event()  # set once every assigned partition is built
+        self._running = False
+        self._last_loop = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         settings = self.ctx.settings
@@ -95,15 +98,25 @@ class DriverService:
             session_timeout_ms=self.config.session_timeout_ms,
             group_instance_id=self.config.instance_id)
         await self._consumer.start()
+        self._running = True
         try:
             while not stop.is_set():
+                self._last_loop = time.monotonic()
                 await self._collect_builds()
                 await self._check_sinks()
                 self._apply_pauses()
                 for record in await self._consumer.poll(self.config.poll_timeout_ms):
                     self._handle(record)
         finally:
+            self._running = False
             await self._shutdown()
+
+    def health(self, stall_s: float = 60.0) -> tuple[bool, dict[str, object]]:
+        """Alive while the poll loop turns (a liveness probe); details for operators."""
+        alive = self._running and time.monotonic() - self._last_loop < stall_s
+        return alive, {"ready": self.ready.is_set(), "group": self.ctx.group_id,
+                       "partitions": sorted(self.owned),
+                       "building": sorted(self._building)}
 
     def metrics_snapshot(self) -> dict[str, int]:
         """Counters plus live gauges (owned partitions, turns in flight, throttled)."""
@@ -114,6 +127,7 @@ class DriverService:
         snap["partitions_owned"] = len(self.owned)
         snap["turns_in_flight"] = self.turns_in_flight
         snap["throttled"] = int(self._throttled)
+        snap["ready"] = int(self.ready.is_set())
         return snap
 
     # -- group membership ----------------------------------------------------------------

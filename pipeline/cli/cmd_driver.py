@@ -51,6 +51,11 @@ from pipeline.settings import Settings
 
 
 def register(subparsers: Any) -> None:
+    _register_driver(subparsers)
+    _register_send(subparsers)
+
+
+def _register_driver(subparsers: Any) -> None:
     driver = subparsers.add_parser("driver", help="run agent turns from the inbox topic")
     driver.add_argument("--group", help="consumer group (default <prefix>driver)")
     driver.add_argument("--linger-ms", type=float, default=25.0,
@@ -83,6 +88,9 @@ def register(subparsers: Any) -> None:
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
     driver.set_defaults(func=run_driver)
+
+
+def _register_send(subparsers: Any) -> None:
     send = subparsers.add_parser("send", help="put one command on a session's inbox")
     send.add_argument("session", help="session id (the record key)")
     kind = send.add_mutually_exclusive_group(required=True)

@@ -8,6 +8,7 @@ ignored, gaps reported and garbage dead-lettered.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.records import record_key
+from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.log import derive_messages
 from pipeline.core.projection import rebuild_conversations
@@ -28,6 +30,7 @@ from pipeline.services.processors.verify import counts_of_record, verify_process
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
+FIXTURES = Path("/work/shared/fixtures")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +79,19 @@ async def test_tables_equal_core_folds_over_generated_sessions(
             if event.type != "assistant/chunk":
                 expected.apply(event)
         assert worker.get(f"/fleet/sessions/{sid}") == (200, expected.to_json())
+
+
+async def test_recorded_fixtures_derive_exactly_what_dsh_derives(
+        stack: tuple[Settings, Worker]) -> None:
+    settings, worker = stack
+    paths = sorted(FIXTURES.glob("**/*.jsonl"))
+    logs = {f"fx-{p.stem}": list(read_session_file(p).events) for p in paths}
+    await send_records(settings, [r for sid, events in logs.items()
+                                  for r in event_records(settings, sid, events)])
+    assert (await verify_processors(worker.url(""), logs, timeout_s=30)).ok
+    for path in paths:
+        expected = json.loads(path.with_name(path.stem + ".derived.json").read_text())
+        assert worker.get(f"/sessions/fx-{path.stem}/messages")[1]["messages"] == expected
 
 
 async def test_messages_as_of_an_earlier_seq(stack: tuple[Settings, Worker]) -> None:

@@ -1,0 +1,43 @@
+"""``dsh-pipeline processors`` arguments and options: bad values are refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.cli.cmd_processors import parse_windows
+from pipeline.cli.main import build_parser
+from pipeline.core.errors import ConfigError
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.settings import Settings
+
+
+def test_windows_parse_to_milliseconds() -> None:
+    assert parse_windows("minute=60, hour=3600") == {"minute": 60_000, "hour": 3_600_000}
+    assert parse_windows("2s=2") == {"2s": 2_000}
+
+
+@pytest.mark.parametrize("text", ["", "minute", "minute=0", "a/b=1", "minute=x"])
+def test_bad_windows_are_refused_naming_the_part(text: str) -> None:
+    with pytest.raises(ConfigError, match="--windows"):
+        parse_windows(text)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("web_port", 0, "web port"), ("grace_ms", -1, "grace"), ("tick_interval_s", 0, "tick"),
+    ("store", "redis://", "store"), ("session_timeout_s", 1, "session timeout"),
+])
+def test_bad_options_are_refused(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ProcessorsOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_app_id_is_scoped_by_topic_and_group_prefix() -> None:
+    settings = Settings.from_env({}, topic_prefix="t1.", group_id_prefix="g-")
+    options = ProcessorsOptions()
+    assert options.app_id(settings) == "g-t1.processors"
+    assert options.usage_topic(settings) == "g-t1.processors-usage-by-model"
+
+
+def test_the_command_is_registered_with_its_options() -> None:
+    args = build_parser().parse_args(["processors", "--web-port", "7001", "--grace", "2"])
+    assert (args.web_port, args.grace, args.store) == (7001, 2.0, "memory://")

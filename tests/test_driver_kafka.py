@@ -40,6 +40,7 @@ from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.fleet_run import followups, run_fleet
 from pipeline.services.driver.runner import MemorySink, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
@@ -489,3 +490,22 @@ async def test_driver_with_registry_writes_confluent_framing(settings: Settings,
         raw = await read_all(settings, settings.topics.session_events)
         assert raw and all(value[0] == 0 for _, value, _ in raw)  # Confluent: 0x00 + id
         assert int.from_bytes(raw[0][1][1:5], "big") == serde.schema_id
+
+
+async def test_run_fleet_drives_sessions_end_to_end_and_summarises(
+        topics: Settings, group_id: str) -> None:
+    ctx = driver_context(topics, group_id=group_id, tools=builtin_registry(), linger_ms=10)
+    sessions = [f"s-fleet-{n}" for n in range(3)]
+    commands = followups(sessions, 2, lambda s, n: f"{s} turn {n}")
+    seen: list[str] = []
+    result = await run_fleet(ctx, commands, encode_command=InboxCodec().encode,
+                             config=DriverConfig(linger_ms=10, session_timeout_ms=6000),
+                             timeout_s=WAIT_S, progress=seen.append)
+    summary = result.summary()
+    assert summary["sessions"] == 3 and summary["turns"] == 6
+    assert summary["invalid_logs"] == 0 and summary["session_failures"] == 0
+    assert seen[-1] == "3/3 sessions done"
+    for session in sessions:
+        messages = strict_log(session, result.logs[session]).messages()
+        assert [m["content"][0]["text"] for m in messages if m["role"] == "user"] == [
+            f"{session} turn 0", f"{session} turn 1"]

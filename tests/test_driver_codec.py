@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import random
 
 import pytest
 
 from pipeline.adapters.kafka.dlq import dead_letter
 from pipeline.adapters.kafka.records import InboxRecord, header_value
+from pipeline.cli.cmd_driver import command_from_args, register
 from pipeline.codec.inbox import InboxCodec
-from pipeline.core.errors import CodecError, SchemaError
+from pipeline.core.errors import CodecError, ConfigError, SchemaError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.services.driver.kafka_sink import (
@@ -135,3 +138,45 @@ def test_logged_message_ids_come_from_splices_and_user_messages() -> None:
     assert list(logged_message_ids(claim)) == []
     assert list(logged_message_ids(user)) == ["m-9"]
     assert event_headers(user) == (("dsh.type", b"user/message"), ("dsh.seq", b"4"))
+
+
+def test_unknown_registry_id_is_looked_up_once_and_cached() -> None:
+    writer = InboxCodec(confluent_id=99)
+    asked: list[int] = []
+
+    def lookup(schema_id: int) -> str:
+        asked.append(schema_id)
+        return json.dumps(writer.schema_json)
+
+    reader = InboxCodec(confluent_id=5, lookup=lookup)
+    for command in COMMANDS:
+        assert reader.decode(writer.encode(command)) == command
+    assert asked == [99]
+
+
+def send_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["send", *argv])
+
+
+def test_send_arguments_become_the_commands_they_describe() -> None:
+    followup = command_from_args(send_args("s-9", "--followup", "hi", "--message-id", "m-1"))
+    assert followup == FollowUp("s-9", "m-1", ({"type": "text", "text": "hi"},))
+    cancel = command_from_args(send_args("s-9", "--cancel", "--keep-queue"))
+    assert isinstance(cancel, Cancel) and cancel.keep_queue and cancel.message_id
+    configure = command_from_args(send_args("s-9", "--configure", "--model", "m",
+                                            "--tools", "echo,clock", "--max-tokens", "64"))
+    assert configure == Configure("s-9", configure.message_id, model="m",
+                                  tools=("echo", "clock"), max_tokens=64)
+    assert command_from_args(send_args("s-9", "--configure", "--tools", "")).tools == ()
+
+
+@pytest.mark.parametrize("argv, complaint", [
+    (("--configure",), "needs at least one of"),
+    (("--followup", "x", "--keep-queue"), "--keep-queue only goes with --cancel"),
+    (("--cancel", "--model", "m"), "--model only go"),
+])
+def test_send_refuses_options_that_do_not_fit(argv: tuple[str, ...], complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint):
+        command_from_args(send_args("s-9", *argv))

@@ -115,6 +115,7 @@ def _register_send(subparsers: Any) -> None:
 
 def command_from_args(args: argparse.Namespace) -> InboxCommand:
     """The command ``send``'s arguments describe (ConfigError when they do not fit)."""
+    _check_send_options(args)
     common = {"session_id": args.session, "message_id": args.message_id or str(uuid.uuid4())}
     for flag, cls in (("followup", FollowUp), ("steer", Steer), ("inject", Inject)):
         text = getattr(args, flag)
@@ -126,11 +127,21 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     configure = Configure(**common, provider=args.provider, model=args.model,
                           system=args.system, tools=tools,
                           reasoning_effort=args.reasoning_effort, max_tokens=args.max_tokens)
-    if all(getattr(configure, f) is None for f in
-           ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")):
+    if all(getattr(configure, f) is None for f in CONFIGURE_OPTIONS):
         raise ConfigError("send --configure needs at least one of --provider, --model, "
                           "--system, --tools, --reasoning-effort, --max-tokens")
     return configure
+
+
+CONFIGURE_OPTIONS = ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")
+
+
+def _check_send_options(args: argparse.Namespace) -> None:
+    if args.keep_queue and not args.cancel:
+        raise ConfigError("send --keep-queue only goes with --cancel")
+    given = [f"--{o.replace('_', '-')}" for o in CONFIGURE_OPTIONS if getattr(args, o) is not None]
+    if given and not args.configure:
+        raise ConfigError(f"send {' '.join(given)} only go(es) with --configure")
 
 
 def run_send(args: argparse.Namespace, settings: Settings) -> int:
@@ -165,7 +176,7 @@ def registry_codecs(settings: Settings, client: RegistryClient) -> tuple[EventSe
     subject = value_subject(topics.inbox)
     inbox_id = client.register(subject, json.dumps(inbox_codec.schema_json))
     client.set_compatibility(BACKWARD_TRANSITIVE, subject)
-    return serde, InboxCodec(confluent_id=inbox_id)
+    return serde, InboxCodec(confluent_id=inbox_id, lookup=client.get_schema)
 
 
 def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -61,7 +61,11 @@ class InboxCodec:
 
     def __init__(self, *, confluent_id: int | None = None,
                  writer_schemas_by_id: Mapping[int, Mapping[str, Any]] | None = None,
+                 lookup: Callable[[int], str] | None = None,
                  schema_dir: Path = SCHEMA_DIR) -> None:
+        """``lookup`` (e.g. a registry client's ``get_schema``) gives the schema text of a
+        registry id not known yet; it is called once per id."""
+        self._lookup = lookup
         self.schema_json = load_inbox_schema(schema_dir / SCHEMA_FILE)
         self._schema = fastavro.parse_schema(self.schema_json)
         self._fingerprint = schema_fingerprint(self.schema_json)
@@ -113,12 +117,25 @@ class InboxCodec:
             return writer, data[10:]
         if data[0] == CONFLUENT_MAGIC:
             schema_id = struct.unpack(">I", data[1:5])[0]
-            writer = self._by_id.get(schema_id)
-            if writer is None:
-                raise SchemaError(f"unknown registry schema id {schema_id} for an inbox record")
-            return writer, data[5:]
+            return self._writer_by_id(schema_id), data[5:]
         raise CodecError(f"inbox record starts with byte 0x{data[0]:02x}: neither Confluent "
                          f"framing (0x00) nor Avro single-object encoding (0xc3 0x01)")
+
+
+    def _writer_by_id(self, schema_id: int) -> Any:
+        writer = self._by_id.get(schema_id)
+        if writer is not None:
+            return writer
+        if self._lookup is None:
+            raise SchemaError(f"unknown registry schema id {schema_id} for an inbox record")
+        text = self._lookup(schema_id)  # RegistryError when the registry does not know it
+        try:
+            writer = fastavro.parse_schema(json.loads(text))
+        except Exception as exc:  # fastavro's schema errors have no common base
+            raise SchemaError(f"registry schema id {schema_id} is not a usable Avro schema: "
+                              f"{type(exc).__name__}: {exc}") from None
+        self._by_id[schema_id] = writer
+        return writer
 
 
 def _to_record(command: InboxCommand) -> dict[str, Any]:

@@ -54,10 +54,16 @@ _DECODER: Final = json.JSONDecoder(
 # The number hooks above run in Python for every number; most lines have nothing they could
 # catch, so those are parsed by the C scanner (only NaN/Infinity get a hook there, which costs
 # nothing). A line goes the exact way when it holds anything that might be a negative zero
-# ("-0" not followed by 1-9), an exponent of 100 or more, or 300 digits in a row (a float that
+# ("-0" anywhere), an exponent of 100 or more, or 300 digits in a row (a float that
 # overflows to infinity); false alarms (e.g. inside strings) only cost the slower parse.
 _FAST_DECODER: Final = json.JSONDecoder(parse_constant=_parse_constant)
-_SUSPECT_NUMBER: Final = re.compile(r"-0(?![1-9])|[eE]\+?0*[1-9]\d{2}|\d{300}")
+_BIG_EXPONENT: Final = re.compile(r"[eE]\+?0*[1-9][0-9][0-9]")
+_LONG_DIGITS: Final = re.compile(r"[0-9]{300}")
+
+
+def _may_hold_a_lossy_number(text: str) -> bool:
+    return ("-0" in text or _BIG_EXPONENT.search(text) is not None
+            or _LONG_DIGITS.search(text) is not None)
 
 
 def loads_lossless(text: str) -> JsonValue:
@@ -66,7 +72,7 @@ def loads_lossless(text: str) -> JsonValue:
     Raises :class:`LosslessJsonError` for those, :class:`json.JSONDecodeError` for bad syntax
     and :class:`RecursionError` for absurd nesting (callers translate all three).
     """
-    if _SUSPECT_NUMBER.search(text) is None:
+    if not _may_hold_a_lossy_number(text):
         return _FAST_DECODER.decode(text)
     return _DECODER.decode(text)
 

@@ -415,7 +415,7 @@ def _write_plain(handle: IO[bytes], lines: Iterable[str]) -> None:
 
 def _write_zstd(handle: IO[bytes], lines: Iterable[str]) -> None:
     """One zstd frame per batch of lines: the file is concatenated frames, as dsh writes."""
-    compressor = zstandard.ZstdCompressor(level=3)
+    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)  # as dsh frames are
     batch: list[str] = []
     for line in lines:
         batch.append(line)

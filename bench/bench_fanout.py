@@ -1,0 +1,82 @@
+"""Benchmark: shipping rate (dsh files -> session topic) and replay rate (session topic ->
+a rebuilt derived-messages version) on a real local Kafka (not a test; prints figures).
+
+    .venv/bin/python bench/bench_fanout.py [--events 1000000] [--sessions 100]
+        [--bootstrap HOST:PORT]      # default: start a local single-node broker
+
+Sessions are synthetic (``pipeline.core.synth``: the fixtures' mix, ~87% chunks), written
+as packed ``session.jsonl`` files, shipped with 5000-event transactions, then rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.localstack.artifacts import Artifacts
+from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.sessionfile import write_session_file
+from pipeline.core.synth import synth_header, synth_session
+from pipeline.services.replay.rebuild import Rebuilder
+from pipeline.services.replay.ship import Shipper
+from pipeline.settings import Settings
+
+
+def write_files(root: Path, events: int, sessions: int) -> int:
+    per = events // sessions
+    for seed in range(sessions):
+        folder = root / f"bench-{seed}"
+        folder.mkdir()
+        write_session_file(folder / "session.jsonl", synth_session(seed, per),
+                           header={**synth_header(seed), "id": f"bench-{seed}"}, packed=True)
+    return per * sessions
+
+
+async def run(settings: Settings, root: Path, total: int) -> None:
+    await ensure_topics(settings)
+    serde = EventSerde()
+    started = time.monotonic()
+    async with Shipper(settings, root, serde.encode, batch=5000) as shipper:
+        await shipper.run()
+    ship_s = time.monotonic() - started
+    print(f"ship: {total} events in {ship_s:.1f}s = {total / ship_s:,.0f} events/s "
+          f"({shipper.stats.transactions} transactions)", flush=True)
+    result = await Rebuilder(settings, serde.decode, 1).run()
+    print(f"replay: {result.events} events in {result.seconds:.1f}s = "
+          f"{result.events / result.seconds:,.0f} events/s ({result.changes} changes, "
+          f"{len(result.conversations)} sessions)", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--bootstrap", default=None)
+    args = parser.parse_args()
+    kafka = None
+    if args.bootstrap is None:
+        kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
+        kafka.start()
+    bootstrap = args.bootstrap or (kafka.bootstrap if kafka else "")
+    settings = Settings.from_env({}, bootstrap_servers=bootstrap, partitions=6,
+                                 topic_prefix=f"bench{int(time.time())}.")
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            started = time.monotonic()
+            total = write_files(Path(folder), args.events, args.sessions)
+            print(f"wrote {total} events in {time.monotonic() - started:.1f}s", file=sys.stderr)
+            asyncio.run(run(settings, Path(folder), total))
+    finally:
+        if kafka is not None:
+            kafka.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ from pipeline.core.fleet import FleetStatus
 from pipeline.core.log import derive_messages
 from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageScan
-from pipeline.services.processors.verify import counts_of_record, verify_processors
+from pipeline.services.processors.verify import counts_of_record, verify_processors, wait_ready
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
@@ -57,6 +57,7 @@ def now_ms() -> int:
 async def test_tables_equal_core_folds_over_generated_sessions(
         stack: tuple[Settings, Worker]) -> None:
     settings, worker = stack
+    await wait_ready(worker.url(""), timeout_s=10)   # what the demo calls first
     sessions = generated_sessions(7, 24, "gen", ["model-a", "model-b"], now_ms())
     records = [r for sid, events in sessions.items()
                for r in event_records(settings, sid, events)]

@@ -9,11 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processors_support import Worker, event_records, free_port, generated_sessions
+from processors_support import Worker, event_records, free_port, generated_sessions, read_topic
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.core.events import Event
+from pipeline.core.log import derive_messages
+from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageScan
 from pipeline.services.processors.verify import counts_of_record, verify_processors
 from pipeline.settings import Settings
@@ -90,6 +92,11 @@ async def test_kill9_mid_stream_then_restart_equals_full_replay_and_takeover(
         restarted.wait_ready()
         print(f"restarted ready at {time.monotonic() - t0:.1f}s")
         await _assert_equals_replay(restarted, sessions)
+        # The compacted topic, written across the crash, still rebuilds every conversation.
+        published = await read_topic(settings, settings.topics.derived_messages)
+        rebuilt = rebuild_conversations((key, value) for key, value, _h in published)
+        assert all(rebuilt.get(sid, []) == list(derive_messages(events))
+                   for sid, events in sessions.items())
 
         # A second worker joins: the partitions are shared, HTTP is routed to the owner.
         second = Worker(settings, free_port(), tmp_path)

@@ -7,9 +7,13 @@ until it has folded each whole log (``nextSeq``) or the deadline passes; a sessi
 catches up counts as a mismatch. Optionally the per-model totals are checked too (all
 sessions on the topic must then be among ``logs``).
 
-Usage from the demo::
+Usage from the demo (events published Avro-encoded with ``EventSerde`` and the ``dsh.type`` /
+``dsh.seq`` headers; a worker started with ``dsh-pipeline processors --web-port PORT`` and the
+same ``DSH_*`` settings)::
 
-    report = await verify_processors(f"http://127.0.0.1:{port}", logs, timeout_s=60)
+    url = f"http://127.0.0.1:{port}"
+    await wait_ready(url, timeout_s=90)
+    report = await verify_processors(url, logs, timeout_s=60)
     summary.update(report.summary())   # derived_mismatches, usage_mismatches (0 = success)
 """
 
@@ -51,6 +55,29 @@ class VerifyReport:
     def summary(self) -> dict[str, int]:
         return {"derived_mismatches": self.derived_mismatches,
                 "usage_mismatches": self.usage_mismatches}
+
+
+async def wait_ready(base_url: str, *, timeout_s: float = 90.0) -> None:
+    """Wait until the worker answers ``/health``, owns partitions and is not recovering.
+
+    Raises :class:`TransportError` naming the last state seen when the deadline passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(base_url.rstrip("/"), timeout=timeout) as http:
+        while time.monotonic() < deadline:
+            try:
+                status, body = await _get(http, "/health")
+            except TransportError as exc:
+                last = str(exc)
+            else:
+                if status == 200 and body["partitions"] and not body["recovery"]["in_recovery"]:
+                    return
+                last = f"HTTP {status}: {body}"
+            await asyncio.sleep(0.3)
+    raise TransportError(f"processors worker at {base_url} not ready after {timeout_s:.0f}s: "
+                         f"{last}"[:500])
 
 
 def counts_of_record(record: Mapping[str, Any]) -> TokenCounts:

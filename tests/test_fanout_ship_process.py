@@ -21,7 +21,7 @@ from pipeline.codec.sessionfile import write_session_file
 from pipeline.core.synth import synth_header, synth_session
 from pipeline.settings import Settings
 
-SESSIONS = {f"kill-{seed}": synth_session(seed, 6000) for seed in (1, 2, 3)}
+EVENTS_PER_SESSION = 4000
 HANG_GUARD_S = 120.0
 
 
@@ -44,13 +44,14 @@ def test_kill_9_mid_ship_then_restart_publishes_each_event_once(
         kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
     settings = fanout_settings(kafka_bootstrap, topic_prefix)
     asyncio.run(ensure_topics(settings))
-    for seed, (sid, events) in enumerate(SESSIONS.items(), start=1):
+    sessions = {f"kill-{seed}": synth_session(seed, EVENTS_PER_SESSION) for seed in (1, 2, 3)}
+    for seed, (sid, events) in enumerate(sessions.items(), start=1):
         folder = tmp_path / sid
         folder.mkdir()
         name = "session.jsonl.zstd" if seed == 2 else "session.jsonl"
         write_session_file(folder / name, events, header={**synth_header(seed), "id": sid},
                            packed=True)
-    total = sum(len(e) for e in SESSIONS.values())
+    total = sum(len(e) for e in sessions.values())
 
     first = _ship(settings, tmp_path, "--follow")
     deadline = time.monotonic() + HANG_GUARD_S
@@ -77,4 +78,4 @@ def test_kill_9_mid_ship_then_restart_publishes_each_event_once(
         return seqs
 
     found = asyncio.run(read_back())
-    assert found == {sid: list(range(len(events))) for sid, events in SESSIONS.items()}
+    assert found == {sid: list(range(len(events))) for sid, events in sessions.items()}

@@ -31,7 +31,8 @@ def test_lossless_values_round_trip_and_pass_the_check(value: object) -> None:
 NUMBER_TEXT = st.one_of(
     st.from_regex(r"\A-?(0|[1-9][0-9]{0,3})(\.[0-9]{1,3})?([eE][+-]?[0-9]{1,3})?\Z"),
     st.sampled_from(["-0", "-0.0", "-0e5", "-0.000E-2", "1e308", "2e308", "-1e400",
-                     "1" * 310 + ".5", "NaN", "Infinity", "-Infinity"]),
+                     "1" * 310 + ".5", "1" * 250 + ".5e60", "-1E-400", "-5e-330", "1e-400",
+                     "9" * 19 + "e99", "NaN", "Infinity", "-Infinity"]),
 )
 
 

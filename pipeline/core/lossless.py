@@ -54,11 +54,12 @@ _DECODER: Final = json.JSONDecoder(
 # The number hooks above run in Python for every number; most lines have nothing they could
 # catch, so those are parsed by the C scanner (only NaN/Infinity get a hook there, which costs
 # nothing). A line goes the exact way when it holds anything that might be a negative zero
-# ("-0" anywhere), an exponent of 100 or more, or 300 digits in a row (a float that
-# overflows to infinity); false alarms (e.g. inside strings) only cost the slower parse.
+# ("-0" anywhere), an exponent of magnitude 100 or more (overflow to infinity, or underflow to
+# -0.0), or 20 digits in a row (with an exponent under 100, fewer cannot overflow); false alarms
+# (e.g. inside strings) only cost the slower parse.
 _FAST_DECODER: Final = json.JSONDecoder(parse_constant=_parse_constant)
-_BIG_EXPONENT: Final = re.compile(r"[eE]\+?0*[1-9][0-9][0-9]")
-_LONG_DIGITS: Final = re.compile(r"[0-9]{300}")
+_BIG_EXPONENT: Final = re.compile(r"[eE][+-]?0*[1-9][0-9][0-9]")
+_LONG_DIGITS: Final = re.compile(r"[0-9]{20}")  # 20+ integer digits: may overflow
 
 
 def _may_hold_a_lossy_number(text: str) -> bool:

@@ -41,3 +41,10 @@ def test_app_id_is_scoped_by_topic_and_group_prefix() -> None:
 def test_the_command_is_registered_with_its_options() -> None:
     args = build_parser().parse_args(["processors", "--web-port", "7001", "--grace", "2"])
     assert (args.web_port, args.grace, args.store) == (7001, 2.0, "memory://")
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("rocksdict") is not None,
+                    reason="rocksdict is installed")
+def test_rocksdb_store_without_rocksdict_says_what_to_install() -> None:
+    with pytest.raises(ConfigError, match="pip install rocksdict"):
+        ProcessorsOptions(store="rocksdb://")

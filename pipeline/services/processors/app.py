@@ -88,9 +88,12 @@ class Processors:
 
     def recovery(self) -> dict[str, Any]:
         recovery = self.app.tables.recovery
+        by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
+                 for tp, n in recovery.active_remaining().items() if n}
         return {"in_recovery": bool(recovery.in_recovery),
                 "active_remaining": int(recovery.active_remaining_total()),
-                "standby_remaining": int(recovery.standby_remaining_total())}
+                "standby_remaining": int(recovery.standby_remaining_total()),
+                "active_remaining_by_partition": by_tp}
 
 
 def faust_broker_options(settings: Settings) -> dict[str, Any]:

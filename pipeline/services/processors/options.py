@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec
 
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
@@ -41,6 +42,9 @@ class ProcessorsOptions:
                               f"group.min.session.timeout.ms), got {self.session_timeout_s}")
         if not self.store.startswith(("memory://", "rocksdb://")):
             raise ConfigError(f"table store must be memory:// or rocksdb://, got {self.store!r}")
+        if self.store.startswith("rocksdb://") and find_spec("rocksdict") is None:
+            raise ConfigError("table store rocksdb:// needs the rocksdict package "
+                              "(pip install rocksdict); or use memory://")
 
     def app_id(self, settings: Settings) -> str:
         """The faust app id (= consumer group id and changelog topic prefix)."""

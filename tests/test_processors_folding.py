@@ -238,3 +238,13 @@ async def test_session_and_model_totals_equal_a_full_scan(seed: int) -> None:
     found = {f"p/{r['gen_ai.request.model']}": r["dsh.usage.input_tokens"]
              for r in agg.agg.model_records()}
     assert found == {k: v.input_tokens for k, v in scan.by_model.items()}
+
+
+async def test_sums_built_during_recovery_are_not_kept() -> None:
+    harness = AggHarness()
+    await harness.agg.handle(0, sample("a", 1, 100, 10))
+    recovering = UsageAggregator(harness.table, harness._send, "t.usage", harness.counters,
+                                 lambda: [0, 1], grace_ms=100, sizes={"s": 1000},
+                                 settled=lambda: False)
+    assert recovering.current_sums().models["p/m"].input_tokens == 10
+    assert recovering.sums.partitions is None   # rebuilt again once recovery is over

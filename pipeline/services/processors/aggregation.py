@@ -77,7 +77,8 @@ class UsageAggregator:
 
     def __init__(self, table: Table, send: Send, export_topic: str,
                  counters: DeliveryCounters, owned: Callable[[], Iterable[int]], *,
-                 grace_ms: int, sizes: Mapping[str, int]) -> None:
+                 grace_ms: int, sizes: Mapping[str, int],
+                 settled: Callable[[], bool] = lambda: True) -> None:
         self.table = table
         self.send = send
         self.export_topic = export_topic
@@ -85,12 +86,19 @@ class UsageAggregator:
         self.owned = owned
         self.grace_ms = grace_ms
         self.sizes = sizes
+        self.settled = settled
         self.sums = UsageSums()
 
     def current_sums(self) -> UsageSums:
-        """The sums for the partitions owned now (rebuilt after a rebalance)."""
+        """The sums for the partitions owned now (rebuilt after a rebalance).
+
+        While tables are still recovering (a web request can come in then), the sums are
+        built for the answer but not kept: the table is not complete yet.
+        """
         owned = frozenset(self.owned())
         if self.sums.partitions != owned:
+            if not self.settled():
+                return self._rebuild(owned)
             self.sums = self._rebuild(owned)
         return self.sums
 

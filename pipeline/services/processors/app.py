@@ -198,7 +198,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
                          partitions=settings.partitions)
     aggregator = UsageAggregator(processors.usage_agg, send, settings.topics.usage,
                                  processors.counters, lambda: processors.active_partitions(name),
-                                 grace_ms=options.grace_ms, sizes=sizes)
+                                 grace_ms=options.grace_ms, sizes=sizes,
+                                 settled=lambda: not processors.recovery()["in_recovery"])
     processors.aggregator = aggregator
 
     async def fold_usage(stream: Any) -> None:

@@ -1,0 +1,1 @@
+"""Metrics adapters: readings that need the broker (consumer lag per group and partition)."""

@@ -1,0 +1,101 @@
+"""Consumer lag per consumer group and partition, in records and in seconds.
+
+Lag in seconds is what operators ask for: the age (``now`` minus the record timestamp) of the
+first record a group has not consumed yet, 0 when the group is at the end. The probe lists the
+cluster's consumer groups, their committed offsets on the topics asked for, the end offsets,
+and for each lagging partition reads the timestamp of the record at the committed offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class LagSample:
+    group: str
+    topic: str
+    partition: int
+    committed: int
+    end: int
+    seconds: float
+
+    @property
+    def records(self) -> int:
+        return max(0, self.end - self.committed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "topic": self.topic, "partition": self.partition,
+                "committed": self.committed, "end": self.end, "records": self.records,
+                "seconds": round(self.seconds, 3)}
+
+
+class ConsumerLagProbe:
+    """Reads the lag of every group on ``topics``; ``start``, ``sample`` often, ``stop``."""
+
+    def __init__(self, settings: Settings, topics: Collection[str]) -> None:
+        self._settings = settings
+        self._topics = frozenset(topics)
+        self._admin: AIOKafkaAdminClient | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        options = client_options(self._settings)
+        with broker_errors("start the consumer-lag probe"):
+            self._admin = AIOKafkaAdminClient(**options)
+            await self._admin.start()
+            self._consumer = AIOKafkaConsumer(enable_auto_commit=False,
+                                              isolation_level="read_committed", **options)
+            await self._consumer.start()
+
+    async def stop(self) -> None:
+        admin, consumer, self._admin, self._consumer = self._admin, self._consumer, None, None
+        if consumer is not None:
+            await consumer.stop()
+        if admin is not None:
+            await admin.close()
+
+    async def sample(self, now_ms: int, skip_groups: Collection[str] = ()) -> list[LagSample]:
+        admin, consumer = self._admin, self._consumer
+        if admin is None or consumer is None:
+            return []
+        with broker_errors("read consumer group offsets"):
+            groups = sorted(str(g[0]) for g in await admin.list_consumer_groups())
+            committed: dict[tuple[str, TopicPartition], int] = {}
+            for group in groups:
+                if group in skip_groups:
+                    continue
+                offsets = await admin.list_consumer_group_offsets(group)
+                for tp, meta in offsets.items():
+                    if tp.topic in self._topics and meta.offset >= 0:
+                        committed[(group, tp)] = meta.offset
+            ends = await consumer.end_offsets(sorted({tp for _, tp in committed}))
+        samples = []
+        for (group, tp), offset in sorted(committed.items(), key=lambda kv: (kv[0][0],
+                                          kv[0][1].topic, kv[0][1].partition)):
+            end = ends.get(tp, offset)
+            seconds = 0.0
+            if offset < end:
+                stamp = await self._timestamp_at(tp, offset)
+                seconds = max(0.0, (now_ms - stamp) / 1000) if stamp is not None else 0.0
+            samples.append(LagSample(group, tp.topic, tp.partition, offset, end, seconds))
+        return samples
+
+    async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int | None:
+        """The timestamp of the first record at or after ``offset`` (None: none readable)."""
+        consumer = self._consumer
+        assert consumer is not None
+        with broker_errors(f"read {tp.topic}[{tp.partition}]@{offset}"):
+            consumer.assign([tp])
+            consumer.seek(tp, offset)
+            batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        records = batch.get(tp, [])
+        return int(records[0].timestamp) if records else None

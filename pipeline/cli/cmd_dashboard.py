@@ -1,0 +1,52 @@
+"""``dsh-pipeline dashboard``: the live fleet dashboard (web page, JSON + SSE API, /metrics).
+
+Reads the session topic of ``DSH_TOPIC_PREFIX`` from the beginning, listens on
+``DSH_DASHBOARD_HOST``:``DSH_DASHBOARD_PORT`` (``--host``/``--port`` win) and prints the URL.
+With ``DSH_DASHBOARD_TOKEN`` set every request but ``/health`` needs the token (bearer, or the
+password of basic auth). Stops on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from pipeline.codec.avro import EventSerde
+from pipeline.services.dashboard.server import serve_until, start_dashboard
+from pipeline.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "dashboard", help="serve the live fleet dashboard (web page, JSON/SSE API, /metrics)",
+        description="Serve the read-only live dashboard of the fleet, fed by the session topic.")
+    parser.add_argument("--host", default=None, help="bind host (default DSH_DASHBOARD_HOST)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="bind port (default DSH_DASHBOARD_PORT; 0 picks a free one)")
+    parser.add_argument("--loglevel", default="WARNING")
+    parser.set_defaults(func=run_dashboard)
+
+
+def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
+    logging.basicConfig(level=args.loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
+    asyncio.run(_serve(settings, args.host, args.port))
+    return 0
+
+
+async def _serve(settings: Settings, host: str | None, port: int | None) -> None:
+    running = await start_dashboard(settings, EventSerde().decode, host=host, port=port)
+    protected = " (token required)" if settings.dashboard_token else ""
+    print(f"dashboard: {running.url}{protected}", flush=True)
+    print(f"dashboard: reading {settings.topics.session_events} at "
+          f"{settings.bootstrap_servers}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await serve_until(stop, running)

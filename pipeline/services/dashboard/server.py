@@ -1,0 +1,57 @@
+"""Run the dashboard: the service's loops plus the web server, until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from pipeline.adapters.kafka.event_stream import Decoder
+from pipeline.core.errors import ConfigError
+from pipeline.services.dashboard.service import DashboardConfig, DashboardService
+from pipeline.services.dashboard.web import build_app
+from pipeline.settings import Settings
+
+
+@dataclass(slots=True)
+class RunningDashboard:
+    """A started dashboard: its URL, and how to stop it."""
+
+    service: DashboardService
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()  # closes open streams first
+        await self.service.stop()
+
+
+async def start_dashboard(settings: Settings, decode: Decoder, *, host: str | None = None,
+                          port: int | None = None,
+                          config: DashboardConfig | None = None) -> RunningDashboard:
+    """Start the loops and listen on ``host:port`` (port 0: a free one, see ``url``)."""
+    service = DashboardService(settings, decode, config)
+    app = build_app(service, settings.dashboard_token)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    bind_host = host or settings.dashboard_host
+    bind_port = settings.dashboard_port if port is None else port
+    site = web.TCPSite(runner, bind_host, bind_port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"dashboard cannot listen on {bind_host}:{bind_port}: "
+                          f"{exc.strerror or exc}") from None
+    await service.start()
+    bound = runner.addresses[0][1] if runner.addresses else bind_port
+    shown = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
+    return RunningDashboard(service, runner, f"http://{shown}:{bound}/")
+
+
+async def serve_until(stop: asyncio.Event, running: RunningDashboard) -> None:
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()

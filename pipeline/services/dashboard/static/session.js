@@ -1,0 +1,184 @@
+// The session page: one session's events over SSE (/api/stream/sessions/{id}), rendered as a
+// live transcript; the derived messages beside it when they differ (replaced ranges).
+"use strict";
+
+const sessionId = decodeURIComponent(location.pathname.replace(/^\/sessions\//, ""));
+document.getElementById("sid").textContent = sessionId;
+document.title = `dsh · ${sessionId}`;
+const transcript = document.getElementById("transcript");
+const pane = document.getElementById("transcript-pane");
+const blocks = new Map();   // "turn/step/index" -> streaming element
+const streamed = new Set(); // "turn/step" with chunks seen
+const status = { state: "idle", turn: null, step: null, events: 0, tokensIn: 0, tokensOut: 0 };
+let userChoice = null, derivedDiffers = false;  // userChoice: the toggle, once clicked
+
+function stepKey(d) { return `${d.turn}/${d.step}`; }
+
+function textOf(content) {
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) return JSON.stringify(content);
+  return content.map((b) => {
+    if (b.type === "text" || b.type === "reasoning") return b.text;
+    if (b.type === "tool-call" || b.type === "tool_use") return `→ ${b.name}(${b.arguments ?? JSON.stringify(b.input)})`;
+    if (b.type === "tool-result" || b.type === "tool_result") return textOf(b.content);
+    if (b.type === "image") return "[image]";
+    return `[${b.type}]`;
+  }).join("\n");
+}
+
+function pretty(raw) {
+  try { return JSON.stringify(JSON.parse(raw), null, 2); } catch { return String(raw); }
+}
+
+function add(node) {
+  const nearBottom = pane.scrollHeight - pane.scrollTop - pane.clientHeight < 80;
+  transcript.append(node);
+  if (nearBottom) pane.scrollTop = pane.scrollHeight;
+}
+
+function message(kind, who, text, seq) {
+  return el("div", { class: `msg ${kind}`, "data-seq": String(seq) },
+    el("span", { class: "who", text: who }), text);
+}
+
+function onChunk(ev) {
+  const d = ev.data, c = d.chunk || {};
+  const key = `${stepKey(d)}/${c.index}`;
+  streamed.add(stepKey(d));
+  if (c.type === "block-start") {
+    const kind = c.blockType === "reasoning" ? "reasoning" : c.blockType === "tool-call" ? "tool" : "assistant";
+    let node;
+    if (kind === "tool") {
+      node = el("div", { class: "tool call" }, el("div", { class: "name", text: "tool call (streaming)" }), el("pre"));
+    } else {
+      node = message(`${kind} streaming`, kind === "reasoning" ? "reasoning" : "assistant", "", ev.seq);
+    }
+    blocks.set(key, node); add(node);
+  } else if (c.type === "text-delta" || c.type === "reasoning-delta") {
+    let node = blocks.get(key);
+    if (!node) { node = message(`${c.type === "text-delta" ? "assistant" : "reasoning"} streaming`, "assistant", "", ev.seq); blocks.set(key, node); add(node); }
+    node.append(c.text);
+    pane.scrollTop = pane.scrollHeight - pane.scrollTop - pane.clientHeight < 120 ? pane.scrollHeight : pane.scrollTop;
+  } else if (c.type === "tool-call-delta") {
+    const node = blocks.get(key);
+    if (node) {
+      if (c.name) node.querySelector(".name").textContent = `tool call · ${c.name}`;
+      node.querySelector("pre").append(c.argumentsDelta || "");
+    }
+  } else if (c.type === "block-end") {
+    const node = blocks.get(key), b = c.block || {};
+    if (!node) return;
+    node.classList.remove("streaming");
+    // the final block is authoritative (deltas may have been cut by a retry)
+    if ((b.type === "text" || b.type === "reasoning") && typeof b.text === "string") {
+      node.replaceChildren(node.querySelector(".who"), b.text);
+    } else if (b.type === "tool-call" && node.querySelector("pre")) {
+      node.querySelector(".name").textContent = `tool call · ${b.name}`;
+      node.querySelector("pre").textContent = pretty(b.arguments);
+    }
+  } else if (c.type === "finish") {
+    for (const [k, node] of blocks) if (k.startsWith(`${stepKey(d)}/`)) node.classList.remove("streaming");
+    const r = c.reason || {};
+    if (r.kind === "error" || r.kind === "aborted") {
+      const f = r.failure || {};
+      add(el("div", { class: "note bad", text: `model call ${r.kind}: ${f.code || ""} ${f.message || ""}` }));
+    }
+  }
+}
+
+const RENDER = {
+  "turn/start": (ev) => { Object.assign(status, { state: "in-turn", turn: ev.data.turn, step: null });
+    add(el("div", { class: "turn-sep", text: `Turn ${ev.data.turn}` })); },
+  "step/start": (ev) => { status.step = ev.data.step;
+    add(el("div", { class: "step-sep", text: `step ${ev.data.step}` })); },
+  "step/end": () => { status.step = null; },
+  "turn/end": (ev) => {
+    Object.assign(status, { state: "idle", step: null });
+    const r = ev.data.reason || {};
+    const detail = r.kind === "error" && r.error ? ` (${r.error.code}: ${r.error.message})`
+      : r.kind === "aborted" && r.reason ? ` (${r.reason.kind})` : "";
+    add(el("div", { class: `turn-end reason ${r.kind}`, text: `turn ${ev.data.turn} ended: ${r.kind}${detail}` }));
+  },
+  "user/message": (ev) => {
+    const kind = (ev.data.source || {}).kind;
+    add(message("user", kind && kind !== "user" ? `user · ${kind}` : "user", textOf(ev.data.content), ev.seq));
+  },
+  "assistant/chunk": onChunk,
+  "assistant/message": (ev) => {
+    const d = ev.data, u = d.usage || {};
+    status.tokensIn += (u.inputTokens || 0) + (u.cacheReadTokens || 0) + (u.cacheWriteTokens || 0);
+    status.tokensOut += u.outputTokens || 0;
+    if (!streamed.has(stepKey(d)) && textOf(d.message.content)) {
+      add(message("assistant", "assistant", textOf(d.message.content), ev.seq));
+    }
+    if (d.interrupted) add(el("div", { class: "note bad", text: "assistant message interrupted" }));
+  },
+  "tool/call": (ev) => add(el("div", { class: "tool call", "data-seq": String(ev.seq) },
+    el("div", { class: "name", text: `tool call · ${ev.data.name} · ${ev.data.callId}` }),
+    el("pre", { text: pretty(ev.data.arguments) }))),
+  "tool/result": (ev) => {
+    const block = ((ev.data.message || {}).content || [])[0] || {};
+    const failed = block.isError || ev.data.error;
+    add(el("div", { class: `tool result${failed ? " failed" : ""}`, "data-seq": String(ev.seq) },
+      el("div", { class: "name", text: `result · ${block.toolCallId || ""}${ev.data.error ? ` · ${ev.data.error.code}` : ""}` }),
+      el("pre", { text: textOf(block.content) })));
+  },
+  "request/header": (ev) => {
+    const cfg = ((ev.data.header || {}).config) || {};
+    add(el("div", { class: "note", text: `request header (${ev.data.reason}): ${cfg.provider || "?"} / ${cfg.model || "?"}` }));
+  },
+};
+
+function onEvent(ev) {
+  status.events = ev.seq + 1;
+  const render = RENDER[ev.type];
+  if (render) render(ev);
+  else add(el("div", { class: "note", text: `#${ev.seq} ${ev.type}` }));
+  updateHead();
+}
+
+function updateHead() {
+  const badge = document.getElementById("state");
+  badge.className = `badge ${status.state}`;
+  badge.textContent = status.state === "in-turn"
+    ? (status.step != null ? `turn ${status.turn} · step ${status.step}` : `turn ${status.turn}`) : "idle";
+  document.getElementById("stats").textContent =
+    `${fmtInt(status.events)} events · ${fmtInt(status.tokensIn)} tokens in · ${fmtInt(status.tokensOut)} out`;
+}
+
+function onDerived(d) {
+  derivedDiffers = d.replaced;
+  const box = document.getElementById("derived");
+  box.replaceChildren(...d.messages.map((m, i) => {
+    const node = message(m.role === "assistant" ? "assistant" : "user", m.role, textOf(m.content), d.seqs[i]);
+    node.prepend(el("span", { class: "seq", text: `#${d.seqs[i]}` }));
+    return node;
+  }));
+  document.getElementById("derived-title").textContent = d.replaced
+    ? `Derived messages: differ from the transcript (replaced ranges) · ${d.messages.length}`
+    : `Derived messages (same as the transcript) · ${d.messages.length}`;
+  if (d.error) setBanner(`derived messages stopped at ${d.error}`);
+  layoutPanes();
+}
+
+function layoutPanes() {
+  const visible = userChoice ?? derivedDiffers;
+  document.getElementById("derived-pane").hidden = !visible;
+  document.getElementById("cols").classList.toggle("single", !visible);
+  document.getElementById("toggle-derived").textContent = visible ? "hide derived messages" : "show derived messages";
+}
+
+function setBanner(text) {
+  const b = document.getElementById("banner");
+  b.textContent = text || ""; b.classList.toggle("show", !!text);
+}
+
+document.getElementById("toggle-derived").addEventListener("click", () => {
+  userChoice = !(userChoice ?? derivedDiffers); layoutPanes();
+});
+
+liveStream(`/api/stream/sessions/${encodeURIComponent(sessionId)}`, {
+  event: onEvent,
+  derived: onDerived,
+  "caught-up": () => updateHead(),
+}, document.getElementById("conn"));

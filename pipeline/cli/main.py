@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_processors",
     "pipeline.cli.cmd_avro",
     "pipeline.cli.cmd_fanout",
+    "pipeline.cli.cmd_dashboard",
 )
 
 

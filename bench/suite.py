@@ -1,0 +1,116 @@
+"""The benchmark suite (issue 8): every figure next to its anchor, measured in the same run.
+
+    .venv/bin/python bench/suite.py [--quick] [--only NAME ...] [--output BENCHMARKS.md]
+                                    [--bootstrap HOST:PORT] [--runs N]
+    dsh-pipeline bench ...        (the same)
+    make bench
+
+Without ``--bootstrap`` a single-node Kafka is started from the local stack's artifacts for
+the run. Kafka's perf tools (``kafka-tools``) are resolved into their own folder on first use;
+when they cannot be, the anchors are reported as not measured. ``--quick`` runs every
+benchmark briefly (CI, the test): its figures show the suite works, not how fast anything is.
+Writes the Markdown report to ``--output`` and prints one JSON line per figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from suite_core import CHECKOUT, Context, Figure, load_average
+from suite_kafka import bench_ingest_consume, bench_replay
+from suite_local import bench_avro_codec, bench_fold, bench_memory
+from suite_report import render
+from suite_services import bench_driver, bench_processors_worker
+from suite_tools import tools_lib
+
+Benchmark = Callable[[Context], list[Figure]]
+BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
+    # name: (function, needs the broker)
+    "avro": (bench_avro_codec, False),
+    "fold": (bench_fold, False),
+    "memory": (bench_memory, False),
+    "ingest": (bench_ingest_consume, True),
+    "processors": (bench_processors_worker, True),
+    "driver": (bench_driver, True),
+    "replay": (bench_replay, True),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dsh-pipeline bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every benchmark, briefly")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help=f"run only these: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--output", type=Path, default=CHECKOUT / "BENCHMARKS.md")
+    parser.add_argument("--bootstrap", default="",
+                        help="use this Kafka instead of starting a local one")
+    parser.add_argument("--runs", type=int, default=0,
+                        help="runs per figure (default 3, 1 with --quick)")
+    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str, needed: bool) -> Iterator[str]:
+    if bootstrap or not needed:
+        yield bootstrap
+        return
+    from pipeline.adapters.localstack.artifacts import Artifacts
+    from pipeline.adapters.localstack.kafka import KafkaLocal
+    with KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024) as kafka:
+        yield kafka.bootstrap
+
+
+def log(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[str, str]]:
+    names = args.only or list(BENCHMARKS)
+    needs_broker = any(BENCHMARKS[name][1] for name in names)
+    runs = args.runs or (1 if args.quick else 3)
+    results: dict[str, list[Figure]] = {}
+    failures: dict[str, str] = {}
+    with broker(args.bootstrap, needs_broker) as bootstrap:
+        lib = tools_lib() if needs_broker else None
+        ctx = Context(bootstrap, args.quick, runs, lib, log)
+        for name in names:
+            started = time.monotonic()
+            log(f"{name}: start (load average {load_average()})")
+            try:
+                results[name] = BENCHMARKS[name][0](ctx)
+            except Exception as exc:  # one failing benchmark must not lose the others
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                log(f"{name}: FAILED\n{traceback.format_exc()}")
+                continue
+            log(f"{name}: done in {time.monotonic() - started:.0f} s")
+    return results, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started, load_before = time.monotonic(), load_average()
+    results, failures = run_suite(args)
+    elapsed = time.monotonic() - started
+    command = "dsh-pipeline bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.output.write_text(render(results, failures, command=command.strip(),
+                                  quick=args.quick, elapsed_s=elapsed,
+                                  load=(load_before, load_average())))
+    for name, figures in results.items():
+        for figure in figures:
+            print(json.dumps({"benchmark": name, "figure": figure.name, "unit": figure.unit,
+                              "ours": figure.ours, "anchor": figure.anchor,
+                              "anchor_values": figure.anchor_values}))
+    log(f"wrote {args.output} in {elapsed:.0f} s; failed: {sorted(failures) or 'none'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

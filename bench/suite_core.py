@@ -1,0 +1,113 @@
+"""The benchmark suite's shared parts: what a benchmark returns, the run context, statistics.
+
+A benchmark is a function ``(Context) -> list[Figure]``; it repeats its measurement
+``ctx.runs`` times itself (set-up shared between runs is built once, outside the timed part)
+and returns one :class:`Figure` per figure, each with our values and, where there is one, the
+anchor's values measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.settings import Settings
+
+BENCH_DIR = Path(__file__).resolve().parent
+CHECKOUT = BENCH_DIR.parent
+FIXTURES = Path(os.environ.get("DSH_FIXTURES_DIR", "/work/shared/fixtures"))
+
+
+@dataclass(slots=True)
+class Figure:
+    """One figure: our values over the runs, and the anchor's (same run, same machine)."""
+
+    name: str
+    unit: str
+    ours: list[float]
+    anchor: str = ""
+    anchor_values: list[float] = field(default_factory=list)
+    higher_is_better: bool = True
+    goal: str = ""
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ours)
+
+    @property
+    def anchor_median(self) -> float | None:
+        return statistics.median(self.anchor_values) if self.anchor_values else None
+
+    @property
+    def ratio(self) -> float | None:
+        """ours / anchor (for both kinds of figure: the reader knows which way is better)."""
+        anchor = self.anchor_median
+        if anchor is None or anchor == 0:
+            return None
+        return self.median / anchor
+
+
+@dataclass(slots=True)
+class Context:
+    """What every benchmark gets: the broker, the size of the run, where to say progress."""
+
+    bootstrap: str
+    quick: bool
+    runs: int
+    tools_lib: Path | None
+    log: Callable[[str], None]
+
+    def size(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    def settings(self, partitions: int = 6) -> Settings:
+        """Settings on fresh topics (a unique prefix), so no run reads another's records."""
+        prefix = f"bench{uuid.uuid4().hex[:10]}."
+        return Settings.from_env({}, bootstrap_servers=self.bootstrap, topic_prefix=prefix,
+                                 partitions=partitions, replication_factor=1,
+                                 group_id_prefix=f"{prefix}g-")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank; raises on an empty list."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_and_wall() -> tuple[float, float]:
+    return time.process_time(), time.perf_counter()
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def machine() -> str:
+    """Cores and memory of this machine (Linux /proc; 'unknown' elsewhere)."""
+    cores = os.cpu_count() or 0
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        total_kb = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
+        memory = f"{total_kb / 1024 / 1024:.1f} GiB"
+    except (OSError, StopIteration, ValueError):
+        memory = "unknown memory"
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cores} cores ({model}), {memory}"

@@ -1,0 +1,208 @@
+"""In-process benchmarks: Avro codec, fold cost against session length, memory per session.
+
+CPU time of this process (``time.process_time``) where the figure is a cost on one core: the
+machine is shared, and wall time would measure the neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bench_avro
+import bench_core_fold
+from suite_core import Context, Figure
+
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.records import event_headers, record_key
+from pipeline.core.events import Event, event_from_json
+from pipeline.core.log import SessionLog
+from pipeline.core.surface import SurfaceFold
+from pipeline.core.synth import synth_session
+from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.folding import Outgoing, SessionFolder, SessionTables
+from pipeline.settings import TopicNames
+
+
+def bench_avro_codec(ctx: Context) -> list[Figure]:
+    mix = bench_avro.load_mix() * ctx.size(20, 2)
+    rounds = ctx.size(5, 1)
+    figure = Figure("Avro encode+decode, realistic mix, one core (EventSerde, single-object)",
+                    "events/s (CPU)", [], "fastavro schemaless_writer/reader, same records",
+                    goal=">= 100,000 events/s (issue 3)",
+                    note=f"{len(mix):,} events of the fixtures' recorded sessions (packed "
+                         f"chunks expanded); best of {rounds} rounds per run")
+    serde = EventSerde()
+    for _ in range(ctx.runs):
+        figure.ours.append(bench_avro.best_rate(mix, serde, rounds))
+        figure.anchor_values.append(bench_avro.fastavro_rate(mix, serde, rounds))
+    return [figure]
+
+
+def naive_cost(events: list[Event], length: int, budget: int) -> float:
+    """CPU s per event of appending with a from-scratch surface fold after every append."""
+    sessions = max(1, budget // (length * length // 2 + length))
+    span = len(events) - length
+    windows = [bench_core_fold.rebase(events[(i * length) % span:(i * length) % span + length])
+               for i in range(sessions)]
+    started = time.process_time()
+    for window in windows:
+        log = SessionLog("s", mode="strict")
+        for event in window:
+            log.append(event)
+            fold = SurfaceFold()
+            for seen in log.events:
+                fold.apply(seen)
+            fold.messages()
+    return (time.process_time() - started) / sum(len(w) for w in windows)
+
+
+def bench_fold(ctx: Context) -> list[Figure]:
+    total = ctx.size(100_000, 10_000)
+    lengths = [10, 100, 1_000, 10_000] if not ctx.quick else [10, 100, 1_000]
+    naive_up_to = ctx.size(1_000, 100)
+    events = synth_session(1, total + 1)
+    figures = {length: Figure(f"Append+fold per event, session length {length:,}",
+                              "us/event (CPU)", [], higher_is_better=False)
+               for length in [*lengths, total]}
+    for length in lengths:
+        if length <= naive_up_to:
+            figures[length].anchor = "naive: surface recomputed after every append"
+    for _ in range(ctx.runs):
+        for length in lengths:
+            cost = bench_core_fold.windows_cost(events, length, "strict", ctx.size(20_000, 3_000))
+            figures[length].ours.append(cost * 1e6)
+            if length <= naive_up_to:
+                figures[length].anchor_values.append(
+                    naive_cost(events, length, ctx.size(2_000_000, 100_000)) * 1e6)
+        figures[total].ours.append(bench_core_fold.tail_cost(
+            events, "strict", ctx.size(10_000, 2_000)) * 1e6)
+    flat = Figure(f"Fold flatness: per-event cost at {total:,} events / at 10 events", "x",
+                  [a / b for a, b in zip(figures[total].ours, figures[10].ours, strict=True)],
+                  higher_is_better=False, goal="<= 1.5x (issue 3)",
+                  note="strict validation + incremental surface fold + turn bookkeeping")
+    return [*figures.values(), flat]
+
+
+def _session_template(length: int) -> list[str]:
+    """One synthetic session's events as JSON lines (parsed afresh per session)."""
+    return [e.to_line() for e in synth_session(7, length)]
+
+
+def parse_line(line: str) -> Event:
+    return event_from_json(json.loads(line))
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux /proc/self/statm)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure_child(component: str, count: int, length: int) -> int:
+    """In a fresh interpreter: RSS growth from building ``count`` sessions' state."""
+    lines = _session_template(length)
+    events = [parse_line(line) for line in lines]
+    gc.collect()
+    before = resident_bytes()
+    keep = (driver_state(count, lines) if component == "driver"
+            else processors_state(count, events))
+    gc.collect()
+    grown = resident_bytes() - before
+    del keep
+    return grown
+
+
+def driver_state(sessions: int, lines: list[str]) -> object:
+    """A driver holding ``sessions`` recovered sessions (what assignment rebuilds)."""
+    driver = bench_runner_driver()
+    for n in range(sessions):
+        events = [parse_line(line) for line in lines]
+        driver.runner(f"s{n}", SessionLog.from_events(f"s{n}", events))
+    return driver
+
+
+def bench_runner_driver() -> object:
+    import bench_runner
+    return bench_runner.new_driver(bench_runner.TimingSink())
+
+
+def processors_state(sessions: int, events: list[Event]) -> object:
+    """The processors' session tables after folding ``sessions`` sessions of ``events``."""
+    tables = SessionTables({}, {})
+    template = {f"{e.seq}".encode(): e for e in events}
+
+    def decode(value: bytes) -> tuple[str, Event]:
+        session_id, seq = value.split(b"|")
+        return session_id.decode(), template[seq]
+
+    async def send(_out: Outgoing) -> None:
+        return None
+
+    from pipeline.adapters.kafka.records import InboxRecord
+    folder = SessionFolder(tables, send, decode, TopicNames(""), "by-model",
+                           DeliveryCounters())
+    headers = [tuple(event_headers(e)) for e in events]
+
+    async def run() -> None:
+        for n in range(sessions):
+            sid = f"s{n}"
+            key = record_key(sid)
+            for event, head in zip(events, headers, strict=True):
+                await folder.handle(InboxRecord(topic="t", partition=0, offset=0, key=key,
+                                                value=f"{sid}|{event.seq}".encode(),
+                                                headers=head, timestamp_ms=0))
+    asyncio.run(run())
+    return tables
+
+
+def bench_memory(ctx: Context) -> list[Figure]:
+    counts = [10_000, 100_000] if not ctx.quick else [500, 2_000]
+    length = 60
+    figures = []
+    for component in ("driver", "processors"):
+        per_session = 0.0
+        for count in counts:
+            figure = Figure(f"Memory: {component} state per session at {count:,} sessions",
+                            "bytes/session", [], higher_is_better=False)
+            figures.append(figure)
+            needed = per_session * count * 1.5
+            if needed and needed > available_bytes() / 2:
+                figure.note = (f"{component} at {count:,} sessions not measured: it would "
+                               f"take ~{needed / 2**30:.1f} GiB, more than half of the "
+                               "memory available on this shared machine")
+                continue
+            for _ in range(1 if count >= 100_000 else ctx.runs):
+                figure.ours.append(_child(component, count, length) / count)
+            per_session = figure.median
+    for figure in figures:
+        figure.note = figure.note or (
+            f"RSS growth of a fresh interpreter while building the state, after gc; each "
+            f"session the first {length} events of a synthetic session (one turn); driver: "
+            "runners with their SessionLog as rebuilt on assignment (events parsed per "
+            "session); processors: the sessions/nodes tables and chunk cursors as dicts (the "
+            "worker's RocksDB/memory store adds its own overhead)")
+    return figures
+
+
+def _child(component: str, count: int, length: int) -> int:
+    done = subprocess.run([sys.executable, __file__, component, str(count), str(length)],
+                          capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print(measure_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

@@ -1,0 +1,105 @@
+"""BENCHMARKS.md from the suite's figures."""
+
+from __future__ import annotations
+
+import time
+
+from suite_core import Figure, machine
+
+TITLES = {
+    "avro": "Avro codec (issue 3)",
+    "fold": "Fold cost against session length (issue 3)",
+    "memory": "Memory per session",
+    "ingest": "Ingest, consume and decode",
+    "processors": "Processors worker and end-to-end latency",
+    "driver": "Driver (issue 4)",
+    "replay": "Replay",
+}
+
+NOT_MEASURED = """\
+- **Two processors workers**: one worker only; a second worker on this 2-core machine would
+  share the cores with the first and the broker, so it would not say how the workers scale.
+- **The driver's memory while turns run**: the figure is the state of idle (recovered)
+  sessions; a running turn adds its stream buffers for the duration of a step.
+- **The processors' memory inside the faust worker**: the tables are measured as the dicts
+  the folding code keeps (the memory store); faust's own per-key overhead and RocksDB are not.
+- **Registry framing** (Confluent, schema id lookups): the suite uses single-object framing;
+  the codec's cost for both framings is in `bench/bench_avro.py`.
+- **Naive fold beyond 1,000 events**: it is quadratic; at 10,000 events one session would
+  take minutes, so the naive column stops where the difference is already clear.
+- **Cold-disk reads**: consume, replay and their anchors read topics written moments before,
+  from the OS page cache, as a live consumer does; reading from disk was not measured.
+"""
+
+METHOD = """\
+- Each figure is the median of its runs; *spread* is min-max over the runs. *Ratio* is ours /
+  anchor (for latency and cost, lower is better; for rates, higher).
+- Broker: one local KRaft node (Kafka 4.4.0, started by the suite unless `--bootstrap`),
+  replication factor 1; all producers acks=all and idempotent.
+- The realistic mix: `pipeline.core.synth` sessions, whose proportions follow the recorded
+  fixtures in `../shared/fixtures` (per turn: claim, 1-4 steps, reasoning runs of 10-30
+  deltas, tool-call argument runs of 15-35 pieces, text runs of 1-30 deltas, tool results of
+  60-600 chars, a few percent of retries, cancels and compactions: ~87% `assistant/chunk`).
+  The Avro codec figure uses the fixtures' recorded events themselves. The processors
+  benchmark uses the tests' generated sessions (usage per model, ~70% chunks).
+- Anchors: Kafka's `ProducerPerformance` with the same record count, the mean Avro record
+  size of the mix, the same partitions, acks=all and the same batch/linger/idempotence as our
+  producer, `--throughput -1` (unthrottled, as its documentation says for a throughput test);
+  `ConsumerPerformance` reading the same topic (its `fetch.nMsg.sec`, start-up excluded);
+  `EndToEndLatency` (one record at a time, acks=all, same record size); a plain aiokafka
+  producer sending the same events as JSON with the same settings.
+- CPU-time figures (codec, fold) are CPU time of the benchmark process: on a loaded machine
+  they are what the code costs, wall-time figures are what it achieved beside its neighbours.
+"""
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def _row(figure: Figure) -> str:
+    runs = len(figure.ours)
+    spread = (f"{_num(min(figure.ours))}-{_num(max(figure.ours))}" if runs > 1 else "1 run")
+    if not figure.ours:
+        return f"| {figure.name} | not measured | | | {figure.anchor or '-'} | | | |"
+    ratio = figure.ratio
+    anchor = figure.anchor or "-"
+    if figure.anchor and not figure.anchor_values:
+        anchor += " (not measured)"
+    return (f"| {figure.name} | {_num(figure.median)} {figure.unit} | {spread} | {anchor} | "
+            f"{_num(figure.anchor_median)} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{figure.goal or '-'} |")
+
+
+def render(results: dict[str, list[Figure]], failures: dict[str, str], *, command: str,
+           quick: bool, elapsed_s: float, load: tuple[str, str]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        "# Benchmarks", "",
+        f"Written by `{command}` on {when}, in {elapsed_s / 60:.1f} minutes.", "",
+        f"- Machine: {machine()}.",
+        f"- Load average (1/5/15 min) before / after the run: {load[0]} / {load[1]}. The "
+        "machine was shared with other engineers' test runs: wall-time figures are lower "
+        "than the machine would give alone, and ratios to anchors measured in the same run "
+        "are the comparable numbers.",
+    ]
+    if quick:
+        lines.append("- **--quick run**: every benchmark ran briefly with small sizes and one "
+                     "run each; these figures show the suite works, not how fast anything is.")
+    lines += ["", "## Method", "", METHOD]
+    for name, figures in results.items():
+        lines += ["", f"## {TITLES.get(name, name)}", "",
+                  "| Figure | Ours (median) | Spread | Anchor | Anchor (median) | Ratio | Goal |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [_row(figure) for figure in figures]
+        notes = dict.fromkeys(f.note for f in figures if f.note)
+        lines += [""] + [f"- {note}" for note in notes]
+    if failures:
+        lines += ["", "## Failed in this run", ""]
+        lines += [f"- `{name}`: {reason[:500]}" for name, reason in failures.items()]
+    lines += ["", "## Not measured, and why", "", NOT_MEASURED]
+    return "\n".join(lines).rstrip() + "\n"

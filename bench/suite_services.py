@@ -1,0 +1,139 @@
+"""Service benchmarks: the processors worker (throughput, append -> derived change latency),
+the driver (in memory and over Kafka). They reuse bench_processors.py, bench_runner.py and
+bench_driver_kafka.py, which stay runnable on their own."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import bench_driver_kafka
+import bench_processors
+import bench_runner
+from suite_core import Context, Figure, percentile
+from suite_kafka import mean_avro_size, synth_mix
+from suite_tools import ToolError, consumer_performance, end_to_end_latency
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.settings import Settings
+
+PROCESSOR_PARTITIONS = 3
+
+
+def bench_processors_worker(ctx: Context) -> list[Figure]:
+    events = ctx.size(60_000, 2_000)
+    rates = [200.0, 1000.0] if not ctx.quick else [200.0]
+    seconds = ctx.size(10, 2)
+    through = Figure("Processors: events/s, one worker (backlog of a fresh topic)", "events/s",
+                     [], "ConsumerPerformance on the same topic (read only)",
+                     note=f"{events:,} events of generated sessions (~70% chunks), "
+                          f"{PROCESSOR_PARTITIONS} partitions, memory store, tables + "
+                          "changelogs + outputs included")
+    latency = {rate: (Figure(f"End-to-end p50: append -> derived change, at {rate:.0f} "
+                             "events/s", "ms", [], "EndToEndLatency p50 (acks=all)",
+                             higher_is_better=False),
+                      Figure(f"End-to-end p99: append -> derived change, at {rate:.0f} "
+                             "events/s", "ms", [], "EndToEndLatency p99 (acks=all)",
+                             higher_is_better=False)) for rate in rates}
+    for run in range(ctx.runs):
+        settings = ctx.settings(PROCESSOR_PARTITIONS)
+        asyncio.run(ensure_topics(settings))
+        total = asyncio.run(bench_processors.publish(
+            settings, bench_processors.make_sessions(run + 1, events, f"tp{run}")))
+        ctx.log(f"processors run {run + 1}: {total} events published; starting a worker")
+        with tempfile.TemporaryDirectory() as state:
+            _worker_run(ctx, settings, Path(state), total, through, latency, seconds)
+        if ctx.tools_lib is not None:
+            _latency_anchor(ctx, settings, latency, seconds)
+            try:
+                through.anchor_values.append(consumer_performance(
+                    ctx.tools_lib, ctx.bootstrap, settings.topics.session_events, total))
+            except ToolError as exc:
+                ctx.log(f"anchor failed: {exc}")
+    for p50, p99 in latency.values():
+        p50.note = p99.note = (f"{seconds} s of paced appends per rate; CreateTime of the "
+                               "derived record minus CreateTime of the session event")
+    return [through, *(f for pair in latency.values() for f in pair)]
+
+
+def _worker_run(ctx: Context, settings: Settings, state: Path, total: int, through: Figure,
+                latency: dict[float, tuple[Figure, Figure]], seconds: int) -> None:
+    worker = bench_processors.Worker(settings, bench_processors.free_port(), state,
+                                     ["--loglevel", "WARNING"])
+    try:
+        worker.wait_ready()
+        per_s, _took, _per_cpu = bench_processors.throughput(worker, total)
+        through.ours.append(per_s)
+        for index, (rate, (p50, p99)) in enumerate(latency.items()):
+            live = bench_processors.make_sessions(100 + index, int(rate * seconds),
+                                                  f"lat{index}")
+            sent = asyncio.run(bench_processors.paced_append(settings, live, rate))
+            lat = asyncio.run(bench_processors.derived_stamps(settings, sent))
+            if lat:
+                p50.ours.append(percentile(lat, 0.50))
+                p99.ours.append(percentile(lat, 0.99))
+            ctx.log(f"  latency at {rate:.0f}/s: {len(lat)} of {len(sent)} surface events")
+    finally:
+        worker.stop()
+
+
+def _latency_anchor(ctx: Context, settings: Settings,
+                    latency: dict[float, tuple[Figure, Figure]], seconds: int) -> None:
+    assert ctx.tools_lib is not None
+    topic = f"{settings.topic_prefix}e2e-anchor"
+    single = Settings.from_env({}, bootstrap_servers=ctx.bootstrap, partitions=1,
+                               topic_prefix=settings.topic_prefix)
+    asyncio.run(ensure_topic(single, topic, compact=False))
+    size = mean_avro_size(list(synth_mix(ctx.size(100_000, 3_000))))
+    try:
+        p50, p99 = end_to_end_latency(ctx.tools_lib, ctx.bootstrap, topic,
+                                      ctx.size(1000, 100), size)
+    except ToolError as exc:
+        ctx.log(f"anchor failed: {exc}")
+        return
+    for fig50, fig99 in latency.values():
+        fig50.anchor_values.append(p50)
+        fig99.anchor_values.append(p99)
+
+
+def bench_driver(ctx: Context) -> list[Figure]:
+    sessions, turns = ctx.size(1000, 100), ctx.size(2, 1)
+    solo_turns = ctx.size(1000, 50)
+    steps = Figure(f"Driver in memory: steps/s, {sessions:,} concurrent scripted sessions",
+                   "steps/s", [], goal=">= 500 steps/s (issue 4)")
+    p50 = Figure("Driver in memory: overhead per step p50 (one session alone)", "ms", [],
+                 higher_is_better=False)
+    p99 = Figure("Driver in memory: overhead per step p99 (one session alone)", "ms", [],
+                 higher_is_better=False, goal="<= 20 ms (issue 4)")
+    for _ in range(ctx.runs):
+        fleet, elapsed = asyncio.run(bench_runner.run_fleet(sessions, turns))
+        steps.ours.append(len(fleet.step_ms) / elapsed)
+        solo = asyncio.run(bench_runner.run_solo(solo_turns))
+        p50.ours.append(percentile(solo.step_ms, 0.50))
+        p99.ours.append(percentile(solo.step_ms, 0.99))
+    note = ("scripted provider answering at once, echo tool; wall time of step/start -> "
+            "step/end publication (bench/bench_runner.py)")
+    steps.note = p50.note = p99.note = note
+    return [steps, p50, p99, *_driver_over_kafka(ctx)]
+
+
+def _driver_over_kafka(ctx: Context) -> list[Figure]:
+    sessions = ctx.size(1000, 50)
+    steps = Figure(f"Driver over Kafka: steps/s committed, {sessions:,} sessions, one process",
+                   "steps/s", [], goal=">= 500 steps/s (issue 4)")
+    visible = Figure("Driver over Kafka: event appended -> readable (read_committed) p99",
+                     "ms", [], higher_is_better=False)
+    # A fresh broker creates its transaction-state topic on first use: not in the figure.
+    asyncio.run(bench_driver_kafka.run(ctx.bootstrap, 5, 6, 25.0))
+    for _ in range(ctx.runs):
+        result = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0))
+        if result["invalid_logs"]:
+            raise RuntimeError(f"driver over Kafka wrote {result['invalid_logs']} invalid logs")
+        steps.ours.append(result["steps_per_s"])
+        visible.ours.append(result["visible_ms_p99"])
+    steps.note = visible.note = ("transactional producer per inbox partition, linger 25 ms, "
+                                 "6 partitions; a two-step tool turn per session "
+                                 "(bench/bench_driver_kafka.py)")
+    return [steps, visible]

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker
+.PHONY: setup artifacts tools test lint pytest demo broker bench
 
 setup: $(STAMP) artifacts
 
@@ -45,3 +45,7 @@ demo: setup
 
 broker: setup
 	$(BIN)/dsh-pipeline broker
+
+# The benchmark suite (bench/suite.py): rewrites BENCHMARKS.md; BENCH_ARGS=--quick for a short run.
+bench: setup
+	$(BIN)/dsh-pipeline bench $(BENCH_ARGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -41,16 +42,22 @@ def write_files(root: Path, events: int, sessions: int) -> int:
 async def run(settings: Settings, root: Path, total: int) -> None:
     await ensure_topics(settings)
     serde = EventSerde()
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     async with Shipper(settings, root, serde.encode, batch=5000) as shipper:
         await shipper.run()
-    ship_s = time.monotonic() - started
-    print(f"ship: {total} events in {ship_s:.1f}s = {total / ship_s:,.0f} events/s "
+    ship_s, ship_cpu = time.monotonic() - started, time.process_time() - cpu
+    print(f"ship: {total} events in {ship_s:.1f}s = {total / ship_s:,.0f} events/s wall, "
+          f"{total / ship_cpu:,.0f} events per CPU-second of this process "
           f"({shipper.stats.transactions} transactions)", flush=True)
+    cpu = time.process_time()
     result = await Rebuilder(settings, serde.decode, 1).run()
+    replay_cpu = time.process_time() - cpu
     print(f"replay: {result.events} events in {result.seconds:.1f}s = "
-          f"{result.events / result.seconds:,.0f} events/s ({result.changes} changes, "
+          f"{result.events / result.seconds:,.0f} events/s wall, "
+          f"{result.events / replay_cpu:,.0f} events per CPU-second ({result.changes} changes, "
           f"{len(result.conversations)} sessions)", flush=True)
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+          "(wall rates are only meaningful on an idle machine)", flush=True)
 
 
 def main() -> int:

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
-from pipeline.codec.records import read_headers, session_id_of_key
+from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.projection import SurfaceSlots, rebuild_conversations, with_session
@@ -37,6 +37,7 @@ from pipeline.services.replay.topic import Decoder
 from pipeline.settings import Settings
 
 PROJECTION: Final = "derived-messages"
+_SURFACE_TYPE_BYTES: Final = frozenset(t.encode() for t in SURFACE_TYPES)
 Progress = Callable[[str], None]
 Conversations = dict[str, list[JsonValue]]
 
@@ -123,6 +124,7 @@ class Rebuilder:
         self.with_core = with_core
         self.progress = progress or (lambda _line: None)
         self.sessions: dict[str, _Session] = {}
+        self._by_key: dict[bytes | None, tuple[str, _Session]] = {}
         self._out: BulkProducer | None = None
 
     async def run(self) -> RebuildResult:
@@ -145,40 +147,51 @@ class Rebuilder:
         return self.result
 
     async def _fold(self, record: InboxRecord) -> None:
-        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        # The hot loop of a rebuild: most records are chunks, judged by two headers only.
         try:
-            info = read_headers(record.headers)
-            session_id = session_id_of_key(record.key)
-            state = self.sessions.setdefault(session_id, _Session(core=self._core()))
+            known = self._by_key.get(record.key)
+            if known is None:
+                known = self._session_of(record.key)
+            session_id, state = known
             if state.stopped:
                 return
-            if info.seq is not None and info.type is not None and \
-                    info.type not in SURFACE_TYPES:
-                self._advance(session_id, state, info.seq, where)
+            headers = dict(record.headers)
+            type_, seq = headers.get(HEADER_TYPE), headers.get(HEADER_SEQ)
+            if type_ is not None and seq is not None and type_ not in _SURFACE_TYPE_BYTES \
+                    and seq.isdigit():
+                self._advance(session_id, state, int(seq), record)
                 return
             _sid, event = self.decode(record.value or b"")
         except CodecError as exc:
-            self.result.problems.append(f"{where}: undecodable: {exc}")
+            self.result.problems.append(f"{_where(record)}: undecodable: {exc}")
             return
-        if self._advance(session_id, state, event.seq, where):
-            await self._apply(session_id, state, event, where)
+        if self._advance(session_id, state, event.seq, record):
+            await self._apply(session_id, state, event, record)
+
+    def _session_of(self, key: bytes | None) -> tuple[str, _Session]:
+        session_id = session_id_of_key(key)
+        known = (session_id, self.sessions.setdefault(session_id, _Session(core=self._core())))
+        self._by_key[key] = known
+        return known
 
     def _core(self) -> SurfaceFold | None:
         return SurfaceFold() if self.with_core else None
 
-    def _advance(self, session_id: str, state: _Session, seq: int, where: str) -> bool:
+    def _advance(self, session_id: str, state: _Session, seq: int, record: InboxRecord
+                 ) -> bool:
         """True when ``seq`` is the next one (it is then consumed)."""
         if seq < state.next_seq:
             return False  # a duplicate: folded already
         if seq > state.next_seq:
             state.stopped = True
-            self.result.problems.append(f"{session_id}: gap at {where}: expected seq "
+            self.result.problems.append(f"{session_id}: gap at {_where(record)}: expected seq "
                                         f"{state.next_seq}, found {seq}; not folded past")
             return False
         state.next_seq += 1
         return True
 
-    async def _apply(self, session_id: str, state: _Session, event: Event, where: str) -> None:
+    async def _apply(self, session_id: str, state: _Session, event: Event,
+                     record: InboxRecord) -> None:
         if event.type not in SURFACE_TYPES:
             return
         try:
@@ -188,7 +201,8 @@ class Rebuilder:
                 state.core.apply(event)
         except EventError as exc:
             state.stopped = True
-            self.result.problems.append(f"{session_id}: invalid event at {where}: {exc}")
+            self.result.problems.append(f"{session_id}: invalid event at {_where(record)}: "
+                                        f"{exc}")
             return
         assert self._out is not None
         for change in changes:
@@ -208,6 +222,10 @@ class Rebuilder:
         if self.with_core:
             self.result.core = {sid: list(s.core.messages()) for sid, s in self.sessions.items()
                                 if s.core is not None and len(s.core)}
+
+
+def _where(record: InboxRecord) -> str:
+    return f"{record.topic}[{record.partition}]@{record.offset}"
 
 
 def _progress_line(done: int, total: int, started: float) -> str:

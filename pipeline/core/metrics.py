@@ -142,7 +142,9 @@ class Histogram(_Metric):
             running = 0
             for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
                 running += n
-                labels = _labels_text(names, key, ("le", format_value(bound)))
+                # le as prometheus_client writes it ("1.0", "+Inf"): one series per bound
+                le = "+Inf" if math.isinf(bound) else repr(float(bound))
+                labels = _labels_text(names, key, ("le", le))
                 out.append(f"{self.name}_bucket{labels} {running}")
             out.append(f"{self.name}_sum{_labels_text(names, key)} "
                        f"{format_value(self.sums[key])}")

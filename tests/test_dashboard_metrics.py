@@ -1,0 +1,136 @@
+"""The Prometheus registry, the dashboard's fold of events, and the token check: pure parts."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from dashboard_support import LiveSession, prometheus_samples
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.events import Event
+from pipeline.core.metrics import MetricsRegistry, RecentSamples, percentile
+from pipeline.services.dashboard.model import FleetModel, TimeBuckets
+from pipeline.services.dashboard.web import token_accepted
+
+
+def test_registry_renders_text_the_official_parser_reads_back() -> None:
+    registry = MetricsRegistry(prefix="dsh_test_")
+    events = registry.counter("events_total", "Events read", ("type",))
+    lag = registry.gauge("lag_seconds", "Lag", ("group", "partition"))
+    latency = registry.histogram("call_seconds", "Calls", ("model",), buckets=(0.1, 1.0))
+    events.inc(type="turn/end")
+    events.inc(2, type='odd "type"\\with\nnewline')
+    lag.set(1.5, group="g", partition="0")
+    for value in (0.05, 0.5, 5.0):
+        latency.observe(value, model="m")
+    samples = prometheus_samples(registry.render())
+    assert samples[("dsh_test_events_total", (("type", "turn/end"),))] == 1
+    assert samples[("dsh_test_events_total", (("type", 'odd "type"\\with\nnewline'),))] == 2
+    assert samples[("dsh_test_lag_seconds", (("group", "g"), ("partition", "0")))] == 1.5
+    buckets = {le: samples[("dsh_test_call_seconds_bucket", (("le", le), ("model", "m")))]
+               for le in ("0.1", "1.0", "+Inf")}
+    assert buckets == {"0.1": 1, "1.0": 2, "+Inf": 3}
+    assert samples[("dsh_test_call_seconds_count", (("model", "m"),))] == 3
+    assert samples[("dsh_test_call_seconds_sum", (("model", "m"),))] == pytest.approx(5.55)
+
+
+def test_registry_refuses_bad_names_labels_and_decrements() -> None:
+    registry = MetricsRegistry()
+    with pytest.raises(ConfigError, match="not"):
+        registry.counter("bad-name", "x")
+    counter = registry.counter("ok_total", "x", ("a",))
+    with pytest.raises(ConfigError, match="registered twice"):
+        registry.gauge("ok_total", "x")
+    with pytest.raises(ConfigError, match="labels"):
+        counter.inc(b="1")
+    with pytest.raises(ConfigError, match="cannot decrease"):
+        counter.inc(-1, a="1")
+    with pytest.raises(ConfigError, match="reserved"):
+        registry.histogram("h", "x", ("le",))
+
+
+def test_percentiles_by_nearest_rank_over_a_sliding_span() -> None:
+    assert percentile([], 0.5) is None
+    values = [float(v) for v in range(1, 101)]
+    assert [percentile(values, q) for q in (0.5, 0.95, 0.99)] == [50.0, 95.0, 99.0]
+    recent = RecentSamples(span_ms=1000)
+    recent.add(0, 100.0)
+    recent.add(900, 1.0)
+    assert recent.quantiles(950, (0.99,)) == [100.0]
+    assert recent.quantiles(1500, (0.99,)) == [1.0]  # the old sample left the span
+
+
+def test_time_buckets_keep_the_history_and_fill_gaps() -> None:
+    buckets = TimeBuckets(1000, history_ms=5000)
+    buckets.add(1_000, "a", 2)
+    buckets.add(9_500, "a", 3)
+    series = buckets.series(10_000)
+    assert [start for start, _ in series] == [6000, 7000, 8000, 9000, 10000]
+    assert series[3] == [9000, {"a": 3}]
+    assert 1000 not in buckets.buckets
+
+
+def _session_with_error_and_tool() -> LiveSession:
+    live = LiveSession("s1", provider="deepseek", model="chat-1")
+    live.start_turn("hi")
+    seqs = live.answer(["a"])
+    live.chunk({"type": "finish", "reason": {"kind": "error", "failure": {
+        "message": "busy", "code": "RATE_LIMIT"}}})
+    live.add("llm/retry-started", {"turn": 1, "step": 1, "attempt": 2})
+    live.finish(seqs, "ab", {"inputTokens": 10, "outputTokens": 5, "cacheReadTokens": 4})
+    live.add("tool/result", {"turn": 1, "step": 1, "error": {"name": "X", "code": "BOOM"},
+                             "message": {"id": "r", "role": "user", "content": []}})
+    return live
+
+
+def test_model_folds_rows_charts_and_metrics() -> None:
+    live = _session_with_error_and_tool()
+    model = FleetModel()
+    for event in live.events:
+        model.apply("s1", event, partition=2)
+    row = model.rows["s1"].to_json()
+    assert (row["state"], row["turn"], row["step"]) == ("in-turn", 1, None)
+    assert (row["input_tokens"], row["output_tokens"], row["tool_errors"]) == (14, 5, 1)
+    assert row["model"] == "deepseek/chat-1" and row["partition"] == 2
+    assert [r["session_id"] for r in model.take_changed()] == ["s1"]
+    assert model.take_changed() == []
+    live.end_turn("error")
+    model.apply("s1", live.events[-1], partition=2)
+    now = live.events[-1].time
+    model.tick(now)
+    charts = model.charts(now)
+    assert sum(b.get("deepseek/chat-1", 0) for _, b in charts["tokens"]) == 19
+    assert sum(b.get("error", 0) for _, b in charts["endReasons"]) == 1
+    assert [rate for _, rate in charts["toolErrorRate"] if rate is not None] == [1.0]
+    assert all(v is not None for v in charts["latency"]["turn"])
+    samples = prometheus_samples(model.metrics.registry.render())
+    labels = (("code", "RATE_LIMIT"), ("model", "chat-1"), ("provider", "deepseek"))
+    assert samples[("dsh_dashboard_provider_errors_total", labels)] == 1
+    assert samples[("dsh_dashboard_provider_call_seconds_count",
+                    (("model", "chat-1"), ("provider", "deepseek")))] == 2
+    assert samples[("dsh_dashboard_turns_ended_total", (("reason", "error"),))] == 1
+    assert samples[("dsh_dashboard_tokens_total", (("direction", "input"), ("model", "chat-1"),
+                                                   ("provider", "deepseek")))] == 14
+
+
+def test_old_events_do_not_show_as_tokens_now() -> None:
+    model = FleetModel()
+    live = LiveSession("old")
+    live.start_turn("x")
+    live.finish(live.answer(["y"]), "y", {"inputTokens": 100, "outputTokens": 1})
+    for event in live.events:
+        model.apply("old", Event(event.type, event.seq, 1_000, event.data, event.surface_op,
+                                 event.source_event_seqs))
+    charts = model.charts(10_000_000)
+    assert all(not sums for _, sums in charts["tokens"])
+
+
+@pytest.mark.parametrize(("header", "ok"), [
+    ("Bearer s3cret", True), ("bearer  s3cret ", True), ("Bearer wrong", False),
+    ("Basic " + base64.b64encode(b"anyone:s3cret").decode(), True),
+    ("Basic " + base64.b64encode(b"s3cret:nope").decode(), False),
+    ("Basic !!!", False), ("Token s3cret", False), ("", False), (None, False),
+])
+def test_token_accepted_as_bearer_or_basic_password(header: str | None, ok: bool) -> None:
+    assert token_accepted(header, "s3cret") is ok

@@ -48,7 +48,9 @@ class Start(Enum):
     """Where a stream starts reading each partition it is given.
 
     ``BEGINNING`` and ``END`` ignore committed offsets; ``COMMITTED`` resumes from the
-    group's committed offset (the beginning when there is none yet).
+    group's committed offset (the beginning when there is none yet). In a group, the start
+    applies to the partitions of the first assignment; partitions a member gains in a later
+    rebalance continue from the group's committed offsets.
     """
 
     BEGINNING = "earliest"
@@ -92,16 +94,21 @@ def partition_for(session_id: str, partitions: int) -> int:
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Positions each newly assigned partition where the stream's ``start`` says."""
+    """Positions the partitions of the first assignment where the stream's ``start`` says."""
 
     def __init__(self, stream: EventStream) -> None:
         self._stream = stream
+        self._positioned = False
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         return None
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self._stream._position(set(assigned))
+        # ``start`` positions the first assignment only; partitions gained in a later
+        # rebalance continue from the group's committed offsets, as any member would.
+        if not self._positioned:
+            self._positioned = True
+            await self._stream._position(set(assigned))
 
 
 class EventStream:

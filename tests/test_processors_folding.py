@@ -36,7 +36,7 @@ SERDE = EventSerde()
 
 class Harness:
     def __init__(self) -> None:
-        self.tables = SessionTables({}, {})
+        self.tables = SessionTables({}, {}, {})
         self.sent: list[Outgoing] = []
         self.counters = DeliveryCounters()
         self.folder = SessionFolder(self.tables, self._send, SERDE.decode, TOPICS, "t.by-model",
@@ -112,6 +112,30 @@ async def test_after_a_restart_redelivery_from_mid_chunk_run_resyncs_without_fal
     assert json.dumps(harness.tables.sessions) == state
 
 
+async def test_after_a_restart_a_decoded_event_past_unpersisted_chunks_resyncs() -> None:
+    harness = Harness()
+    (sid, events), = sessions(10, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    cut = next(i for i, e in enumerate(events) if i > 0 and e.type != "assistant/chunk"
+               and events[i - 1].type == "assistant/chunk")
+    await harness.feed(records[:cut])
+    harness.tables.chunks.clear()   # a restart; redelivery starts at the decoded event
+    await harness.feed(records[cut:])
+    assert harness.counters.gaps == 0 and harness.counters.resyncs == 1
+    assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_a_reported_gap_is_never_resynced_past_after_a_restart() -> None:
+    harness = Harness()
+    (sid, events), = sessions(5, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.feed([*records[:5], records[6]])
+    harness.tables.chunks.clear()
+    await harness.feed(records[7:9])
+    assert harness.counters.resyncs == 0 and harness.counters.gaps == 3
+    assert harness.messages(sid) == list(derive_messages(events[:5]))
+
+
 async def test_gap_is_dead_lettered_with_its_reason_and_never_folded_past() -> None:
     harness = Harness()
     (sid, events), = sessions(5, 1).items()
@@ -151,9 +175,12 @@ async def test_an_invalid_replace_is_dead_lettered_and_the_session_stops_there()
     await harness.feed([harness.record("s", e) for e in (good, bad, after)])
     assert harness.counters.invalid_events == 1 and harness.counters.gaps == 1
     assert harness.messages("s") == [msg]
+    harness.tables.chunks.clear()   # a restart does not resync past the refused event
+    await harness.feed([harness.record("s", after)])
+    assert harness.counters.gaps == 2 and harness.messages("s") == [msg]
     classes = [dict(o.headers)["dsh.error.class"]
                for o in harness.sent_to(TOPICS.dlq(TOPICS.session_events))]
-    assert classes == [b"EventError", b"SequenceError"]
+    assert classes == [b"EventError", b"SequenceError", b"SequenceError"]
 
 
 async def test_published_changes_cost_the_size_of_the_change() -> None:

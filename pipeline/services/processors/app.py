@@ -3,7 +3,7 @@
 Topology (all tables have changelog topics ``<app id>-<table>-changelog``, co-partitioned
 with their source topic, and ``options.standby_replicas`` standby copies):
 
-    session-events ──fold_sessions──> tables sessions (all per-session state), nodes
+    session-events ──fold_sessions──> tables sessions (all per-session state), nodes, chunk-marks
          │                            ├─> derived-messages (compacted, slot-keyed changes)
          │                            ├─> usage  (session totals)      ├─> fleet (compacted)
          │                            └─> <app id>-usage-by-model (internal, keyed by model)
@@ -46,7 +46,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SESSION_TABLES = ("sessions", "nodes")
+SESSION_TABLES = ("sessions", "nodes", "chunk-marks")
 
 
 @dataclass(slots=True)

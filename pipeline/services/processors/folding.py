@@ -20,14 +20,14 @@ of each surface event) is written before that record and is idempotent. Outputs 
 before the state is written, so a crash can only repeat them (same key and value on the
 compacted topics; the per-model stage drops a repeated usage sample by seq).
 
-**Chunks** (about 80% of the records) change no table, so their cursor lives in memory only
-(a changelog write per chunk would cost more than everything else together); the next
-expected seq is the larger of the table's and the in-memory cursor. After a start or a
-rebalance the in-memory cursors are empty and the first chunk of a session at or past the
-table's cursor re-synchronises it instead of counting as a gap (redelivery after a crash
-starts mid chunk-run, so the two cannot be told apart): chunk gaps are reported on a best-
-effort basis across restarts, while gaps before a decoded event are always reported and never
-folded past.
+**Chunks** (about 80% of the records) change no table, so their cursor lives in memory; a
+changelog write per chunk would cost more than everything else together. Every
+``CHUNK_MARK_EVERY`` chunks of a session the cursor is checkpointed in the small ``chunk_marks``
+table. After a start or a rebalance the in-memory cursors are empty, and redelivery starts at
+the committed offset, possibly mid chunk-run: the first record of a session then
+re-synchronises the cursor when it is at most ``CHUNK_MARK_EVERY`` seqs past what the tables
+know (only unpersisted chunks can lie there); further ahead it is a gap as usual. So a gap of
+fewer than that many seqs falling exactly on a restart boundary is the one case not reported.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from pipeline.settings import TopicNames
 log = logging.getLogger(__name__)
 
 CHUNK: Final = "assistant/chunk"
+CHUNK_MARK_EVERY: Final = 32
 USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
 
 Decoder = Callable[[bytes], tuple[str, Event]]
@@ -79,11 +80,12 @@ Send = Callable[[Outgoing], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class SessionTables:
-    """Co-partitioned tables (``sessions`` by session, ``nodes`` by ``<session>/<seq>``) and
-    the in-memory chunk cursors (by session; cleared on every rebalance)."""
+    """Co-partitioned tables (``sessions`` and ``chunk_marks`` by session, ``nodes`` by
+    ``<session>/<seq>``) and the in-memory chunk cursors (cleared on every rebalance)."""
 
     sessions: Table
     nodes: Table
+    chunk_marks: Table
     chunks: dict[str, int] = field(default_factory=dict)
 
 
@@ -97,12 +99,13 @@ class SessionState:
     surface: SurfaceSlots = field(default_factory=SurfaceSlots)
     usage: SessionUsage = field(default_factory=SessionUsage)
     fleet: FleetStatus | None = None
+    stalled: bool = False  # a gap or an invalid event was reported: no resync past it
 
     def to_json(self) -> dict[str, JsonValue]:
         fleet = self.fleet or FleetStatus(self.session_id)
         return {"next": self.next_seq, "partition": self.partition,
                 "surface": self.surface.to_json(), "usage": self.usage.to_json(),
-                "fleet": fleet.to_json()}
+                "fleet": fleet.to_json(), "stalled": self.stalled}
 
     @classmethod
     def from_json(cls, session_id: str, raw: JsonValue) -> SessionState:
@@ -110,7 +113,7 @@ class SessionState:
             return cls(session_id, fleet=FleetStatus(session_id))
         return cls(session_id, int(raw["next"]), int(raw["partition"]),
                    SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
-                   FleetStatus.from_json(raw["fleet"]))
+                   FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
 
 
 def classify(expected: int, seq: int) -> Delivery:
@@ -126,7 +129,8 @@ def json_bytes(value: Any) -> bytes | None:
 def next_expected(tables: SessionTables, session_id: str) -> int:
     """The seq the session's next record must carry (0 for an unknown session)."""
     state = tables.sessions.get(session_id)
-    return max(int(state["next"]) if state else 0, tables.chunks.get(session_id, 0))
+    return max(int(state["next"]) if state else 0, int(tables.chunk_marks.get(session_id) or 0),
+               tables.chunks.get(session_id, 0))
 
 
 class SessionFolder:
@@ -153,8 +157,9 @@ class SessionFolder:
         verdict = self._admit(session_id, event.seq)
         if verdict is Delivery.GAP:
             await self._report_gap(record, session_id, event.seq, event.type)
-        elif verdict is Delivery.APPLY:
-            await self._apply(record, session_id, event)
+        elif verdict is Delivery.APPLY and await self._apply(record, session_id, event):
+            self.tables.chunks[session_id] = max(self.tables.chunks.get(session_id, 0),
+                                                 event.seq + 1)
 
     async def _skip_chunk(self, record: InboxRecord) -> bool:
         """A chunk with readable type+seq headers: advance the chunk cursor, never decode."""
@@ -166,24 +171,44 @@ class SessionFolder:
         if type_ != CHUNK or seq is None:
             return False
         verdict = self._admit(session_id, seq)
-        if verdict is Delivery.GAP and session_id not in self.tables.chunks:
-            verdict = Delivery.APPLY  # first chunk since start/rebalance: re-synchronise
         if verdict is Delivery.GAP:
             await self._report_gap(record, session_id, seq, CHUNK)
         elif verdict is Delivery.APPLY:
             self.tables.chunks[session_id] = seq + 1
+            if seq + 1 - int(self.tables.chunk_marks.get(session_id) or 0) >= CHUNK_MARK_EVERY:
+                self.tables.chunk_marks[session_id] = seq + 1
             self.counters.chunks_skipped_undecoded += 1
         return True
 
     def _admit(self, session_id: str, seq: int) -> Delivery:
-        verdict = classify(next_expected(self.tables, session_id), seq)
+        expected = next_expected(self.tables, session_id)
+        verdict = classify(expected, seq)
         if verdict is Delivery.DUPLICATE:
             self.counters.duplicates += 1
+        elif (verdict is Delivery.GAP and session_id not in self.tables.chunks
+              and seq - expected <= CHUNK_MARK_EVERY and not self._stalled(session_id)):
+            # First record of the session since start/rebalance, within the unpersisted
+            # chunks: re-synchronise (see the module docstring).
+            self.counters.resyncs += 1
+            verdict = Delivery.APPLY
         return verdict
+
+    def _stalled(self, session_id: str) -> bool:
+        raw = self.tables.sessions.get(session_id)
+        return bool(raw and raw.get("stalled"))
+
+    def _stall(self, session_id: str, partition: int) -> None:
+        """Remember (in the table) that the session must not be re-synchronised past here."""
+        if self._stalled(session_id):
+            return
+        state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
+        state.stalled, state.partition = True, partition
+        self.tables.sessions[session_id] = state.to_json()
 
     async def _report_gap(self, record: InboxRecord, session_id: str, seq: int,
                           type_: str) -> None:
         expected = next_expected(self.tables, session_id)
+        self._stall(session_id, record.partition)
         self.counters.gaps += 1
         error = SequenceError(expected=expected, found=seq, type=type_)
         log.warning("session %s: gap at partition %d offset %d: %s; not folded past",
@@ -197,23 +222,26 @@ class SessionFolder:
                         record.offset, type(error).__name__, error)
         await self.send(Outgoing.of(dead_letter(record, error)))
 
-    async def _apply(self, record: InboxRecord, session_id: str, event: Event) -> None:
+    async def _apply(self, record: InboxRecord, session_id: str, event: Event) -> bool:
+        """Fold ``event``; False when it breaks a rule (dead-lettered, nothing changed)."""
         state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
         try:
             plan = _plan(state, event)
         except EventError as exc:
             # The fold cannot go on correctly: the session stops here (later seqs are gaps).
             self.counters.invalid_events += 1
+            self._stall(session_id, record.partition)
             await self._dead_letter(record, exc)
-            return
+            return False
         await self._publish(session_id, state, plan)
         if plan.changes:
             self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
                                                               "message": plan.message}
-        state.next_seq, state.partition = event.seq + 1, record.partition
+        state.next_seq, state.partition, state.stalled = event.seq + 1, record.partition, False
         self.tables.sessions[session_id] = state.to_json()  # the one atomic state write
         self.counters.applied += 1
         self.counters.steps_started += event.type == "step/start"
+        return True
 
     async def _publish(self, session_id: str, state: SessionState, plan: FoldPlan) -> None:
         for change in plan.changes:

@@ -30,7 +30,7 @@ def session_messages(processors: Processors, session_id: str, at_seq: int | None
                      ) -> dict[str, Any] | None:
     """The derived messages of a session from the tables (None: session unknown here)."""
     tables = processors.tables
-    if tables.sessions.get(session_id) is None and session_id not in tables.chunks:
+    if tables.sessions.get(session_id) is None and next_expected(tables, session_id) == 0:
         return None
     state = SessionState.from_json(session_id, tables.sessions.get(session_id))
     next_seq = next_expected(tables, session_id)

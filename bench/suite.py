@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import time
 import traceback
@@ -96,6 +97,9 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # aiokafka logs every retried request (leader elections of fresh topics): not figures.
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     started, load_before = time.monotonic(), load_average()
     results, failures = run_suite(args)
     elapsed = time.monotonic() - started

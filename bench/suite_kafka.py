@@ -13,7 +13,7 @@ import functools
 import statistics
 import time
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from suite_core import Context, Figure
 from suite_tools import ToolError, consumer_performance, producer_performance
 
@@ -42,9 +42,22 @@ def mean_avro_size(mix: Mix) -> int:
     return round(statistics.fmean(len(serde.encode(s, e)) for s, e in mix[:20_000]))
 
 
+async def fresh_topic(settings: Settings, topic: str) -> None:
+    """Create ``topic`` and wait until every partition has a leader (list-offsets answers),
+    so no run times the leader elections of a topic created a moment before."""
+    await ensure_topic(settings, topic, compact=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        await consumer.end_offsets(parts)
+    finally:
+        await consumer.stop()
+
+
 async def ingest_ours(settings: Settings, mix: Mix) -> float:
     """events/s: Avro encode + headers + BulkProducer (idempotent, acks=all)."""
-    await ensure_topic(settings, settings.topics.session_events, compact=False)
+    await fresh_topic(settings, settings.topics.session_events)
     serde, topic = EventSerde(), settings.topics.session_events
     async with BulkProducer(settings) as out:
         started = time.perf_counter()
@@ -58,7 +71,7 @@ async def ingest_ours(settings: Settings, mix: Mix) -> float:
 async def ingest_json(settings: Settings, mix: Mix) -> float:
     """events/s: the same events as JSON through a plain aiokafka producer (same config)."""
     topic = f"{settings.topic_prefix}json-anchor"
-    await ensure_topic(settings, topic, compact=False)
+    await fresh_topic(settings, topic)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all",
                                 enable_idempotence=True, linger_ms=20,
                                 max_batch_size=512 * 1024)
@@ -121,7 +134,7 @@ def _java_anchors(ctx: Context, settings: Settings, count: int, size: int, inges
                   consume: Figure) -> None:
     assert ctx.tools_lib is not None
     topic = f"{settings.topic_prefix}pp-anchor"
-    asyncio.run(ensure_topic(settings, topic, compact=False))
+    asyncio.run(fresh_topic(settings, topic))
     try:
         ingest.anchor_values.append(producer_performance(
             ctx.tools_lib, ctx.bootstrap, topic, count, size))
@@ -134,6 +147,7 @@ def _java_anchors(ctx: Context, settings: Settings, count: int, size: int, inges
 async def fill_topic(settings: Settings, total: int) -> int:
     """Write ``total`` events: the synthetic mix repeated under distinct session ids."""
     await ensure_topics(settings)
+    await fresh_topic(settings, settings.topics.session_events)
     template = synth_mix(min(total, 100_000))
     serde, topic, written, copy = EventSerde(), settings.topics.session_events, 0, 0
     async with BulkProducer(settings) as out:

@@ -12,11 +12,10 @@ import bench_driver_kafka
 import bench_processors
 import bench_runner
 from suite_core import Context, Figure, percentile
-from suite_kafka import mean_avro_size, synth_mix
+from suite_kafka import fresh_topic, mean_avro_size, synth_mix
 from suite_tools import ToolError, consumer_performance, end_to_end_latency
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.settings import Settings
 
 PROCESSOR_PARTITIONS = 3
@@ -85,7 +84,7 @@ def _latency_anchor(ctx: Context, settings: Settings,
     topic = f"{settings.topic_prefix}e2e-anchor"
     single = Settings.from_env({}, bootstrap_servers=ctx.bootstrap, partitions=1,
                                topic_prefix=settings.topic_prefix)
-    asyncio.run(ensure_topic(single, topic, compact=False))
+    asyncio.run(fresh_topic(single, topic))
     size = mean_avro_size(list(synth_mix(ctx.size(100_000, 3_000))))
     try:
         p50, p99 = end_to_end_latency(ctx.tools_lib, ctx.bootstrap, topic,

@@ -1,0 +1,45 @@
+"""`dsh-pipeline bench --quick` end to end against the test broker: every benchmark produces
+its figures and the report is written. No assertion on any timing (figures go to
+BENCHMARKS.md, not to tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli.cmd_bench import BENCHMARK_NAMES, SUITE
+
+pytestmark = pytest.mark.broker
+
+
+def test_quick_suite_gives_every_figure_and_writes_the_report(kafka_bootstrap: str,
+                                                               tmp_path: Path) -> None:
+    report = tmp_path / "BENCHMARKS.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli.main", "bench", "--quick",
+         "--bootstrap", kafka_bootstrap, "--output", str(report)],
+        capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {f["benchmark"] for f in figures} == set(BENCHMARK_NAMES)
+    empty = [f["figure"] for f in figures if not f["ours"]]
+    assert not empty, f"figures without a value: {empty}"
+    text = report.read_text()
+    assert "--quick" in text and "Load average" in text
+    for figure in figures:
+        assert figure["figure"] in text
+
+
+def test_unknown_benchmark_name_is_a_usage_error() -> None:
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.main", "bench", "--only",
+                           "nonsense"], capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "nonsense" in done.stderr and "invalid choice" in done.stderr
+
+
+def test_suite_is_in_the_checkout() -> None:
+    assert SUITE.is_file()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from fanout_support import FIXTURES, fanout_settings, publish
@@ -117,3 +118,30 @@ def test_replay_session_prints_jsonl_and_a_transcript(
     text = capsys.readouterr().out
     assert "▶ turn 1" in text and "→ bash(" in text and "assistant: DONE" in text
     assert "■ turn 1 completed" in text
+
+
+@pytest.mark.broker
+def test_replay_equals_the_processors_live_projection(
+        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from processors_support import Worker, free_port
+
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+    asyncio.run(_publish_fixtures(settings))
+    _env(monkeypatch, settings)
+    worker = Worker(settings, free_port(), tmp_path / "processors")
+    try:
+        worker.wait_ready()
+        for name in NAMES:
+            count = len(read_session_file(FIXTURES / f"{name}.jsonl").events)
+            worker.wait_for(f"{name} folded", lambda n=name, c=count: worker.get(
+                f"/sessions/{n}/messages")[1].get("nextSeq") == c)
+        assert main(["check", "--processors", worker.url("")]) == 0
+        assert json.loads(capsys.readouterr().out)["derived_mismatches"] == 0
+    finally:
+        worker.stop()  # flushes what the worker still had to publish
+
+    assert main(["replay"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["compared_with"].startswith("version 0 (")  # the processors' topic
+    assert (summary["differences"], summary["switched"], summary["version"]) == (0, True, 1)

@@ -100,6 +100,8 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict
             return response.status, dict(response.headers), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, {}, ""  # not listening (yet)
 
 
 async def aget(url: str, headers: dict[str, str] | None = None

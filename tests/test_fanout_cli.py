@@ -74,3 +74,16 @@ def test_tail_streams_a_plain_readable_view(kafka_bootstrap: str, topic_prefix: 
     assert "▶ turn 1" in text and "  step 1" in text
     assert "    assistant: PONG" in text  # assembled from the streamed text deltas
     assert lines[-1] == "■ turn 1 completed"
+
+
+@pytest.mark.broker
+def test_commands_on_a_prefix_without_topics_say_so(kafka_bootstrap: str, topic_prefix: str,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+    for name, value in _env(settings).items():
+        monkeypatch.setenv(name, value)
+    assert main(["replay"]) == 2
+    assert f"topic '{topic_prefix}session-events' does not exist" in capsys.readouterr().err
+    assert main(["export", "nobody", "-o", "/dev/null"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -28,7 +28,7 @@ from typing import Any, Final
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
-from pipeline.core.errors import CodecError, EventError
+from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.projection import SurfaceSlots, rebuild_conversations, with_session
 from pipeline.core.surface import SurfaceFold
@@ -129,22 +129,29 @@ class Rebuilder:
 
     async def run(self) -> RebuildResult:
         started = time.monotonic()
-        await ensure_topic(self.settings, self.result.topic, compact=True)
-        async with TopicScan(self.settings, self.settings.topics.session_events) as scan, \
-                BulkProducer(self.settings) as out:
-            self._out = out
-            last_report = started
-            async for batch in scan.batches():
-                for record in batch:
-                    await self._fold(record)
-                self.result.events += len(batch)
-                if time.monotonic() - last_report >= 0.5:
-                    last_report = time.monotonic()
-                    self.progress(_progress_line(self.result.events, scan.total, started))
+        source = self.settings.topics.session_events
+        async with TopicScan(self.settings, source) as scan:
+            if not scan.exists:
+                raise BrokerError(f"topic {source!r} does not exist: nothing to replay (check "
+                                  "DSH_BOOTSTRAP_SERVERS and DSH_TOPIC_PREFIX)")
+            await ensure_topic(self.settings, self.result.topic, compact=True)
+            async with BulkProducer(self.settings) as out:
+                await self._fold_all(scan, out, started)
         self.result.seconds = time.monotonic() - started
         self.progress(_progress_line(self.result.events, self.result.events, started))
         self._collect()
         return self.result
+
+    async def _fold_all(self, scan: TopicScan, out: BulkProducer, started: float) -> None:
+        self._out = out
+        last_report = started
+        async for batch in scan.batches():
+            for record in batch:
+                await self._fold(record)
+            self.result.events += len(batch)
+            if time.monotonic() - last_report >= 0.5:
+                last_report = time.monotonic()
+                self.progress(_progress_line(self.result.events, scan.total, started))
 
     async def _fold(self, record: InboxRecord) -> None:
         # The hot loop of a rebuild: most records are chunks, judged by two headers only.

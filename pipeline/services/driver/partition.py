@@ -133,6 +133,7 @@ class OwnedPartition:
                                   wait_for_commit=not ctx.pipelined_flush)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
+        self.released = False
 
     @property
     def turns_in_flight(self) -> int:
@@ -275,6 +276,9 @@ class OwnedPartition:
         ``disposed``) and that is committed, unless the producer is fenced already: then the
         next owner repairs them (``interrupted``). Tasks still alive after that are cancelled.
         """
+        if self.released:
+            return
+        self.released = True
         self.accepting = False
         tasks = [s.task for s in self.sessions.values() if s.task is not None and not s.task.done()]
         if tasks and grace_s > 0:

@@ -143,9 +143,13 @@ class DriverService:
         self._given_up.clear()
         for partition in sorted(set(self.owned) - assigned):
             self.metrics.partitions_lost += 1
-            await self.owned.pop(partition).release(grace_s=0)
+            lost = self.owned.pop(partition, None)
+            if lost is not None:
+                await lost.release(grace_s=0)
         for partition in sorted(set(self._building) - assigned):
-            self._building.pop(partition).cancel()
+            building = self._building.pop(partition, None)
+            if building is not None:
+                building.cancel()
         for partition in sorted(assigned - set(self.owned) - set(self._building)):
             self._start_build(partition)
         self._update_ready()
@@ -170,6 +174,8 @@ class DriverService:
         for partition, task in list(self._building.items()):
             if not task.done():
                 continue
+            if self._building.get(partition) is not task:
+                continue  # a rebalance (callbacks run between our awaits) took it already
             del self._building[partition]
             try:
                 owned = task.result()
@@ -198,6 +204,8 @@ class DriverService:
             task = owned.sink_task
             if task is None or not task.done():
                 continue
+            if self.owned.get(partition) is not owned:
+                continue  # released by a rebalance meanwhile
             del self.owned[partition]
             error = owned.sink.failure
             await owned.release(grace_s=0)

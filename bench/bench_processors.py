@@ -152,7 +152,7 @@ def run(bootstrap: str, events: int, rate: float) -> None:
             per_s, took, per_cpu_s = throughput(worker, total)
             print(f"throughput: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s); "
                   f"{per_cpu_s:,.0f} events per worker CPU-second")
-            live = make_sessions(2, int(rate * 10), "lat")
+            live = make_sessions(2, max(1500, int(rate * 10)), "lat")
             sent = asyncio.run(paced_append(settings, live, rate))
             lat = asyncio.run(derived_stamps(settings, sent))
             print(f"latency at {rate:.0f} events/s over {len(lat)} surface events: "

@@ -106,6 +106,8 @@ class DashboardMetrics:
                                    ("group", "topic", "partition"))
         self.lag_seconds = r.gauge("consumer_lag_seconds", "Age of the oldest unread record",
                                    ("group", "topic", "partition"))
+        self.undecodable = r.counter("undecodable_records_total",
+                                     "Records of the session topic that could not be decoded")
         self.feed_offset = r.gauge("feed_position", "Next offset the dashboard reads",
                                    ("partition",))
 

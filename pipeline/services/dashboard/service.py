@@ -19,10 +19,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from pipeline.adapters.kafka.event_stream import Decoder, EventStream, Start
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe
 from pipeline.core.errors import DshError
+from pipeline.core.events import Event
 from pipeline.services.dashboard.hub import Hub
 from pipeline.services.dashboard.model import FleetModel
 from pipeline.settings import Settings
@@ -30,8 +32,22 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 
+UNDECODABLE: Final = "dashboard/undecodable"
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def tolerant(decode: Decoder) -> Decoder:
+    """``decode``, but a record it refuses becomes an ``UNDECODABLE`` marker event, so one
+    foreign or corrupt record is counted and skipped instead of stopping the feed for good."""
+    def decode_or_mark(data: bytes) -> tuple[str, Event]:
+        try:
+            return decode(data)
+        except DshError as exc:
+            return "", Event(UNDECODABLE, -1, 0, str(exc)[:300])
+    return decode_or_mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +72,7 @@ class DashboardService:
         self.hub = Hub()
         self.feed_error: str | None = None
         self.events_read = 0
+        self.last_undecodable: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -83,7 +100,7 @@ class DashboardService:
 
     async def _read(self, positions: dict[int, int]) -> None:
         model, hub = self.model, self.hub
-        stream = EventStream(self.settings, decode=self.decode, start=Start.BEGINNING)
+        stream = EventStream(self.settings, decode=tolerant(self.decode), start=Start.BEGINNING)
         async with stream:
             self.feed_error = None
             async for record in stream:
@@ -91,6 +108,11 @@ class DashboardService:
                     continue  # re-read after a restart of the feed
                 positions[record.partition] = record.offset + 1
                 model.metrics.feed_offset.set(record.offset + 1, partition=str(record.partition))
+                if record.event.type == UNDECODABLE:
+                    model.metrics.undecodable.inc()
+                    self.last_undecodable = f"{record.topic}[{record.partition}]@" \
+                                            f"{record.offset}: {record.event.data}"
+                    continue
                 model.apply(record.session_id, record.event, record.partition)
                 hub.publish_event(record.session_id, record.event)
                 self.events_read += 1

@@ -142,7 +142,8 @@ async def health(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     ok = service.feed_error is None
     return _json({"status": "ok" if ok else "degraded", "events": service.events_read,
-                  "sessions": len(service.model.rows), "feedError": service.feed_error})
+                  "sessions": len(service.model.rows), "feedError": service.feed_error,
+                  "lastUndecodable": service.last_undecodable})
 
 
 def build_app(service: DashboardService, token: Secret) -> web.Application:

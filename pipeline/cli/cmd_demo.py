@@ -22,9 +22,11 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import ConfigError
+from pipeline.services.dashboard.background import BackgroundDashboard
 from pipeline.settings import Settings
 
 DEFAULT_FIXTURES = CHECKOUT_ROOT.parent / "shared" / "fixtures"
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     sessions = load_sessions(args.fixtures)
     if args.external:
         _progress(f"using the broker at {settings.bootstrap_servers}")
-        return _roundtrip(settings, sessions)
+        return _with_dashboard(settings, sessions)
     artifacts = Artifacts.default()
     ensure_artifacts(artifacts, progress=_progress)
     with LocalStack(artifacts) as stack:
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                   f"registry={stack.registry_url}")
         local = replace(settings, bootstrap_servers=stack.bootstrap,
                         registry_url=stack.registry_url, replication_factor=1)
-        code = _roundtrip(local, sessions)
+        code = _with_dashboard(local, sessions)
         _progress("stopping the local stack ...")
     return code
 
@@ -79,6 +81,13 @@ def load_sessions(fixtures: Path) -> dict[str, list[Record]]:
         ]
         _progress(f"read {path.name}: session {session_id}, {len(session.events)} events")
     return sessions
+
+
+def _with_dashboard(settings: Settings, sessions: dict[str, list[Record]]) -> int:
+    """The live dashboard runs while the sessions go through; its URL is printed first."""
+    with BackgroundDashboard(settings, EventSerde().decode) as url:
+        _progress(f"dashboard: {url}  (open it to watch the fleet)")
+        return _roundtrip(settings, sessions)
 
 
 def _roundtrip(settings: Settings, sessions: dict[str, list[Record]]) -> int:

@@ -182,10 +182,10 @@ def bench_memory(ctx: Context) -> list[Figure]:
             figure = Figure(f"Memory: {component} state per session at {count:,} sessions",
                             "bytes/session", [], higher_is_better=False)
             figures.append(figure)
-            needed = per_session * count * 1.5
-            if needed and needed > available_bytes() / 2:
+            needed = per_session * count
+            if needed and needed > available_bytes() * 0.6:
                 figure.note = (f"{component} at {count:,} sessions not measured: it would "
-                               f"take ~{needed / 2**30:.1f} GiB, more than half of the "
+                               f"take ~{needed / 2**30:.1f} GiB, more than 60% of the "
                                "memory available on this shared machine")
                 continue
             for _ in range(1 if count >= 100_000 else ctx.runs):

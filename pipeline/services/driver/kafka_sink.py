@@ -242,11 +242,13 @@ class PartitionSink:
                 await self.commit_pending()
                 if self._closing:
                     return
-        except DshError as exc:
-            self.failure = exc
+        except Exception as exc:  # any failure ends this partition's writing; wake waiters
+            self.failure = exc if isinstance(exc, DshError) else BrokerError(
+                f"inbox partition {self.partition}: the transaction flusher failed: "
+                f"{type(exc).__name__}: {exc}")
             async with self._commit_done:
                 self._commit_done.notify_all()
-            raise
+            raise self.failure from None
 
     async def commit_pending(self) -> None:
         """Commit buffered records and the offset progress now (no-op when nothing changed)."""

@@ -18,6 +18,7 @@ from dashboard_support import LiveSession, dashboard_settings, prepare_topics, p
 from processors_support import free_port, generated_sessions
 
 from pipeline.codec.avro import EventSerde
+from pipeline.core.events import Replace
 from pipeline.services.dashboard.server import RunningDashboard, start_dashboard
 from pipeline.settings import Settings
 
@@ -137,5 +138,16 @@ async def _session_page_streams(settings: Settings, browser: Any, base: str,
     live.end_turn()
     await publish(settings, live.session_id, live.take())
     await page.wait_for_selector('#state:text("idle")', timeout=5_000)
+    assert await page.is_hidden("#derived-pane")  # the derived messages equal the transcript
+    # A rewrite of the first question (a replace on the surface): the derived messages now
+    # differ, so they appear beside the transcript.
+    first = next(e.seq for e in live.events if e.type == "user/message")
+    live.add("user/message", {"id": "rewritten", "role": "user", "source": {"kind": "user"},
+                              "content": [{"type": "text", "text": "What is Apache Kafka?"}]},
+             Replace(first, first), (first,))
+    await publish(settings, live.session_id, live.take())
+    await page.wait_for_selector("#derived-pane:not([hidden])", timeout=5_000)
+    derived = await page.inner_text("#derived")
+    assert "What is Apache Kafka?" in derived and "What is Kafka?" not in derived
     await page.screenshot(path=str(ARTIFACTS / "dashboard-session.png"), full_page=False)
     await page.close()

@@ -99,3 +99,21 @@ class ConsumerLagProbe:
             batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
         records = batch.get(tp, [])
         return int(records[0].timestamp) if records else None
+
+
+async def leaders_ready(settings: Settings, topic: str) -> bool:
+    """True once ``topic`` exists and every partition has a leader.
+
+    A reader started right after the topic was created would otherwise log an error per
+    retry (aiokafka's offset lookups fail with NotLeaderForPartition until the election).
+    """
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_options(settings))
+    try:
+        with broker_errors(f"read metadata of {topic!r}"):
+            await consumer.start()
+            cluster = await consumer._client.fetch_all_metadata()
+        ids = cluster.partitions_for_topic(topic)
+        return bool(ids) and all(
+            (cluster.leader_for_partition(TopicPartition(topic, p)) or -1) >= 0 for p in ids)
+    finally:
+        await consumer.stop()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pipeline.adapters.kafka.event_stream import Decoder, EventStream, Start
-from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe
+from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, leaders_ready
 from pipeline.core.errors import DshError
 from pipeline.core.events import Event
 from pipeline.services.dashboard.hub import Hub
@@ -90,13 +90,23 @@ class DashboardService:
 
     async def _feed(self) -> None:
         positions: dict[int, int] = {}
+        topic = self.settings.topics.session_events
         while True:
             try:
-                await self._read(positions)
+                if await leaders_ready(self.settings, topic):
+                    await self._read(positions)
+                else:
+                    # normal while a stack starts: the page shows it, the log stays quiet
+                    self._failed(f"topic {topic!r} does not exist yet (or has no leader)",
+                                 logging.INFO)
             except DshError as exc:
-                self.feed_error = str(exc)
-                log.warning("dashboard feed: %s; retrying in %.0f s", exc, self.config.retry_s)
+                self._failed(str(exc), logging.WARNING)
             await asyncio.sleep(self.config.retry_s)
+
+    def _failed(self, why: str, level: int) -> None:
+        if why != self.feed_error:  # once per distinct problem, not every retry
+            log.log(level, "dashboard feed: %s; retrying every %.0f s", why, self.config.retry_s)
+        self.feed_error = why
 
     async def _read(self, positions: dict[int, int]) -> None:
         model, hub = self.model, self.hub

@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 TOPIC = "cluster.acks-all"
 PARTITIONS = 3
@@ -29,7 +29,7 @@ KILL_AFTER_BATCH = 4
 def cluster() -> Iterator[KafkaLocal]:
     kafka = KafkaLocal(Artifacts.default().require_kafka(), nodes=3, heap_mb=384)
     try:
-        kafka.start(budget_s=120)
+        kafka.start(budget_s=300)
         yield kafka
     finally:
         kafka.stop()

@@ -218,11 +218,11 @@ def test_fixture_registry_has_backward_transitive_compatibility(registry_url: st
 # --- the commands, end to end ---------------------------------------------------------------
 
 @pytest.mark.broker
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(700)
 def test_broker_command_serves_the_demo_and_stops_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "DSH_TOPIC_PREFIX": "brokercmd.", "DSH_PARTITIONS": "2"}
     broker = subprocess.Popen([*CLI, "broker", "--port", "0", "--registry-port", "0",
-                               "--ready-timeout", "150"], cwd=REPO,
+                               "--ready-timeout", "300"], cwd=REPO,
                               env=env, stdout=subprocess.PIPE, stderr=tmp_path.joinpath(
                                   "broker.err").open("w"), text=True)
     try:

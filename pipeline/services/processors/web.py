@@ -21,6 +21,7 @@ from faust.web import View
 from pipeline.core.projection import surface_seqs_at
 from pipeline.core.usage import session_record
 from pipeline.services.processors.folding import SessionState, next_expected
+from pipeline.services.processors.metrics import processors_metrics_text
 
 if TYPE_CHECKING:
     from pipeline.services.processors.app import Processors
@@ -120,7 +121,7 @@ def _register_worker_views(processors: Processors) -> None:
                              processors.settings.topics.session_events))})
 
     async def metrics(web: Any, request: Any) -> Any:
-        return web.text(processors.counters.prometheus(),
+        return web.text(processors_metrics_text(processors),
                         content_type="text/plain; version=0.0.4")
 
     for path, handler in (("/fleet", fleet), ("/usage/models", usage_models),

@@ -60,11 +60,12 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
         kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, driver: str) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
 
+    worker = Worker(settings, free_port(), tmp_path / "processors")  # starts meanwhile
+
     async def driver_ready() -> Any:
         status, _, body = await aget(driver + "health")
         return status == 200 and '"ready": true' in body
     await eventually(driver_ready, 90, "the driver ready")
-    worker = Worker(settings, free_port(), tmp_path / "processors")
     dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0,
                                       config=DashboardConfig(lag_interval_s=0.5))
     try:
@@ -88,7 +89,11 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
             samples = prometheus_samples((await aget(worker.url("/metrics")))[2])
             applied = samples[("dsh_processors_applied_total", ())]
             return samples if applied > before[("dsh_processors_applied_total", ())] else None
-        await eventually(processors_folded, 60, "the processors folding the new events")
+        procs = await eventually(processors_folded, 60, "the processors folding the new events")
+        assert procs[("dsh_processors_in_recovery", ())] == 0
+        assert procs[("dsh_processors_recovery_remaining_offsets", (("replica", "active"),))] == 0
+        assert procs[("dsh_processors_partitions_owned", ())] == settings.partitions
+        assert procs[("dsh_processors_sessions", ())] >= len(SESSIONS)
 
         async def lag_of_both_groups() -> Any:
             samples = prometheus_samples((await aget(dashboard.url + "metrics"))[2])

@@ -42,7 +42,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
                                  group_id_prefix=f"{prefix}g-")
     asyncio.run(ensure_topics(settings))
     worker = Worker(settings, free_port(), tmp_path_factory.mktemp("processors"),
-                    ["--windows", "2s=2,hour=3600", "--grace", "1", "--tick", "0.3"])
+                    ["--windows", "2s=2,hour=3600", "--grace", "3", "--tick", "0.3"])
     try:
         worker.wait_ready()
         yield settings, worker
@@ -159,7 +159,8 @@ async def test_windows_close_on_wall_clock_and_late_samples_are_reported(
         stack: tuple[Settings, Worker]) -> None:
     settings, worker = stack
     provider = f"win{uuid.uuid4().hex[:6]}"
-    on_time = generated_sessions(5, 1, provider, ["m"], now_ms())
+    # Stamped a little ahead, so a busy machine's processing lag cannot make them late.
+    on_time = generated_sessions(5, 1, provider, ["m"], now_ms() + 3_000)
     late = generated_sessions(6, 1, provider + "-late", ["m"], now_ms() - 120_000)
     (late_id, late_events), = late.items()
     late = {late_id.replace("-late", "-old"): late_events}

@@ -62,8 +62,9 @@ def _register_driver(subparsers: Any) -> None:
                         help="longest time events wait before their transaction commits")
     driver.add_argument("--max-turns", type=int, default=256,
                         help="pause the inbox when this many sessions run a turn")
-    driver.add_argument("--resume-below", type=int, default=192,
-                        help="resume the inbox when at most this many turns run")
+    driver.add_argument("--resume-below", type=int,
+                        help="resume the inbox when at most this many turns run "
+                             "(default: three quarters of --max-turns)")
     driver.add_argument("--grace", type=float, default=10.0,
                         help="seconds running turns get to finish on shutdown")
     driver.add_argument("--enable-host-tools", action="store_true",
@@ -211,8 +212,11 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resume_below = args.resume_below
+    if resume_below is None:
+        resume_below = args.max_turns * 3 // 4
     config = DriverConfig(linger_ms=args.linger_ms, max_turns_in_flight=args.max_turns,
-                          resume_below=args.resume_below, shutdown_grace_s=args.grace,
+                          resume_below=resume_below, shutdown_grace_s=args.grace,
                           session_timeout_ms=args.session_timeout_ms,
                           instance_id=args.instance_id)
     group = args.group or f"{settings.group_id_prefix}driver"

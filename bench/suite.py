@@ -73,7 +73,18 @@ def log(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
+def write_report(args: argparse.Namespace, results: dict[str, list[Figure]],
+                 failures: dict[str, str], started: float, load_before: str) -> None:
+    command = ("dsh-pipeline bench " + " ".join(args.argv)).replace(f"{CHECKOUT}/", "")
+    args.output.write_text(render(results, failures, command=command.strip(),
+                                  quick=args.quick, elapsed_s=time.monotonic() - started,
+                                  load=(load_before, load_average())))
+
+
 def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[str, str]]:
+    """Every benchmark asked for; the report is rewritten after each (a run cut short keeps
+    what it measured)."""
+    started, load_before = time.monotonic(), load_average()
     names = args.only or list(BENCHMARKS)
     needs_broker = any(BENCHMARKS[name][1] for name in names)
     runs = args.runs or (1 if args.quick else 3)
@@ -83,36 +94,33 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
         lib = tools_lib() if needs_broker else None
         ctx = Context(bootstrap, args.quick, runs, lib, log)
         for name in names:
-            started = time.monotonic()
             log(f"{name}: start (load average {load_average()})")
             try:
                 results[name] = BENCHMARKS[name][0](ctx)
             except Exception as exc:  # one failing benchmark must not lose the others
                 failures[name] = f"{type(exc).__name__}: {exc}"
                 log(f"{name}: FAILED\n{traceback.format_exc()}")
-                continue
-            log(f"{name}: done in {time.monotonic() - started:.0f} s")
+            finally:
+                write_report(args, results, failures, started, load_before)
+            log(f"{name}: done")
     return results, failures
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.argv = argv if argv is not None else sys.argv[1:]
     # aiokafka logs every retried request (leader elections of fresh topics): not figures.
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    started, load_before = time.monotonic(), load_average()
+    started = time.monotonic()
     results, failures = run_suite(args)
-    elapsed = time.monotonic() - started
-    command = "dsh-pipeline bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.output.write_text(render(results, failures, command=command.strip(),
-                                  quick=args.quick, elapsed_s=elapsed,
-                                  load=(load_before, load_average())))
     for name, figures in results.items():
         for figure in figures:
             print(json.dumps({"benchmark": name, "figure": figure.name, "unit": figure.unit,
                               "ours": figure.ours, "anchor": figure.anchor,
                               "anchor_values": figure.anchor_values}))
-    log(f"wrote {args.output} in {elapsed:.0f} s; failed: {sorted(failures) or 'none'}")
+    log(f"wrote {args.output} in {time.monotonic() - started:.0f} s; "
+        f"failed: {sorted(failures) or 'none'}")
     return 1 if failures else 0
 
 

@@ -1,1 +1,35 @@
+"""Stream processors: the session topic folded into derived messages, usage and fleet status.
 
+Run a worker::
+
+    dsh-pipeline processors --web-port 6066            # DSH_* settings as everywhere
+    dsh-pipeline processors --web-port 6067            # a second worker shares the partitions
+
+HTTP (any worker answers; per-session requests are forwarded to the owning worker)::
+
+    GET /sessions/{id}/messages[?at_seq=N]   derived messages, now or as of event N
+    GET /usage/sessions/{id}                 session usage (gen_ai.* and dsh.usage.* counts)
+    GET /fleet/sessions/{id}                 session status: idle / in-turn, turn, step, ...
+    GET /fleet, GET /usage/models            counters / model totals of this worker's partitions
+    GET /health                              recovery progress (remaining offsets), counters
+    GET /metrics                             counters, Prometheus text format
+
+Compacted output topics (JSON values):
+
+* ``<prefix>derived-messages``: key ``<session>/<slot, 12 digits>``, value
+  ``{"session","slot","seq","changeSeq","op":"append"|"replace","message"}``, or a tombstone
+  for a slot a replace emptied (see :mod:`pipeline.core.projection`). Rebuild a conversation:
+  the live slots of the session in key order, ``message`` of each (null: nothing to show).
+* ``<prefix>usage``: keys ``session/<id>``, ``model/<provider>/<model>``,
+  ``window/<granularity>/<startMs>/<provider>/<model>`` (``closed: true`` once final);
+  OpenTelemetry GenAI names beside dsh's disjoint counts (see :mod:`pipeline.core.usage`).
+* ``<prefix>fleet``: key session id, value the session's status.
+
+Undecodable records, gaps and events that break a surface rule go to
+``<prefix>session-events.dlq`` with the original key, bytes and headers plus ``dsh.error.*``
+and ``dsh.original.*`` headers.
+
+Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
+(session stage), :mod:`.aggregation` (per-model stage), :mod:`.web`, :mod:`.runner`,
+:mod:`.verify` (the checks ``demo`` runs), :mod:`.options`, :mod:`.counters`.
+"""

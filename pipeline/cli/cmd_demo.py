@@ -41,6 +41,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES, metavar="DIR",
                         help="folder holding dsh-format0/*.jsonl (default: ../shared/fixtures "
                              "beside the checkout)")
+    parser.add_argument("--ready-timeout", type=float, default=180.0, metavar="S",
+                        help="seconds each of Kafka and the registry may take to answer (180)")
     parser.set_defaults(func=run)
 
 
@@ -51,14 +53,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return _with_dashboard(settings, sessions)
     artifacts = Artifacts.default()
     ensure_artifacts(artifacts, progress=_progress)
-    with LocalStack(artifacts) as stack:
+    stack = LocalStack(artifacts)
+    stack.start(budget_s=args.ready_timeout)
+    try:
         _progress(f"local stack ready in {stack.started_s:.1f} s: bootstrap={stack.bootstrap} "
                   f"registry={stack.registry_url}")
         local = replace(settings, bootstrap_servers=stack.bootstrap,
                         registry_url=stack.registry_url, replication_factor=1)
-        code = _with_dashboard(local, sessions)
+        return _with_dashboard(local, sessions)
+    finally:
         _progress("stopping the local stack ...")
-    return code
+        stack.stop()
 
 
 def load_sessions(fixtures: Path) -> dict[str, list[Record]]:

@@ -125,8 +125,10 @@ def _policy_hint(spec: TopicSpec) -> str:
             f"--topic {spec.name} --add-config cleanup.policy=compact.")
 
 
-async def _partition_counts(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, int]:
-    """Partition count of each topic in ``names`` that exists.
+async def _partition_counts(admin: AIOKafkaAdminClient, names: Sequence[str], *,
+                            led_only: bool = False) -> dict[str, int]:
+    """Partition count of each topic in ``names`` that exists (with ``led_only``: and whose
+    every partition has a leader, i.e. is ready for producers and offset look-ups).
 
     Lists first and describes only existing topics: aiokafka's metadata request for a named
     topic allows auto-creation, which would create a missing topic with the broker's defaults.
@@ -139,20 +141,23 @@ async def _partition_counts(admin: AIOKafkaAdminClient, names: Sequence[str]) ->
         described: list[dict[str, Any]] = await admin.describe_topics(sorted(existing))
     counts: dict[str, int] = {}
     for topic in described:
-        if topic["error_code"] == 0:
+        led = all(p["leader"] >= 0 for p in topic["partitions"])
+        if topic["error_code"] == 0 and (led or not led_only):
             counts[topic["topic"]] = len(topic["partitions"])
     return counts
 
 
 async def _wait_visible(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, int]:
-    """Partition counts of ``names``, once the broker's metadata shows them all (it lags the
-    controller for a moment after creation); whatever is visible when the wait ends."""
+    """Partition counts of ``names``, once the broker's metadata shows them all with a leader
+    for every partition (it lags the controller for a moment after creation); whatever is
+    visible when the wait ends."""
     deadline = time.monotonic() + METADATA_WAIT_S
-    while True:
-        counts = await _partition_counts(admin, names)
-        if len(counts) == len(set(names)) or time.monotonic() > deadline:
+    while time.monotonic() < deadline:
+        counts = await _partition_counts(admin, names, led_only=True)
+        if len(counts) == len(set(names)):
             return counts
         await asyncio.sleep(0.1)
+    return await _partition_counts(admin, names)
 
 
 async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:

@@ -46,7 +46,8 @@ from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(60)]
+# The timeout covers the session broker's start when this file is the first to need it.
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
 PARTITIONS = 3
 WAIT_S = 20.0
 FIXTURES = Path("/work/shared/fixtures/dsh-format0")
@@ -509,3 +510,25 @@ async def test_run_fleet_drives_sessions_end_to_end_and_summarises(
         messages = strict_log(session, result.logs[session]).messages()
         assert [m["content"][0]["text"] for m in messages if m["role"] == "user"] == [
             f"{session} turn 0", f"{session} turn 1"]
+
+
+async def test_session_whose_log_does_not_rebuild_sends_its_commands_to_the_dlq(
+        topics: Settings, group_id: str) -> None:
+    broken, healthy = "s-broken", "s-healthy"
+    serde = EventSerde()
+    gap = [Event("turn/start", 0, 1, {"turn": 1}), Event("step/start", 2, 1,
+                                                          {"turn": 1, "step": 1})]
+    await send_records(topics, [
+        OutRecord(topics.topics.session_events, broken.encode(), serde.encode(broken, e))
+        for e in gap])
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        await send_followup(topics, broken, "are you there?")
+        await send_followup(topics, healthy, "and you?")
+        events = await wait_for_events(topics, healthy, lambda ev: completed_turns(ev) == 1)
+    strict_log(healthy, events)
+    assert await session_events(topics, broken) == gap  # nothing appended to a broken log
+    letters = await read_all(topics, topics.topics.dlq(topics.topics.inbox))
+    assert [key for key, _, _ in letters] == [broken.encode()]
+    message = header_value(letters[0][2], "dsh.error.message") or b""
+    assert b"does not rebuild" in message and b"expected seq 1, found 2" in message

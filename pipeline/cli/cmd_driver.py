@@ -38,7 +38,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
-from pipeline.core.log import SessionLog
+from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.http_status import StatusServer
@@ -85,6 +85,9 @@ def _register_driver(subparsers: Any) -> None:
     driver.add_argument("--metrics-port", type=int,
                         help="port of /health and /metrics (default DSH_DRIVER_METRICS_PORT; "
                              "-1 = no server, 0 = any free port)")
+    driver.add_argument("--rebuild-mode", choices=("strict", "ingest"), default="strict",
+                        help="validation of logs rebuilt from the session topic: 'ingest' "
+                             "also accepts imported logs with simplified message shapes")
     driver.add_argument("--registry", action="store_true",
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
@@ -183,7 +186,8 @@ def registry_codecs(settings: Settings, client: RegistryClient) -> tuple[EventSe
 def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                    linger_ms: float = 25.0, script: Script = echo_script,
                    codecs: tuple[EventSerde, InboxCodec] | None = None,
-                   pipelined_flush: bool = False) -> PartitionContext:
+                   pipelined_flush: bool = False,
+                   rebuild_mode: Mode = "strict") -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
     ``script`` drives the scripted provider (the default provider of the settings);
@@ -206,7 +210,8 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
                             runner_factory=runner_factory, metrics=DriverMetrics(),
-                            linger_ms=linger_ms, pipelined_flush=pipelined_flush)
+                            linger_ms=linger_ms, pipelined_flush=pipelined_flush,
+                            rebuild_mode=rebuild_mode)
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
@@ -228,7 +233,8 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
             codecs = registry_codecs(settings, client)
         ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
                              script=_delayed(echo_script, args.script_chunk_delay_ms),
-                             codecs=codecs, pipelined_flush=args.pipelined_flush)
+                             codecs=codecs, pipelined_flush=args.pipelined_flush,
+                             rebuild_mode=args.rebuild_mode)
         service = DriverService(ctx, config)
         port = settings.driver_metrics_port if args.metrics_port is None else args.metrics_port
         asyncio.run(_serve(settings, service, args.metrics_host, port))

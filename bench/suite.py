@@ -101,7 +101,9 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
                 failures[name] = f"{type(exc).__name__}: {exc}"
                 log(f"{name}: FAILED\n{traceback.format_exc()}")
             finally:
-                write_report(args, results, failures, started, load_before)
+                pending = {later: "not reached: the run was cut short before it"
+                           for later in names[names.index(name) + 1:]}
+                write_report(args, results, {**failures, **pending}, started, load_before)
             log(f"{name}: done")
     return results, failures
 

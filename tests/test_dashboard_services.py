@@ -49,6 +49,17 @@ def driver(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[
         log.close()
 
 
+@pytest.fixture
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
+    """A ``dsh-pipeline processors`` subprocess, started before the driver is ready."""
+    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
+                     tmp_path / "processors")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 def _send_followups(settings: Settings, tmp_path: Path) -> None:
     for session_id in SESSIONS:
         subprocess.run([sys.executable, "-m", "pipeline.cli.main", "send", session_id,
@@ -57,15 +68,14 @@ def _send_followups(settings: Settings, tmp_path: Path) -> None:
 
 
 async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
-        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, driver: str) -> None:
+        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, worker: Worker,
+        driver: str) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
-
-    worker = Worker(settings, free_port(), tmp_path / "processors")  # starts meanwhile
 
     async def driver_ready() -> Any:
         status, _, body = await aget(driver + "health")
         return status == 200 and '"ready": true' in body
-    await eventually(driver_ready, 90, "the driver ready")
+    await eventually(driver_ready, 240, "the driver ready")  # a loaded 2-core box is slow
     dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0,
                                       config=DashboardConfig(lag_interval_s=0.5))
     try:
@@ -76,7 +86,7 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
         async def turns_seen() -> Any:
             samples = prometheus_samples((await aget(dashboard.url + "metrics"))[2])
             return samples if _total(samples, "dsh_dashboard_turns_ended_total") >= 3 else None
-        board = await eventually(turns_seen, 60, "three turns on the dashboard")
+        board = await eventually(turns_seen, 120, "three turns on the dashboard")
         assert _total(board, "dsh_dashboard_steps_ended_total") >= 3
         assert _total(board, "dsh_dashboard_tokens_total") > 0
 
@@ -88,19 +98,19 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
         async def processors_folded() -> Any:
             samples = prometheus_samples((await aget(worker.url("/metrics")))[2])
             applied = samples[("dsh_processors_applied_total", ())]
-            return samples if applied > before[("dsh_processors_applied_total", ())] else None
-        procs = await eventually(processors_folded, 60, "the processors folding the new events")
+            owned = samples[("dsh_processors_sessions", ())]
+            moved = applied > before[("dsh_processors_applied_total", ())]
+            return samples if moved and owned >= len(SESSIONS) else None
+        procs = await eventually(processors_folded, 120, "the processors folding the new events")
         assert procs[("dsh_processors_in_recovery", ())] == 0
         assert procs[("dsh_processors_recovery_remaining_offsets", (("replica", "active"),))] == 0
         assert procs[("dsh_processors_partitions_owned", ())] == settings.partitions
-        assert procs[("dsh_processors_sessions", ())] >= len(SESSIONS)
 
         async def lag_of_both_groups() -> Any:
             samples = prometheus_samples((await aget(dashboard.url + "metrics"))[2])
             topics = {dict(labels)["topic"] for (name, labels) in samples
                       if name == "dsh_dashboard_consumer_lag_seconds"}
             return topics >= {settings.topics.inbox, settings.topics.session_events}
-        await eventually(lag_of_both_groups, 30, "lag of the driver and processors groups")
+        await eventually(lag_of_both_groups, 60, "lag of the driver and processors groups")
     finally:
         await dashboard.stop()
-        worker.stop()

@@ -83,7 +83,7 @@ function prepareCanvas(canvas) {
 function niceMax(v) {
   if (!(v > 0)) return 1;
   const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+  for (const m of [1, 2, 4, 6, 8, 10]) if (v <= m * p) return m * p;  // quarters stay round
   return 10 * p;
 }
 
@@ -143,6 +143,15 @@ function lineChart(canvas, series, opts) {
       pen = true;
     }
     ctx.stroke();
+    if (opts.dots) {  // sparse series (one value per bucket): mark each value
+      ctx.fillStyle = s.color;
+      for (const [t, v] of s.points) {
+        if (v == null || t < t0) continue;
+        const x = box.x + ((t - t0) / (t1 - t0)) * box.w;
+        const y = box.y + box.h - (Math.min(v, yMax) / yMax) * box.h;
+        ctx.beginPath(); ctx.arc(x, y, 2.5, 0, 2 * Math.PI); ctx.fill();
+      }
+    }
   }
   drawLegend(ctx, series.map((s) => s.name), series.map((s) => s.color), box.x, 8, box.w);
 }

@@ -119,7 +119,7 @@ function drawCharts(c) {
     [{ name: "errors / results", color: PALETTE[4],
        points: c.toolErrorRate.map(([t, v]) => [t + c.eventBucketMs, v == null ? null : v * 100]) }],
     { now: c.now, spanMs: c.toolErrorRate.length * c.eventBucketMs, yMax: 100,
-      fmtY: (v) => `${Math.round(v)}%`, empty: "no tool result yet" });
+      fmtY: (v) => `${Math.round(v)}%`, dots: true, empty: "no tool result yet" });
   const lagRows = c.lag.map((s) => ({ label: `${shorten(s.group)} · ${shortTopic(s.topic)}[${s.partition}]`,
                                       values: [s.seconds] }));
   barRows(document.getElementById("c-lag"), lagRows.slice(0, 12), ["seconds behind"],

@@ -55,7 +55,7 @@ class Worker:
         state_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         argv = [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port",
-                str(port), "--loglevel", "INFO", "--session-timeout", "6", *extra]
+                str(port), "--loglevel", "INFO", "--session-timeout", "15", *extra]
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(settings, state_dir),
                                      stdout=self._log, stderr=subprocess.STDOUT)
 

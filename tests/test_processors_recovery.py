@@ -33,7 +33,7 @@ def _settings(kafka_bootstrap: str) -> Settings:
 async def _assert_equals_replay(worker: Worker, sessions: dict[str, list[Event]],
                                 check_models: bool = True) -> None:
     began = time.monotonic()
-    report = await verify_processors(worker.url(""), sessions, timeout_s=60,
+    report = await verify_processors(worker.url(""), sessions, timeout_s=150,
                                      check_models=check_models)
     assert report.ok, (report.problems, worker.tail())
     print(f"verified {len(sessions)} sessions in {time.monotonic() - began:.1f}s")

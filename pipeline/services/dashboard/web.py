@@ -20,6 +20,7 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.services.dashboard.service import DashboardService
 from pipeline.services.dashboard.session_stream import stream_session
@@ -125,8 +126,11 @@ async def session_stream(request: web.Request) -> web.StreamResponse:
     resume = last_event_id(request)
     send_from = resume + 1 if resume is not None else 0
     response = await open_stream(request)
-    await stream_session(response, service.settings, service.decode, service.hub,
-                         session_id, send_from)
+    try:
+        await stream_session(response, service.settings, service.decode, service.hub,
+                             session_id, send_from)
+    except DshError as exc:  # e.g. the topic is not there yet: say so, the client retries
+        await response.write(frame("stream-error", {"message": str(exc)}))
     return response
 
 

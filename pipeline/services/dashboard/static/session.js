@@ -180,5 +180,6 @@ document.getElementById("toggle-derived").addEventListener("click", () => {
 liveStream(`/api/stream/sessions/${encodeURIComponent(sessionId)}`, {
   event: onEvent,
   derived: onDerived,
-  "caught-up": () => updateHead(),
+  "caught-up": () => { setBanner(""); updateHead(); },
+  "stream-error": (d) => setBanner(`stream: ${d.message} (retrying)`),
 }, document.getElementById("conn"));

@@ -46,8 +46,8 @@ from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 
-# The timeout covers the session broker's start when this file is the first to need it.
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(180)]
+# The timeout covers the session broker's start (conftest allows it 300 s on a loaded machine).
+pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 PARTITIONS = 3
 WAIT_S = 20.0
 FIXTURES = Path("/work/shared/fixtures/dsh-format0")

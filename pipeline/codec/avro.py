@@ -35,7 +35,7 @@ from pipeline.codec.payload import (
 )
 from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_schema
 from pipeline.core.errors import CodecError
-from pipeline.core.events import APPEND, Event, Replace, SurfaceOp
+from pipeline.core.events import ENVELOPE_KEYS, APPEND, Event, Replace, SurfaceOp
 
 CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
@@ -64,6 +64,7 @@ class EventRecords:
             "sourceEventSeqs": None if sources is None else list(sources),
             "ignorable": event.ignorable,
             "payload": self._payload(event, ascii_only),
+            "keyOrder": None if event.key_order is None else list(event.key_order),
         }
 
     def _payload(self, event: Event, ascii_only: bool) -> tuple[str, dict[str, Any]]:
@@ -114,7 +115,17 @@ def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
     op = record["surfaceOp"]
     return record["sessionId"], Event(
         type_, seq, record["time"], data, None if op is None else _surface_op_from(op),
-        None if sources is None else tuple(sources), record["ignorable"])
+        None if sources is None else tuple(sources), record["ignorable"],
+        _key_order_from(record.get("keyOrder")))
+
+
+def _key_order_from(raw: Any) -> tuple[str, ...] | None:
+    # Absent in v1 records. Only envelope keys are accepted; anything else is damage.
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not set(raw) <= ENVELOPE_KEYS:
+        raise CodecError(f"envelope keyOrder {raw!r} names keys that are not envelope keys")
+    return tuple(raw)
 
 
 def _surface_op_from(raw: Any) -> SurfaceOp:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias, TypeGuard
 
 from pipeline.core.errors import EventError
@@ -24,6 +24,8 @@ ENVELOPE_KEYS: Final = frozenset(
     {"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs", "ignorable"}
 )
 SURFACE_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/result"})
+CANONICAL_ORDER: Final = ("type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs",
+                          "ignorable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +51,21 @@ class Event:
     surface_op: SurfaceOp | None = None
     source_event_seqs: tuple[int, ...] | None = None
     ignorable: bool | None = None
+    # The envelope keys' order in the line this event was read from, kept only when it
+    # differs from CANONICAL_ORDER (dsh writes `sourceEventSeqs` before `surfaceOp` in some
+    # lines), so that export gives back the same bytes. Not part of the event's identity.
+    key_order: tuple[str, ...] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, JsonValue]:
-        """The event as the JSON object of a log line (envelope keys in canonical order)."""
+        """The event as the JSON object of a log line (envelope keys in their read order)."""
+        out = self._canonical_json()
+        if self.key_order is None:
+            return out
+        ordered = {key: out[key] for key in self.key_order if key in out}
+        ordered.update(out)  # keys the order does not name keep their canonical place last
+        return ordered
+
+    def _canonical_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {
             "type": self.type, "seq": self.seq, "time": self.time, "data": self.data,
         }
@@ -135,4 +149,15 @@ def event_from_json(obj: JsonValue) -> Event:
             raise EventError("'ignorable' must be a boolean", seq=seq, type=type_,
                              rule="envelope-ignorable")
         ignorable = obj["ignorable"]
-    return Event(type_, seq, time_, obj["data"], surface_op, sources, ignorable)
+    return Event(type_, seq, time_, obj["data"], surface_op, sources, ignorable,
+                 _key_order(obj))
+
+
+def key_order_of(keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``keys`` when they are not in canonical order (what :attr:`Event.key_order` keeps)."""
+    canonical = tuple(k for k in CANONICAL_ORDER if k in keys)
+    return None if keys == canonical else keys
+
+
+def _key_order(obj: Mapping[str, JsonValue]) -> tuple[str, ...] | None:
+    return key_order_of(tuple(obj))

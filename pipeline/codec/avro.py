@@ -35,7 +35,7 @@ from pipeline.codec.payload import (
 )
 from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_schema
 from pipeline.core.errors import CodecError
-from pipeline.core.events import ENVELOPE_KEYS, APPEND, Event, Replace, SurfaceOp
+from pipeline.core.events import APPEND, ENVELOPE_KEYS, Event, Replace, SurfaceOp
 
 CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"

@@ -65,8 +65,12 @@ def broker(bootstrap: str, needed: bool) -> Iterator[str]:
         return
     from pipeline.adapters.localstack.artifacts import Artifacts
     from pipeline.adapters.localstack.kafka import KafkaLocal
-    with KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024) as kafka:
+    kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
+    try:
+        kafka.start(budget_s=180)  # a loaded 2-core machine can take well over 60 s
         yield kafka.bootstrap
+    finally:
+        kafka.stop()
 
 
 def log(line: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -115,6 +116,8 @@ async def fleet_stream(request: web.Request) -> web.StreamResponse:
             if message[0] == "overflow":
                 break
             await response.write(frame(message[0], message[1]))
+    except ConnectionResetError:
+        pass  # the client went away: nothing to tell anyone
     finally:
         service.hub.unsubscribe(subscriber)
     return response
@@ -130,7 +133,10 @@ async def session_stream(request: web.Request) -> web.StreamResponse:
         await stream_session(response, service.settings, service.decode, service.hub,
                              session_id, send_from)
     except DshError as exc:  # e.g. the topic is not there yet: say so, the client retries
-        await response.write(frame("stream-error", {"message": str(exc)}))
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(frame("stream-error", {"message": str(exc)}))
+    except ConnectionResetError:
+        pass  # the client went away
     return response
 
 

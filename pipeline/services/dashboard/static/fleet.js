@@ -123,12 +123,12 @@ function drawCharts(c) {
   const lagRows = c.lag.map((s) => ({ label: `${shorten(s.group)} · ${shortTopic(s.topic)}[${s.partition}]`,
                                       values: [s.seconds] }));
   barRows(document.getElementById("c-lag"), lagRows.slice(0, 12), ["seconds behind"],
-    { fmt: fmtSeconds, labelWidth: 210, empty: "no consumer group on the topics yet" });
+    { fmt: fmtSeconds, labelWidth: 250, empty: "no consumer group on the topics yet" });
   const maxLag = c.lag.reduce((a, s) => Math.max(a, s.seconds), 0);
   document.getElementById("k-lag").textContent = c.lag.length ? fmtSeconds(maxLag) : "–";
 }
 
-function shorten(s) { return s.length > 22 ? `…${s.slice(-21)}` : s; }
+function shorten(s) { return s.length > 20 ? `…${s.slice(-19)}` : s; }
 function shortTopic(t) { return t.replace(/^.*?(session-events|inbox)$/, "$1"); }
 
 function setBanner(text) {

@@ -88,8 +88,9 @@ def render(results: dict[str, list[Figure]], failures: dict[str, str], *, comman
         "are the comparable numbers.",
     ]
     if quick:
-        lines.append("- **--quick run**: every benchmark ran briefly with small sizes and one "
-                     "run each; these figures show the suite works, not how fast anything is.")
+        lines.append("- **--quick run**: every benchmark ran briefly with small sizes; these "
+                     "figures show the suite works, not how fast anything is (start-up costs "
+                     "dominate the small runs).")
     lines += ["", "## Method", "", METHOD]
     for name, figures in results.items():
         lines += ["", f"## {TITLES.get(name, name)}", "",

@@ -102,10 +102,13 @@ def producer_performance(lib: Path, bootstrap: str, topic: str, records: int,
 
 
 def consumer_performance(lib: Path, bootstrap: str, topic: str, records: int) -> float:
-    """fetch.nMsg.sec of ConsumerPerformance reading ``records`` records from the start."""
+    """fetch.nMsg.sec of ConsumerPerformance reading ``records`` records from the start.
+
+    Its ``--timeout`` counts from before the group join: on a loaded machine a first group
+    (the offsets topic created on a fresh broker) took over 60 s, hence 180 s."""
     out = _run(lib, "org.apache.kafka.tools.ConsumerPerformance",
                ["--bootstrap-server", bootstrap, "--topic", topic, "--num-records",
-                str(records), "--hide-header", "--timeout", "60000"])
+                str(records), "--hide-header", "--timeout", "180000"])
     rows = [line for line in out.splitlines() if line.count(",") >= 9]
     if not rows:
         raise ToolError(f"ConsumerPerformance printed no result row: {out[-300:]}")

@@ -74,8 +74,15 @@ class NodeSpec:
 
 
 def new_cluster_id() -> str:
-    """16 random bytes, URL-safe base64 without padding (as ``kafka-storage random-uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """16 random bytes, URL-safe base64 without padding (as ``kafka-storage random-uuid``).
+
+    An id starting with ``-`` would be read by the storage tool's argument parser as an option
+    (about 1 start in 64 failed so), so such ids are drawn again, as Kafka's own tool does.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaLocal:

@@ -42,7 +42,7 @@ from pipeline.adapters.localstack.process import (
 from pipeline.core.errors import BrokerError, ConfigError
 
 READY_BUDGET_S: Final = 60.0
-FORMAT_TIMEOUT_S: Final = 120.0
+FORMAT_TIMEOUT_S: Final = 300.0  # seconds on an idle machine; minutes under heavy load
 PROBE_TIMEOUT_MS: Final = 2_000
 # A broker's controlled shutdown waits for the controller; past this it is killed.
 STOP_TIMEOUT_S: Final = 10.0

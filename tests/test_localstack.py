@@ -234,10 +234,19 @@ def test_broker_command_serves_the_demo_and_stops_on_sigterm(tmp_path: Path) -> 
                   if not line.startswith(("\tat ", "\t..."))]
         assert match, (ready, errors[-60:])
         demo = subprocess.run(
-            [*CLI, "demo", "--external"], cwd=REPO, capture_output=True, text=True, timeout=120,
-            env={**env, "DSH_BOOTSTRAP_SERVERS": match[1], "DSH_REGISTRY_URL": match[2]})
+            [*CLI, "demo", "--external", "--sessions", "2", "--turns", "1"], cwd=REPO,
+            capture_output=True, text=True, timeout=400,
+            env={**env, "DSH_BOOTSTRAP_SERVERS": match[1], "DSH_REGISTRY_URL": match[2],
+                 "DSH_DASHBOARD_PORT": str(free_ports(1)[0])})
         assert demo.returncode == 0, demo.stderr
-        assert demo.stdout == "sessions=5 events=227 roundtrip_ok=true\n"
+        summary = dict(item.split("=", 1) for item in demo.stdout.split())
+        assert demo.stdout.count("\n") == 1
+        assert summary == {
+            "sessions": "5", "events": "227", "roundtrip_ok": "true", "fleet_sessions": "2",
+            "fleet_events": summary["fleet_events"], "turns": "2", "steps": "4",
+            "invalid_logs": "0", "session_failures": "0", "derived_mismatches": "0",
+            "usage_mismatches": "0"}
+        assert int(summary["fleet_events"]) > 2 * 10
         assert "topics: 0 created, 7 existing" in demo.stderr  # the broker ensured them
         broker.send_signal(signal.SIGTERM)
         assert broker.wait(timeout=60) == 0

@@ -1,12 +1,18 @@
-"""``dsh-pipeline demo``: the sample sessions through a real Kafka and back.
+"""``dsh-pipeline demo``: the whole pipeline on a local stack, with a live dashboard.
 
-First version (the driver and processors are wired in later): starts the local stack
-in-process (or uses ``DSH_BOOTSTRAP_SERVERS`` with ``--external``), ensures the project's
-topics, publishes every event of the sample sessions (``<fixtures>/dsh-format0/*.jsonl``) to
-the session-events topic as raw JSON keyed by session id, with the type and seq headers,
-reads exactly those records back, checks each session's events come back complete, in order
-and byte for byte, prints ``sessions=N events=M roundtrip_ok=true|false`` and stops the
-stack. Exit 0 only when the round trip is exact.
+Starts the local stack in-process (or uses ``DSH_BOOTSTRAP_SERVERS`` with ``--external``),
+ensures the project's topics and starts the dashboard (its URL printed first). Then:
+
+1. publishes every event of the sample sessions (``<fixtures>/dsh-format0/*.jsonl``) to the
+   session-events topic, Avro-encoded, keyed by session id, with the type and seq headers,
+   and reads them back byte for byte;
+2. unless ``--sessions 0``: runs N scripted agent sessions through the Kafka driver and a
+   processors worker (:mod:`pipeline.cli.demo_fleet`), and checks every session's derived
+   messages and usage in the processors against core's folds of its log.
+
+Prints one summary line (``sessions=... events=... roundtrip_ok=true invalid_logs=0
+derived_mismatches=0 usage_mismatches=0 ...``), stops everything, and exits 0 only when every
+check passed.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.cli.demo_fleet import run_demo_fleet
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import ConfigError
+from pipeline.core.events import Event
 from pipeline.services.dashboard.background import BackgroundDashboard
 from pipeline.settings import Settings
 
@@ -41,16 +49,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES, metavar="DIR",
                         help="folder holding dsh-format0/*.jsonl (default: ../shared/fixtures "
                              "beside the checkout)")
+    parser.add_argument("--sessions", type=int, default=8, metavar="N",
+                        help="scripted agent sessions to run through the driver (8; 0: only "
+                             "publish the samples)")
+    parser.add_argument("--turns", type=int, default=2, metavar="N",
+                        help="turns per scripted session (2)")
     parser.add_argument("--ready-timeout", type=float, default=180.0, metavar="S",
                         help="seconds each of Kafka and the registry may take to answer (180)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.sessions < 0 or args.turns < 1:
+        raise ConfigError("--sessions must be 0 or more and --turns 1 or more")
     sessions = load_sessions(args.fixtures)
     if args.external:
         _progress(f"using the broker at {settings.bootstrap_servers}")
-        return _with_dashboard(settings, sessions)
+        return _with_dashboard(settings, sessions, args)
     artifacts = Artifacts.default()
     ensure_artifacts(artifacts, progress=_progress)
     stack = LocalStack(artifacts)
@@ -60,51 +75,63 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                   f"registry={stack.registry_url}")
         local = replace(settings, bootstrap_servers=stack.bootstrap,
                         registry_url=stack.registry_url, replication_factor=1)
-        return _with_dashboard(local, sessions)
+        return _with_dashboard(local, sessions, args)
     finally:
         _progress("stopping the local stack ...")
         stack.stop()
 
 
-def load_sessions(fixtures: Path) -> dict[str, list[Record]]:
-    """Session id -> its event records, from every ``dsh-format0/*.jsonl`` under ``fixtures``."""
+def load_sessions(fixtures: Path) -> dict[str, list[Event]]:
+    """Session id -> its events, from every ``dsh-format0/*.jsonl`` under ``fixtures``."""
     files = sorted((fixtures / "dsh-format0").glob("*.jsonl"))
     if not files:
         raise ConfigError(f"no sample sessions in {fixtures / 'dsh-format0'}: give the "
                           "fixtures folder with --fixtures DIR")
-    sessions: dict[str, list[Record]] = {}
+    sessions: dict[str, list[Event]] = {}
     for path in files:
         session = read_session_file(path)
         session_id = session.session_id or ""
         if not session_id or "{{" in session_id or session_id in sessions:
             # Some samples carry a template placeholder as id: the file name keeps them apart.
             session_id = path.stem
-        key = record_key(session_id)
-        sessions[session_id] = [
-            Record(key, event.to_line().encode("utf-8"), tuple(event_headers(event)))
-            for event in session.events
-        ]
+        sessions[session_id] = list(session.events)
         _progress(f"read {path.name}: session {session_id}, {len(session.events)} events")
     return sessions
 
 
-def _with_dashboard(settings: Settings, sessions: dict[str, list[Record]]) -> int:
+def _with_dashboard(settings: Settings, sessions: dict[str, list[Event]],
+                    args: argparse.Namespace) -> int:
     """The live dashboard runs while the sessions go through; its URL is printed first."""
-    with BackgroundDashboard(settings, EventSerde().decode) as url:
-        _progress(f"dashboard: {url}  (open it to watch the fleet)")
-        return _roundtrip(settings, sessions)
-
-
-def _roundtrip(settings: Settings, sessions: dict[str, list[Record]]) -> int:
     report = asyncio.run(ensure_topics(settings))
     _progress(f"topics: {len(report.created)} created, {len(report.existing)} existing")
-    sent = [record for records in sessions.values() for record in records]
+    with BackgroundDashboard(settings, EventSerde().decode) as url:
+        _progress(f"dashboard: {url}  (open it to watch the fleet)")
+        summary: dict[str, object] = {}
+        ok = _roundtrip(settings, sessions, summary)
+        if args.sessions > 0:
+            figures = asyncio.run(run_demo_fleet(settings, sessions, sessions=args.sessions,
+                                                 turns=args.turns, progress=_progress))
+            summary.update(figures)
+            ok = ok and all(figures[k] == 0 for k in (
+                "invalid_logs", "session_failures", "derived_mismatches", "usage_mismatches"))
+    print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                   for k, v in summary.items()), flush=True)
+    return 0 if ok else 1
+
+
+def _roundtrip(settings: Settings, sessions: dict[str, list[Event]],
+               summary: dict[str, object]) -> bool:
+    serde = EventSerde()
+    records = {
+        session_id: [Record(record_key(session_id), serde.encode(session_id, event),
+                            tuple(event_headers(event))) for event in events]
+        for session_id, events in sessions.items()}
+    sent = [record for session in records.values() for record in session]
     received = asyncio.run(publish_and_read_back(
         settings, settings.topics.session_events, sent, _progress))
-    ok = _same_per_session(sessions, received)
-    print(f"sessions={len(sessions)} events={len(sent)} roundtrip_ok={str(ok).lower()}",
-          flush=True)
-    return 0 if ok else 1
+    ok = _same_per_session(records, received)
+    summary.update(sessions=len(sessions), events=len(sent), roundtrip_ok=ok)
+    return ok
 
 
 def _same_per_session(sent: dict[str, list[Record]], received: list[Record]) -> bool:

@@ -1,0 +1,103 @@
+"""The demo's fleet: scripted agent sessions through the Kafka driver, checked by processors.
+
+Run by ``dsh-pipeline demo`` after the sample sessions are published: a processors worker
+starts as a child process (``dsh-pipeline processors`` with the same ``DSH_*`` settings),
+``--sessions N`` scripted sessions run ``--turns`` two-step tool turns each through an
+in-process driver (inbox -> turns -> transactional appends), and then every session, the
+samples included, is checked against the worker: its derived messages must equal core's
+derivation of the log and its usage the sums over the log.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from pipeline.adapters.llm.scripted import tool_loop_script
+from pipeline.adapters.localstack.process import free_ports
+from pipeline.cli.cmd_driver import driver_context
+from pipeline.codec.inbox import InboxCodec
+from pipeline.core.events import Event
+from pipeline.services.driver.fleet_run import followups, run_fleet
+from pipeline.services.driver.tools import builtin_registry
+from pipeline.services.processors.verify import verify_processors, wait_ready
+from pipeline.settings import Secret, Settings
+
+Progress = Callable[[str], None]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process exactly these settings (secrets revealed
+    only into the child's environment, never printed)."""
+    env = dict(os.environ)
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        env[f"DSH_{f.name.upper()}"] = value.reveal() if isinstance(value, Secret) else str(value)
+    return env
+
+
+def start_processors(settings: Settings, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """A processors worker as a child process, logging to ``log_path`` (faust's start-up is
+    chatty: it would bury the demo's progress lines)."""
+    command = [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port", str(port),
+               "--loglevel", "warning"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, env=settings_env(settings), stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def _turn_text(session_id: str, turn: int) -> str:
+    return f"Turn {turn + 1} of {session_id}: call the echo tool, then summarise."
+
+
+async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[Event]], *,
+                         sessions: int, turns: int, progress: Progress) -> dict[str, object]:
+    """Run the fleet, verify everything, return the summary's figures."""
+    port = free_ports(1)[0]
+    log_path = Path(settings.state_dir) / "demo-processors.log"
+    worker = start_processors(settings, port, log_path)
+    progress(f"processors worker starting (log: {log_path})")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, timeout_s=180)
+        progress(f"processors worker ready at {url}")
+        run_id = secrets.token_hex(3)
+        ids = [f"demo-{run_id}-{n:04d}" for n in range(sessions)]
+        ctx = driver_context(settings, group_id=f"{settings.group_id_prefix}demo-driver",
+                             tools=builtin_registry(),
+                             script=tool_loop_script("echo", '{"text":"hello"}'))
+        progress(f"running {sessions} scripted sessions x {turns} turns through the driver ...")
+        result = await run_fleet(ctx, followups(ids, turns, _turn_text),
+                                 encode_command=InboxCodec().encode, progress=progress)
+        fleet_logs = {s: result.logs.get(s, []) for s in ids}
+        logs = {**{s: list(e) for s, e in sample_logs.items()}, **fleet_logs}
+        progress(f"verifying {len(logs)} sessions against the processors ...")
+        report = await verify_processors(url, logs, timeout_s=180)
+        for problem in report.problems[:20]:
+            progress(f"mismatch: {problem}")
+        fleet_events = [e for log in fleet_logs.values() for e in log]
+        return {
+            "fleet_sessions": len(ids), "fleet_events": len(fleet_events),
+            "turns": sum(1 for e in fleet_events if e.type == "turn/end"),
+            "steps": sum(1 for e in fleet_events if e.type == "step/end"),
+            "invalid_logs": len(set(result.invalid) & set(ids)),
+            "session_failures": result.metrics.get("session_failures", 0),
+            **report.summary(),
+        }
+    finally:
+        _stop(worker)

@@ -19,8 +19,8 @@ from pipeline.settings import Settings
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_broker",
+    "pipeline.cli.cmd_topics",
     "pipeline.cli.cmd_demo",
-    "pipeline.cli.cmd_files",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_processors",

@@ -28,7 +28,6 @@ from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.sessionfile import FileProblem, SessionFile, scan_session_file
 from pipeline.core.errors import SessionFileError
 from pipeline.core.events import Event
-from pipeline.services.replay.keyorder import file_key_orders
 from pipeline.services.replay.topic import Encoder, event_records
 from pipeline.services.replay.transfer import session_id_for
 from pipeline.settings import Settings
@@ -136,11 +135,10 @@ class Shipper:
                          f"expects {start}; held back")
             return 0
         todo = events[start - events[0].seq:]
-        orders = file_key_orders(path) if todo else {}
         for offset in range(0, len(todo), self.batch):
             part = todo[offset:offset + self.batch]
             records = event_records(self.settings.topics.session_events, sid, part,
-                                    self.encode, session_file.header, orders)
+                                    self.encode, session_file.header)
             await self.producer.commit(records)
             self.next_seq[sid] = part[-1].seq + 1
             self.stats.published += len(part)

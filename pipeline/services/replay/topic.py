@@ -9,7 +9,7 @@ minimal one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -19,7 +19,6 @@ from pipeline.codec.records import event_headers, record_key, session_id_of_key
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue, dumps_json
 from pipeline.core.lossless import LosslessJsonError, loads_lossless
-from pipeline.services.replay.keyorder import KEY_ORDER_HEADER
 from pipeline.settings import Settings
 
 SESSION_HEADER: Final = "dsh.session-header"
@@ -44,19 +43,15 @@ def session_header_of(headers: Headers) -> dict[str, JsonValue] | None:
 
 
 def event_records(topic: str, session_id: str, events: Iterable[Event], encode: Encoder,
-                  header: dict[str, JsonValue] | None = None,
-                  key_orders: Mapping[int, tuple[str, ...]] | None = None) -> list[OutRecord]:
-    """Records for ``events``; the seq-0 record carries ``header`` (the file's header line),
-    an event whose line had its envelope keys in another order carries that order."""
+                  header: dict[str, JsonValue] | None = None) -> list[OutRecord]:
+    """Records for ``events``; the seq-0 record carries ``header`` (the file's header line).
+    An event's envelope key order travels in the event itself (``Event.key_order``)."""
     key = record_key(session_id)
     out: list[OutRecord] = []
     for event in events:
         headers = event_headers(event)
         if event.seq == 0 and header is not None:
             headers.append((SESSION_HEADER, dumps_json(header).encode("utf-8")))
-        order = key_orders.get(event.seq) if key_orders else None
-        if order is not None:
-            headers.append((KEY_ORDER_HEADER, ",".join(order).encode("ascii")))
         out.append(OutRecord(topic, key, encode(session_id, event), tuple(headers)))
     return out
 

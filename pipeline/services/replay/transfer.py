@@ -23,17 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.adapters.kafka.event_stream import session_records
-from pipeline.adapters.kafka.records import header_value
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.sessionfile import encode_lines, load_session, write_session_file
-from pipeline.core.errors import ConfigError, EventError, SequenceError, SessionFileError
+from pipeline.core.errors import ConfigError, EventError, SequenceError
 from pipeline.core.events import Event, JsonValue
-from pipeline.services.replay.keyorder import (
-    KEY_ORDER_HEADER,
-    file_key_orders,
-    parse_key_order,
-    reorder_lines,
-)
 from pipeline.services.replay.topic import (
     Decoder,
     Encoder,
@@ -109,8 +102,7 @@ class Importer:
         held = await topic_events(self.settings, sid, self.decode)
         todo = new_events(name, sid, session_file.events, held)
         topic = self.settings.topics.session_events
-        records = event_records(topic, sid, todo, self.encode, session_file.header,
-                                file_key_orders(name))
+        records = event_records(topic, sid, todo, self.encode, session_file.header)
         if records:
             await self.producer.commit(records)
         return ImportResult(name, sid, len(session_file.events), len(held), len(records))
@@ -123,17 +115,15 @@ async def topic_events(settings: Settings, session_id: str, decode: Decoder) -> 
 
 @dataclass(slots=True)
 class TopicSession:
-    """One session read back: the file header seq 0 carried, events, recorded key orders."""
+    """One session read back: the file header seq 0 carried, and the events."""
 
     header: dict[str, JsonValue] | None = None
     events: list[Event] = field(default_factory=list)
-    key_orders: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def lines(self, session_id: str, *, packed: bool = True) -> Iterator[str]:
         """The session as dsh file lines (header first)."""
-        lines = encode_lines(self.events, header=self.header or minimal_header(session_id),
-                             packed=packed)
-        return reorder_lines(lines, self.key_orders)
+        return encode_lines(self.events, header=self.header or minimal_header(session_id),
+                            packed=packed)
 
 
 async def read_session(settings: Settings, session_id: str, decode: Decoder) -> TopicSession:
@@ -148,9 +138,6 @@ async def read_session(settings: Settings, session_id: str, decode: Decoder) -> 
             raise SequenceError(expected=len(events), found=event.seq, type=event.type)
         if event.seq == 0:
             found.header = session_header_of(record.headers)
-        order = parse_key_order(header_value(record.headers, KEY_ORDER_HEADER))
-        if order is not None:
-            found.key_orders[event.seq] = order
         events.append(event)
     return found
 
@@ -165,21 +152,6 @@ async def export_session(settings: Settings, session_id: str, path: str | os.Pat
     if not session.events:
         raise ConfigError(f"session {session_id!r} has no events on "
                           f"{settings.topics.session_events!r}")
-    name = os.fspath(path)
-    if name.endswith((".zstd", ".zst")):
-        write_session_file(name, session.events, packed=packed,
-                           header=session.header or minimal_header(session_id))
-        return len(session.events)
-    temporary = f"{name}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "w", encoding="utf-8", newline="\n") as handle:
-            for line in session.lines(session_id, packed=packed):
-                handle.write(line + "\n")
-        os.replace(temporary, name)
-    except OSError as exc:
-        raise SessionFileError(f"{name}: cannot write: {exc.strerror or exc}",
-                               path=name) from exc
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_session_file(path, session.events, packed=packed,
+                       header=session.header or minimal_header(session_id))
     return len(session.events)

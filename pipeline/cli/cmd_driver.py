@@ -202,14 +202,15 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
         return providers[provider]
 
     default_config = SessionConfig(provider=settings.provider, model=settings.model)
+    metrics = DriverMetrics()
 
     def runner_factory(log: SessionLog, sink: PartitionSink) -> SessionRunner:
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
-                             config=default_config)
+                             config=default_config, metrics=metrics.runner)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
-                            runner_factory=runner_factory, metrics=DriverMetrics(),
+                            runner_factory=runner_factory, metrics=metrics,
                             linger_ms=linger_ms, pipelined_flush=pipelined_flush,
                             rebuild_mode=rebuild_mode)
 
@@ -254,7 +255,8 @@ def _delayed(script: Script, chunk_delay_ms: int) -> Script:
 async def _serve(settings: Settings, service: DriverService, metrics_host: str,
                  metrics_port: int) -> None:
     await ensure_topics(settings)
-    status = StatusServer(service.health, service.metrics_snapshot)
+    status = StatusServer(service.health, service.metrics_snapshot,
+                          service.metrics.runner.render)
     if metrics_port >= 0:
         try:
             bound = await status.start(metrics_host, metrics_port)

@@ -4,7 +4,8 @@
   liveness probe); the body says whether every assigned partition is built (``ready``) and
   which partitions are owned.
 - ``/metrics``: the counters and gauges in the Prometheus text format, named
-  ``dsh_driver_<name>`` (counters end in ``_total``).
+  ``dsh_driver_<name>`` (counters end in ``_total``), then the text of ``labelled`` (the
+  runners' histograms and labelled counters, ``RunnerMetrics.render``) when given.
 
 Plain asyncio streams, HTTP/1.0, one request per connection: enough for probes and a
 Prometheus scraper, and no dependency. Nothing secret is ever served (counters only).
@@ -21,6 +22,7 @@ GAUGES: Final = frozenset({"partitions_owned", "turns_in_flight", "throttled", "
 MAX_REQUEST_BYTES: Final = 8192
 Health = Callable[[], tuple[bool, Mapping[str, object]]]
 Snapshot = Callable[[], Mapping[str, int]]
+Rendered = Callable[[], str]
 
 
 def prometheus_text(values: Mapping[str, int], prefix: str = "dsh_driver_") -> str:
@@ -36,9 +38,11 @@ def prometheus_text(values: Mapping[str, int], prefix: str = "dsh_driver_") -> s
 class StatusServer:
     """Serves ``/health`` and ``/metrics`` from two callables; start, then close."""
 
-    def __init__(self, health: Health, snapshot: Snapshot) -> None:
+    def __init__(self, health: Health, snapshot: Snapshot,
+                 labelled: Rendered | None = None) -> None:
         self._health = health
         self._snapshot = snapshot
+        self._labelled = labelled
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -77,6 +81,8 @@ class StatusServer:
             return (200 if alive else 503), "application/json", body + b"\n"
         if path == b"/metrics":
             text = prometheus_text(self._snapshot())
+            if self._labelled is not None:
+                text += self._labelled()
             return 200, "text/plain; version=0.0.4", text.encode()
         return 404, "text/plain", b"not found: try /health or /metrics\n"
 

@@ -171,6 +171,7 @@ class PartitionSink:
         self._commit_done = asyncio.Condition()
         self.failure: DshError | None = None
         self.events_committed = 0
+        self.transactions_aborted = 0  # failed commits (aborted, or the broker aborts them)
         self._closing = False
         self._urgent = False
         self._wait_for_commit = wait_for_commit
@@ -258,7 +259,11 @@ class PartitionSink:
         if records or point is not None:
             offsets = ({(self._inbox_topic, self.partition): point} if point is not None
                        else None)
-            await self.producer.commit(records, offsets)
+            try:
+                await self.producer.commit(records, offsets)
+            except Exception:
+                self.transactions_aborted += 1
+                raise
             self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
         self._committed_gen = generation
         async with self._commit_done:

@@ -36,6 +36,7 @@ from pipeline.services.driver.kafka_sink import (
     applied_from_metadata,
     logged_message_ids,
 )
+from pipeline.services.driver.metrics import RunnerMetrics
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ CommandDecoder = Callable[[bytes], InboxCommand]
 
 @dataclass(slots=True)
 class DriverMetrics:
-    """Plain counters; the dashboard engineer exports them to Prometheus."""
+    """Plain counters (``snapshot``), plus the runners' labelled series (``runner``)."""
 
     commands: int = 0
     duplicates: int = 0
@@ -74,9 +75,11 @@ class DriverMetrics:
     pauses: int = 0
     events_committed: int = 0
     transactions: int = 0
+    transactions_aborted: int = 0
+    runner: RunnerMetrics = field(default_factory=RunnerMetrics)
 
     def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self.__slots__ if name != "runner"}
 
 
 @dataclass(slots=True)
@@ -297,6 +300,7 @@ class OwnedPartition:
         await self._close_sink()
         self.ctx.metrics.events_committed += self.sink.events_committed
         self.ctx.metrics.transactions += self.producer.transactions_committed
+        self.ctx.metrics.transactions_aborted += self.sink.transactions_aborted
         await self.producer.close()
 
 

@@ -47,6 +47,7 @@ from pipeline.core.turn_effects import (
 )
 from pipeline.core.turn_machine import TurnMachine
 from pipeline.services.driver.hooks import PreStepContext, PreStepHook, run_pre_step_hooks
+from pipeline.services.driver.metrics import RunnerMetrics
 from pipeline.services.driver.tools import ToolRegistry
 
 
@@ -99,9 +100,11 @@ class SessionRunner:
                  hooks: Sequence[PreStepHook] = (), config: SessionConfig | None = None,
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
                  jitter: Callable[[], float] = random.random,
-                 request_check: Callable[[ModelRequest], ModelRequest] | None = None) -> None:
+                 request_check: Callable[[ModelRequest], ModelRequest] | None = None,
+                 metrics: RunnerMetrics | None = None) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
+        ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
 
         ``request_check`` (tests only) may rewrite the request just before it is checked
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
@@ -118,6 +121,7 @@ class SessionRunner:
         self._hooks = tuple(hooks)
         self._jitter = jitter
         self._request_check = request_check
+        self._metrics = metrics
         self._lock = asyncio.Lock()
         self._interruptible: asyncio.Future[Any] | None = None
         self._disposed = False
@@ -197,6 +201,8 @@ class SessionRunner:
     async def _publish(self) -> None:
         events = self.machine.take_events()
         if events:
+            if self._metrics is not None:
+                self._metrics.events(events)
             await self._sink.emit(self.session_id, events)
 
     async def _interruptibly(self, work: Any) -> bool:
@@ -239,9 +245,11 @@ class SessionRunner:
 
     async def _stream(self, request: ModelRequest) -> None:
         machine = self.machine
+        started = self._metrics.monotonic() if self._metrics is not None else 0.0
         try:
             chunks = self._provider(request).stream(request)
         except ConfigError as exc:  # e.g. a configure named a provider this driver lacks
+            self._record_call(request, started, "CONFIG")
             machine.stream_failed(ProviderError(str(exc), code="CONFIG"), self._clock())
             return
         try:
@@ -253,13 +261,22 @@ class SessionRunner:
                                         code="INVALID_RESPONSE") from exc
                 await self._publish()
         except ProviderError as exc:
+            self._record_call(request, started, exc.code)
             machine.stream_failed(exc, self._clock(), jitter=self._jitter())
         else:
+            self._record_call(request, started, None)
             machine.stream_ended(self._clock())
         finally:  # release the provider's connection even when cancelled mid-stream
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def _record_call(self, request: ModelRequest, started: float, error_code: str | None
+                     ) -> None:
+        """A provider call ended (a cancelled one is not recorded: it has no outcome)."""
+        if self._metrics is not None:
+            self._metrics.provider_call(request.provider, request.model,
+                                        self._metrics.monotonic() - started, error_code)
 
     async def _run_tools(self, calls: Sequence[ToolCall]) -> None:
         """Consecutive parallel-safe calls run together; any other call runs alone.
@@ -301,12 +318,13 @@ class Driver:
                  sink: EventSink | None = None, clock: Callable[[], int] = ms_clock,
                  hooks: Sequence[PreStepHook] = (), config: SessionConfig | None = None,
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
-                 jitter: Callable[[], float] = random.random) -> None:
+                 jitter: Callable[[], float] = random.random,
+                 metrics: RunnerMetrics | None = None) -> None:
         self.sink: EventSink = sink if sink is not None else MemorySink()
         self._options: Mapping[str, Any] = {
             "provider_factory": provider_factory, "tools": tools, "sink": self.sink,
             "clock": clock, "hooks": hooks, "config": config, "retry": retry,
-            "new_id": new_id, "jitter": jitter}
+            "new_id": new_id, "jitter": jitter, "metrics": metrics}
         self.runners: dict[str, SessionRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 

@@ -124,6 +124,8 @@ class DriverService:
         snap["events_committed"] += sum(o.sink.events_committed for o in self.owned.values())
         snap["transactions"] += sum(o.producer.transactions_committed
                                     for o in self.owned.values())
+        snap["transactions_aborted"] += sum(o.sink.transactions_aborted
+                                            for o in self.owned.values())
         snap["partitions_owned"] = len(self.owned)
         snap["turns_in_flight"] = self.turns_in_flight
         snap["throttled"] = int(self._throttled)

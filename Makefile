@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker bench
+.PHONY: setup artifacts tools test lint pytest demo broker chromium bench
 
 setup: $(STAMP) artifacts
 
@@ -36,7 +36,14 @@ pytest: setup
 	$(BIN)/pytest $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; exit $$code
 
-test: setup
+# Debian's chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	    sudo_=""; [ "$$(id -u)" = 0 ] || sudo_=sudo; \
+	    $$sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq chromium; \
+	fi
+
+test: setup chromium
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory pytest
 

@@ -24,7 +24,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
 def load_mix() -> list[tuple[str, Event]]:

@@ -20,7 +20,8 @@ from pipeline.settings import Settings
 
 BENCH_DIR = Path(__file__).resolve().parent
 CHECKOUT = BENCH_DIR.parent
-FIXTURES = Path(os.environ.get("DSH_FIXTURES_DIR", "/work/shared/fixtures"))
+FIXTURES = Path(os.environ.get("DSH_FIXTURES_DIR")
+                or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
 
 
 @dataclass(slots=True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED_DIR
 from strategies import lossless_json, valid_logs
 
 from pipeline.codec.avro import EventSerde, event_from_record
@@ -28,7 +28,7 @@ from pipeline.codec.schemas import SchemaTable, current_event_schema, schema_fin
 from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.events import APPEND, Event, JsonValue, Replace, event_from_json
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 SINGLE = EventSerde()
 CONFLUENT = EventSerde(schema_id=4242)
 

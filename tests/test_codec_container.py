@@ -9,6 +9,7 @@ from pathlib import Path
 import fastavro
 import pytest
 from hypothesis import HealthCheck, given, settings
+from shared_paths import SHARED_DIR
 from strategies import valid_logs
 
 from pipeline.cli.main import main
@@ -17,7 +18,7 @@ from pipeline.codec.container import HEADER_META, read_container, write_containe
 from pipeline.codec.sessionfile import read_session_file, write_session_file
 from pipeline.core.events import Event
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 FILES = sorted(FIXTURES.glob("**/*.jsonl"))
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.container import read_container, write_container
@@ -15,7 +15,7 @@ from pipeline.codec.schemas import current_event_schema
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, event_from_json
 
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 SERDE = EventSerde(schema_id=1)
 
 

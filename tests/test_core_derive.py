@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_paths import SHARED_DIR
 
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import load_session, read_session_file
 from pipeline.core.errors import EventError, SessionFileError
 from pipeline.core.log import SessionLog, derive_messages
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 DSH_LOGS = sorted((FIXTURES / "dsh-format0").glob("*.jsonl"))
 ALL_LOGS = [*DSH_LOGS, FIXTURES / "seed-example.jsonl"]
 

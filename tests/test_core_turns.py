@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 from pipeline.core.log import SessionLog
 from pipeline.core.turns import PendingCall, TurnState, repair_closers
 
-FIXTURE = Path("/work/shared/fixtures/dsh-format0/tool-outcome-unknown.jsonl")
+FIXTURE = (SHARED_DIR / "fixtures/dsh-format0/tool-outcome-unknown.jsonl")
 
 
 def test_repair_of_the_fixture_prefix_reproduces_what_dsh_wrote() -> None:

@@ -17,11 +17,11 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
@@ -50,7 +50,7 @@ from pipeline.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 PARTITIONS = 3
 WAIT_S = 45.0  # only a failing test waits this long (generous for a loaded machine)
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 
 
 @pytest.fixture

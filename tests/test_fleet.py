@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared_paths import SHARED_DIR
+
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 from pipeline.core.fleet import IDLE, IN_TURN, FleetStatus, StepRate, fleet_counters
 
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 
 
 def fold(path: Path, upto: int | None = None) -> FleetStatus:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.llm import (
     DEEPSEEK_DIALECT,
@@ -18,7 +18,7 @@ from pipeline.adapters.llm import (
 from pipeline.core.errors import ProviderError
 from pipeline.core.model import ModelRequest
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 
 
 def user(*blocks: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from llm_server import (
     error_body,
     tool_call_part,
 )
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.llm import (
     DeepSeekProvider,
@@ -35,7 +35,7 @@ from pipeline.core.model import Chunk, ModelRequest, assemble
 from pipeline.settings import Secret, Settings
 
 KEY = "sk-test-0123456789abcdef-NEVER-LEAK"
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 REQUEST = ModelRequest(provider="deepseek", model="deepseek-chat", messages=(
     {"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
      "source": {"kind": "user"}},))

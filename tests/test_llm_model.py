@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import ProviderError, TurnError
@@ -26,7 +27,7 @@ from pipeline.core.model import (
     tool_calls_of,
 )
 
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 LOGS = sorted(FIXTURES.glob("*.jsonl"))
 
 

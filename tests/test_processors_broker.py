@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from processors_support import Worker, event_records, free_port, generated_sessions, read_topic
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -30,7 +31,7 @@ from pipeline.services.processors.verify import counts_of_record, verify_process
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import EventError
@@ -25,7 +26,7 @@ from pipeline.core.projection import (
 )
 from pipeline.core.validation import projected_message
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 LOGS = [*sorted((FIXTURES / "dsh-format0").glob("*.jsonl")), FIXTURES / "seed-example.jsonl"]
 
 

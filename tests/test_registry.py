@@ -10,10 +10,10 @@ import threading
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.registry.client import (
     RegistryClient,
@@ -29,7 +29,7 @@ from pipeline.core.events import Event, event_from_json
 from pipeline.settings import Secret, Settings
 
 pytestmark = pytest.mark.registry
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 
 
 def _fixture_events() -> list[Event]:

@@ -21,6 +21,7 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from hypothesis import HealthCheck, given, settings
+from shared_paths import SHARED_DIR
 from test_codec_binary import datums
 
 from pipeline.codec.avro import EventRecords, EventSerde
@@ -33,7 +34,7 @@ from pipeline.codec.schemas import (
 )
 from pipeline.core.events import APPEND, Event, event_from_json
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = (SHARED_DIR / "fixtures")
 
 
 def _sample_events() -> list[tuple[str, Event]]:

@@ -11,6 +11,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED_DIR
 from strategies import valid_logs
 
 from pipeline.cli.main import main
@@ -25,8 +26,8 @@ from pipeline.codec.sessionfile import (
 from pipeline.core.errors import DshError, SessionFileError
 from pipeline.core.events import Event
 
-FIXTURES = sorted(Path("/work/shared/fixtures/dsh-format0").glob("*.jsonl"))
-TEXT_TURN = Path("/work/shared/fixtures/dsh-format0/text-turn.jsonl")
+FIXTURES = sorted((SHARED_DIR / "fixtures/dsh-format0").glob("*.jsonl"))
+TEXT_TURN = (SHARED_DIR / "fixtures/dsh-format0/text-turn.jsonl")
 HEADER = {"type": "session", "version": 0, "id": "s-1", "createdAt": 0}
 
 
@@ -256,7 +257,7 @@ def test_validate_prints_one_line_per_problem_and_exits_1(
 
 
 def test_validate_strict_and_ingest(capsys: pytest.CaptureFixture[str]) -> None:
-    seed = "/work/shared/fixtures/seed-example.jsonl"
+    seed = str(SHARED_DIR / "fixtures/seed-example.jsonl")
     assert main(["validate", seed]) == 0
     assert main(["validate", "--strict", seed]) == 1
     assert "[rule: message-id]" in capsys.readouterr().out

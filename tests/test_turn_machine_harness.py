@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import ProviderError
@@ -31,7 +32,7 @@ from pipeline.core.turn_effects import (
 )
 from pipeline.core.turn_machine import TurnMachine
 
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 CONFIG = SessionConfig("deepseek-official", "deepseek-v4-flash", system="{{system}}")
 
 

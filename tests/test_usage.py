@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED_DIR
 
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import EventError
@@ -21,7 +21,7 @@ from pipeline.core.usage import (
     window_record,
 )
 
-FIXTURES = Path("/work/shared/fixtures/dsh-format0")
+FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 
 
 def assistant(seq: int, usage: dict[str, int] | None, source: dict[str, Any] | None = None,

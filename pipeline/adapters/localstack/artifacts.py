@@ -166,8 +166,11 @@ def _log4j_core_version(tree_output: str) -> str:
 
 def _fetch_apicurio(staging: Path, progress: Progress) -> None:
     artifact = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
+    # Always unpack: the plugin skips an artifact whose marker file (left in
+    # deploy/local/target/ by an earlier run) exists, which would leave staging empty.
     _maven([f"{DEPENDENCY_PLUGIN}:unpack", f"-Dartifact={artifact}",
-            f"-DoutputDirectory={staging}"], "unpack Apicurio Registry")
+            f"-DoutputDirectory={staging}", "-Dmdep.overWriteReleases=true"],
+           "unpack Apicurio Registry")
     if not (staging / "quarkus-run.jar").is_file():
         raise TransportError(f"{artifact} unpacked without quarkus-run.jar in {staging}")
 

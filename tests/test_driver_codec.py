@@ -13,13 +13,13 @@ from pipeline.adapters.kafka.dlq import dead_letter
 from pipeline.adapters.kafka.records import InboxRecord, header_value
 from pipeline.cli.cmd_driver import command_from_args, register
 from pipeline.codec.inbox import InboxCodec
+from pipeline.codec.records import event_headers
 from pipeline.core.errors import CodecError, ConfigError, SchemaError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.services.driver.kafka_sink import (
     InboxOffsets,
     applied_from_metadata,
-    event_headers,
     logged_message_ids,
 )
 
@@ -137,7 +137,7 @@ def test_logged_message_ids_come_from_splices_and_user_messages() -> None:
     assert list(logged_message_ids(splice)) == ["m-1"]
     assert list(logged_message_ids(claim)) == []
     assert list(logged_message_ids(user)) == ["m-9"]
-    assert event_headers(user) == (("dsh.type", b"user/message"), ("dsh.seq", b"4"))
+    assert tuple(event_headers(user)) == (("dsh.type", b"user/message"), ("dsh.seq", b"4"))
 
 
 def test_unknown_registry_id_is_looked_up_once_and_cached() -> None:

@@ -28,8 +28,9 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipeline.adapters.kafka.records import Headers, OutRecord
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.codec.records import event_headers
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 
@@ -37,15 +38,6 @@ log = logging.getLogger(__name__)
 
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
-
-
-def event_headers(event: Event, traceparent: str | None = None) -> Headers:
-    """``dsh.type`` and ``dsh.seq`` (and ``traceparent`` when known): skip without decoding."""
-    headers: Headers = (("dsh.type", event.type.encode("utf-8")),
-                        ("dsh.seq", str(event.seq).encode("ascii")))
-    if traceparent:
-        headers = (*headers, ("traceparent", traceparent.encode("ascii")))
-    return headers
 
 
 def logged_message_ids(event: Event) -> Iterator[str]:
@@ -183,7 +175,7 @@ class PartitionSink:
         key = session_id.encode("utf-8")
         for event in events:
             self._buffer.append(OutRecord(self._events_topic, key, self._encode(session_id, event),
-                                          event_headers(event), self.partition))
+                                          tuple(event_headers(event)), self.partition))
             for message_id in logged_message_ids(event):
                 self._on_logged(session_id, message_id)
         self._emitted_gen += 1

@@ -105,7 +105,7 @@ class Settings:
         source = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):
-            name = f"DSH_{f.name.upper()}"
+            name = cls.env_var(f.name)
             raw = source.get(name)
             if f.name == "deepseek_api_key" and raw is None:
                 raw = source.get("DEEPSEEK_API_KEY")
@@ -113,6 +113,20 @@ class Settings:
                 values[f.name] = _convert(f.name, str(f.type), raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    @staticmethod
+    def env_var(field_name: str) -> str:
+        """The environment variable of a field: ``DSH_<NAME>``."""
+        return f"DSH_{field_name.upper()}"
+
+    def to_env(self) -> dict[str, str]:
+        """The ``DSH_*`` variables that give a child process exactly these settings.
+
+        Secrets are revealed here, for the child's environment only: never print the result.
+        """
+        return {self.env_var(f.name): (value.reveal() if isinstance(value, Secret)
+                                       else str(value))
+                for f in fields(self) for value in (getattr(self, f.name),)}
 
     def describe(self) -> dict[str, str]:
         """Every setting as text, secrets masked: safe to print or log."""

@@ -12,53 +12,30 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 
 from pipeline.adapters.llm.scripted import tool_loop_script
-from pipeline.adapters.localstack.process import free_ports
+from pipeline.adapters.localstack.process import ChildProcess, free_ports
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.events import Event
 from pipeline.services.driver.fleet_run import followups, run_fleet
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.services.processors.verify import verify_processors, wait_ready
-from pipeline.settings import Secret, Settings
+from pipeline.settings import Settings
 
 Progress = Callable[[str], None]
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a child process exactly these settings (secrets revealed
-    only into the child's environment, never printed)."""
-    env = dict(os.environ)
-    for f in fields(settings):
-        value = getattr(settings, f.name)
-        env[f"DSH_{f.name.upper()}"] = value.reveal() if isinstance(value, Secret) else str(value)
-    return env
-
-
-def start_processors(settings: Settings, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """A processors worker as a child process, logging to ``log_path`` (faust's start-up is
-    chatty: it would bury the demo's progress lines)."""
+def start_processors(settings: Settings, port: int, log_path: Path) -> ChildProcess:
+    """A processors worker as a child process in its own group (it dies with the demo),
+    logging to ``log_path``: faust's start-up is chatty and would bury the progress lines."""
     command = [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port", str(port),
                "--loglevel", "warning"]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(command, env=settings_env(settings), stdout=log,
-                                stderr=subprocess.STDOUT)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+    return ChildProcess("processors worker", command, log_path, Path.cwd(),
+                        env={**os.environ, **settings.to_env()})
 
 
 def _turn_text(session_id: str, turn: int) -> str:
@@ -100,4 +77,4 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
             **report.summary(),
         }
     finally:
-        _stop(worker)
+        worker.stop(30)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -40,14 +40,16 @@ _live_lock = threading.Lock()
 class ChildProcess:
     """One started child process with its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, cwd: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, cwd: Path, *,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             try:
                 self._popen = subprocess.Popen(
-                    list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    list(argv), cwd=cwd, env=None if env is None else dict(env),
+                    stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )

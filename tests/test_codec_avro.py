@@ -260,3 +260,43 @@ def test_compiled_decoder_and_fastavro_with_the_plans_agree(event: Event) -> Non
                                         return_record_name=True,
                                         return_record_name_override=True)
     assert event_from_record(record, writer) == SINGLE.decode(data) == ("s", event)
+
+
+def test_events_built_by_the_decoder_are_the_events_the_constructor_builds() -> None:
+    from pipeline.codec.envelope import make_event
+    args = ("tool/result", 4, 5, {"a": [1]}, Replace(1, 2), (1, 2), False, ("seq", "type"))
+    built, constructed = make_event(*args), Event(*args)
+    assert built == constructed and repr(built) == repr(constructed)
+    assert hash(make_event("x", 1, 2, None, None, None, None, None)) == hash(
+        Event("x", 1, 2, None))
+    with pytest.raises(AttributeError):
+        built.seq = 9  # type: ignore[misc]
+
+
+def test_a_writer_schema_with_an_unknown_envelope_shape_still_decodes_exactly() -> None:
+    """The direct path (event built inside the compiled decoder) needs the envelope it
+    knows; any other writer schema is decoded to a record and through event_from_record."""
+    import copy
+
+    from pipeline.codec.avro import EventRecords
+    from pipeline.codec.schemas import WriterSchema
+    schema = copy.deepcopy(current_event_schema().schema)
+    payload = next(f for f in schema["fields"] if f["name"] == "payload")
+    json_branch = next(b for b in payload["type"] if b["name"] == "JsonPayload")
+    json_branch["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+    evolved = WriterSchema.from_json(schema)
+    reader = EventSerde(SchemaTable(lambda schema_id: evolved.text()))
+    writer = EventRecords(evolved)
+    for event in [*fixture_events()[:30], Event("x/y", 1, 2, [None, 1.5], APPEND, (), True)]:
+        framed = bytearray(b"\x00" + (5).to_bytes(4, "big"))
+        evolved.binary.encode_into(framed, writer.to_record("s", event))
+        assert reader.decode(bytes(framed)) == ("s", event)
+    with pytest.raises(CodecError, match="negative seq"):
+        framed = bytearray(b"\x00" + (5).to_bytes(4, "big"))
+        evolved.binary.encode_into(framed, writer.to_record("s", Event("x/y", -1, 2, {})))
+        reader.decode(bytes(framed))
+    for bad in (Event("x/y", -1, 2, {}), Event("", 1, 2, {})):  # and on the direct path
+        framed = bytearray(SINGLE.prefix)
+        SINGLE.writer.binary.encode_into(framed, SINGLE.records.to_record("s", bad))
+        with pytest.raises(CodecError, match="invalid envelope"):
+            SINGLE.decode(bytes(framed))

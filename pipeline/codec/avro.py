@@ -21,9 +21,9 @@ foreign exception leaves this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from pipeline.codec.envelope import event_from_record
 from pipeline.codec.payload import (
     JSON_PAYLOAD,
     RecordPlan,
@@ -31,11 +31,12 @@ from pipeline.codec.payload import (
     event_type_plans,
     json_text,
     json_text_ascii,
-    parse_json_text,
 )
 from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_schema
 from pipeline.core.errors import CodecError
-from pipeline.core.events import APPEND, ENVELOPE_KEYS, Event, Replace, SurfaceOp
+from pipeline.core.events import Event, Replace, SurfaceOp
+
+__all__ = ["EventRecords", "EventSerde", "decode_body", "event_from_record"]
 
 CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
@@ -86,54 +87,6 @@ def _surface_op_record(op: SurfaceOp) -> Any:
     if isinstance(op, Replace):
         return {"start": op.start, "end": op.end}
     return op
-
-
-def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
-                      json_payload: bool = False) -> tuple[str, Event]:
-    """(session id, event) from an envelope record read with ``writer`` (record names
-    returned, as ``return_record_name=True, return_record_name_override=True`` give them).
-    ``json_payload``: typed payloads are already JSON data (``writer.binary`` decodes so)."""
-    seq, type_ = record["seq"], record["type"]
-    if seq < 0 or not type_:
-        raise CodecError(f"seq {seq}, type {type_!r}: decoded an invalid envelope (negative "
-                         f"seq or empty type)")
-    payload = record["payload"]
-    if type(payload) is not tuple:
-        raise CodecError(f"seq {seq}, type {type_!r}: payload read without its record name")
-    name, body = payload
-    if name == JSON_PAYLOAD:
-        data = parse_json_text(body["data"], "payload")
-    elif json_payload:
-        data = body
-    else:
-        plan = writer.plans.get(name)
-        if plan is None:
-            raise CodecError(f"seq {seq}, type {type_!r}: payload record {name!r} is not in "
-                             f"the writer schema")
-        data = plan.decode(body)
-    sources = record["sourceEventSeqs"]
-    op = record["surfaceOp"]
-    return record["sessionId"], Event(
-        type_, seq, record["time"], data, None if op is None else _surface_op_from(op),
-        None if sources is None else tuple(sources), record["ignorable"],
-        _key_order_from(record.get("keyOrder")))
-
-
-def _key_order_from(raw: Any) -> tuple[str, ...] | None:
-    # Absent in v1 records. Only envelope keys are accepted; anything else is damage.
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not set(raw) <= ENVELOPE_KEYS:
-        raise CodecError(f"envelope keyOrder {raw!r} names keys that are not envelope keys")
-    return tuple(raw)
-
-
-def _surface_op_from(raw: Any) -> SurfaceOp:
-    if raw == APPEND:
-        return APPEND
-    if isinstance(raw, Mapping):
-        return Replace(raw["start"], raw["end"])
-    raise CodecError(f"unexpected surfaceOp {raw!r}")
 
 
 class EventSerde:
@@ -219,9 +172,11 @@ def _as_bytes(data: object) -> bytes:
 
 def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Event]:
     """Decode the Avro body at ``data[start:]``, which must be exactly one record."""
-    record = writer.binary.decode(data, start)
-    try:
-        return event_from_record(record, writer, json_payload=True)
+    decoded = writer.binary.decode(data, start)
+    if type(decoded) is tuple:  # the usual: the compiled decoder built the event itself
+        return decoded
+    try:  # a writer schema whose envelope the direct path does not know
+        return event_from_record(decoded, writer, json_payload=True)
     except CodecError as exc:
         raise CodecError(f"decoded record: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:

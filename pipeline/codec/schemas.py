@@ -21,7 +21,8 @@ from fastavro.schema import SchemaParseException, fingerprint, parse_schema
 from fastavro.schema import to_parsing_canonical_form as _canonical_form
 
 from pipeline.codec.binary import CompiledSchema
-from pipeline.codec.payload import JsonRecordBuilder, RecordPlan, payload_plans
+from pipeline.codec.envelope import EventRecordBuilder
+from pipeline.codec.payload import RecordPlan, payload_plans
 from pipeline.core.errors import DshError, SchemaError
 
 SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
@@ -51,7 +52,7 @@ class WriterSchema:
     parsed: dict[str, Any] = field(repr=False)
     fingerprint: bytes
     plans: dict[str, RecordPlan] = field(repr=False)
-    # Decodes payload records straight to their JSON data (see JsonRecordBuilder).
+    # Decodes to (session id, Event) directly, payloads as JSON data (EventRecordBuilder).
     binary: CompiledSchema = field(repr=False)
     version: int | None = None
 
@@ -64,7 +65,7 @@ class WriterSchema:
         if not isinstance(parsed, dict) or parsed.get("type") != "record":
             raise SchemaError("a session-event schema must be an Avro record")
         plans, payload_records = payload_plans(parsed)
-        binary = CompiledSchema(parsed, JsonRecordBuilder(payload_records))
+        binary = CompiledSchema(parsed, EventRecordBuilder(parsed, payload_records))
         return cls(dict(schema), parsed, schema_fingerprint(schema), plans, binary, version)
 
     @classmethod

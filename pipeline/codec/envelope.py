@@ -1,0 +1,192 @@
+"""The envelope record of a session event <-> :class:`Event`, both ways, on the hot path.
+
+Decoding: :class:`EventRecordBuilder` has the compiled decoder of a writer schema
+(:mod:`pipeline.codec.binary`) build ``(session id, Event)`` straight from the envelope's
+fields, and the JSON data of every payload (typed records and ``dsh.JsonPayload`` alike), so
+no record dict is built in between. A writer schema whose envelope is not the one this code
+knows (fields missing, a different ``JsonPayload``) is decoded to the record dict instead and
+goes through :func:`event_from_record`, the reference path fastavro-read records take too.
+
+Every envelope rule is the same on both paths: a negative seq or an empty type is refused,
+``keyOrder`` may name envelope keys only, ``null`` stays apart from absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from pipeline.codec.payload import (
+    JSON_PAYLOAD,
+    JSON_PROP,
+    JsonRecordBuilder,
+    parse_json_text,
+)
+from pipeline.core.errors import CodecError
+from pipeline.core.events import APPEND, ENVELOPE_KEYS, Event, JsonValue, Replace, SurfaceOp
+
+if TYPE_CHECKING:
+    from pipeline.codec.schemas import WriterSchema
+
+# The envelope fields a writer schema needs for the direct path; keyOrder came with v2.
+ENVELOPE_FIELDS: Final = ("sessionId", "seq", "time", "type", "surfaceOp", "sourceEventSeqs",
+                          "ignorable", "payload")
+KEY_ORDER_FIELD: Final = "keyOrder"
+_EVENT_SLOTS: Final = ("type", "seq", "time", "data", "surface_op", "source_event_seqs",
+                       "ignorable", "key_order")
+
+
+def _event_factory() -> Callable[..., Event]:
+    """``Event(type, seq, time, data, op, sources, ignorable, key_order)``, built by setting
+    its slots directly: a frozen dataclass's ``__init__`` goes through
+    ``object.__setattr__`` per field, which costs as much as the rest of decoding a small
+    event. The objects are identical. Should Event ever change shape or validate in
+    ``__post_init__``, its own constructor is used instead."""
+    names = tuple(f.name for f in dataclasses.fields(Event))
+    if names != _EVENT_SLOTS or getattr(Event, "__slots__", None) != names or hasattr(
+            Event, "__post_init__"):
+        return Event
+    s_type, s_seq, s_time, s_data, s_op, s_sources, s_ign, s_order = (
+        getattr(Event, name).__set__ for name in names)
+    new = object.__new__
+
+    def make_event(type_: str, seq: int, time: int, data: JsonValue, op: SurfaceOp | None,
+                   sources: tuple[int, ...] | None, ignorable: bool | None,
+                   key_order: tuple[str, ...] | None) -> Event:
+        event: Event = new(Event)
+        s_type(event, type_)
+        s_seq(event, seq)
+        s_time(event, time)
+        s_data(event, data)
+        s_op(event, op)
+        s_sources(event, sources)
+        s_ign(event, ignorable)
+        s_order(event, key_order)
+        return event
+
+    return make_event
+
+
+make_event: Final = _event_factory()
+
+
+def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
+                      json_payload: bool = False) -> tuple[str, Event]:
+    """(session id, event) from an envelope record read with ``writer`` (record names
+    returned, as ``return_record_name=True, return_record_name_override=True`` give them).
+    ``json_payload``: typed payloads are already JSON data."""
+    seq, type_ = record["seq"], record["type"]
+    check_envelope(seq, type_)
+    payload = record["payload"]
+    if type(payload) is not tuple:
+        raise CodecError(f"seq {seq}, type {type_!r}: payload read without its record name")
+    name, body = payload
+    if name == JSON_PAYLOAD:
+        data = parse_json_text(body["data"], "payload")
+    elif json_payload:
+        data = body
+    else:
+        plan = writer.plans.get(name)
+        if plan is None:
+            raise CodecError(f"seq {seq}, type {type_!r}: payload record {name!r} is not in "
+                             f"the writer schema")
+        data = plan.decode(body)
+    sources = record["sourceEventSeqs"]
+    op = record["surfaceOp"]
+    return record["sessionId"], make_event(
+        type_, seq, record["time"], data, None if op is None else surface_op_from(op),
+        None if sources is None else tuple(sources), record["ignorable"],
+        key_order_from(record.get(KEY_ORDER_FIELD)))
+
+
+def check_envelope(seq: int, type_: str) -> None:
+    if seq < 0 or not type_:
+        raise CodecError(f"seq {seq}, type {type_!r}: decoded an invalid envelope (negative "
+                         f"seq or empty type)")
+
+
+def key_order_from(raw: Any) -> tuple[str, ...] | None:
+    # Absent in v1 records. Only envelope keys are accepted; anything else is damage.
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not ENVELOPE_KEYS.issuperset(raw):
+        raise CodecError(f"envelope keyOrder {raw!r} names keys that are not envelope keys")
+    return tuple(raw)
+
+
+def surface_op_from(raw: Any) -> SurfaceOp:
+    if raw == APPEND:
+        return APPEND
+    if isinstance(raw, Mapping):
+        return Replace(raw["start"], raw["end"])
+    raise CodecError(f"unexpected surfaceOp {raw!r}")
+
+
+def _is_json_payload(schema: Any) -> bool:
+    """``dsh.JsonPayload`` as every committed version has it: one dsh.json field ``data``."""
+    if not isinstance(schema, Mapping) or schema.get("name") != JSON_PAYLOAD:
+        return False
+    fields = schema.get("fields")
+    return (isinstance(fields, list) and len(fields) == 1 and fields[0]["name"] == "data"
+            and fields[0]["type"] == "string" and fields[0].get(JSON_PROP) is True)
+
+
+def _payload_field(root: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((f for f in root["fields"] if f["name"] == "payload"), None)
+
+
+class EventRecordBuilder(JsonRecordBuilder):
+    """The record builder of a session-event writer schema: payload records become their
+    JSON data (see :class:`JsonRecordBuilder`), ``dsh.JsonPayload`` its parsed text, and the
+    envelope ``(session id, Event)``, when the schema's envelope is the known one."""
+
+    def __init__(self, root: Mapping[str, Any], names: frozenset[str]) -> None:
+        super().__init__(names)
+        self.root = str(root["name"])
+        self.direct = self._knows(root)
+        self.helpers = {**self.helpers, "_check_env": check_envelope,
+                        "_op_from": surface_op_from, "_order_from": key_order_from,
+                        "_event": make_event}
+
+    @staticmethod
+    def _knows(root: Mapping[str, Any]) -> bool:
+        present = {f["name"] for f in root["fields"]}
+        payload = _payload_field(root)
+        if not present.issuperset(ENVELOPE_FIELDS) or payload is None:
+            return False
+        named = root.get("__named_schemas", {})
+        branches = payload["type"] if isinstance(payload["type"], list) else [payload["type"]]
+        for branch in branches:
+            schema = named.get(branch) if isinstance(branch, str) else branch
+            if isinstance(schema, Mapping) and schema.get("name") == JSON_PAYLOAD:
+                return _is_json_payload(schema)
+        return True
+
+    def tail(self, record: Mapping[str, Any], fields: list[tuple[Mapping[str, Any], str]]
+             ) -> list[str] | None:
+        name = str(record["name"])
+        if self.direct and name == JSON_PAYLOAD:
+            return [f"    return _jtext({fields[0][1]}, 'payload'), pos"]
+        if self.direct and name == self.root:
+            return self._envelope_tail(record, {str(f["name"]): v for f, v in fields})
+        return super().tail(record, fields)
+
+    @staticmethod
+    def _envelope_tail(record: Mapping[str, Any], var: dict[str, str]) -> list[str]:
+        sid, seq, time, type_ = var["sessionId"], var["seq"], var["time"], var["type"]
+        op, sources, payload = var["surfaceOp"], var["sourceEventSeqs"], var["payload"]
+        order = var.get(KEY_ORDER_FIELD, "None")
+        # A union of several records reads as (name, value); a single branch as the value.
+        # JSON data is never a tuple, so the test tells the two apart.
+        lines = [
+            f"    if {seq} < 0 or not {type_}: _check_env({seq}, {type_})",
+            f"    if type({payload}) is tuple: {payload} = {payload}[1]",
+            f"    if {op} is not None: {op} = _op_from({op})",
+            f"    if {sources} is not None: {sources} = tuple({sources})",
+        ]
+        if order != "None":
+            lines.append(f"    if {order} is not None: {order} = _order_from({order})")
+        lines.append(f"    return ({sid}, _event({type_}, {seq}, {time}, {payload}, {op}, "
+                     f"{sources}, {var['ignorable']}, {order})), pos")
+        return lines

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fanout_support import FIXTURES, fanout_settings, publish
+from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -18,7 +18,9 @@ from pipeline.adapters.kafka.records import OutRecord
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.projection import slot_key
+from pipeline.core.synth import synth_session
 from pipeline.sdk import active_version, derived_conversations
+from pipeline.services.replay.rebuild import Rebuilder, read_conversations
 from pipeline.settings import Settings
 
 NAMES = ("text-turn", "tool-call-turn", "agent-instructions")
@@ -145,3 +147,35 @@ def test_replay_equals_the_processors_live_projection(
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["compared_with"].startswith("version 0 (")  # the processors' topic
     assert (summary["differences"], summary["switched"], summary["version"]) == (0, True, 1)
+
+
+@pytest.mark.broker
+def test_rebuild_coalesces_by_slot_key_and_tombstones_only_written_slots(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+    asyncio.run(_publish_fixtures(settings))
+    # 2000 synthetic events: a compaction replaces 26 nodes (25 slots removed).
+    asyncio.run(publish(settings, "synth", synth_session(0, 2000)))
+    # Flushed after every record, the removed slots were written first, so they get
+    # tombstones; coalesced over the whole run, they are never written at all.
+    eager = asyncio.run(Rebuilder(settings, SERDE.decode, 1, coalesce_keys=1, scan_batch=1,
+                                  with_core=True).run())
+    coalesced = asyncio.run(Rebuilder(settings, SERDE.decode, 2).run())
+    assert eager.core is not None and set(eager.core) == {*NAMES, "synth"}
+    assert coalesced.changes == eager.changes
+    assert coalesced.records_written < eager.records_written <= eager.changes
+    assert _tombstones(settings, eager.topic) == 25
+    assert _tombstones(settings, coalesced.topic) == 0
+    for result in (eager, coalesced):
+        assert result.conversations == eager.core
+        assert asyncio.run(read_conversations(settings, result.topic)) == eager.core
+
+
+def _tombstones(settings: Settings, topic: str) -> int:
+    from pipeline.adapters.kafka.topic_scan import TopicScan
+
+    async def scan() -> int:
+        async with TopicScan(settings, topic) as found:
+            return sum([sum(r.value is None for r in batch)
+                        async for batch in found.batches()])
+    return asyncio.run(scan())

@@ -300,3 +300,71 @@ def test_a_writer_schema_with_an_unknown_envelope_shape_still_decodes_exactly() 
         SINGLE.writer.binary.encode_into(framed, SINGLE.records.to_record("s", bad))
         with pytest.raises(CodecError, match="invalid envelope"):
             SINGLE.decode(bytes(framed))
+
+
+def _record_path_bytes(session_id: str, event: Event) -> bytes:
+    return SINGLE._encode_record(session_id, event)
+
+
+def _direct_bytes(session_id: str, event: Event) -> bytes | None:
+    from pipeline.codec.envelope import DIRECT_DECLINES
+    assert SINGLE._direct is not None
+    out = bytearray(SINGLE.prefix)
+    try:
+        SINGLE._direct(out, session_id, event)
+    except DIRECT_DECLINES:
+        return None
+    return bytes(out)
+
+
+def test_the_direct_writer_takes_the_fixture_events_and_writes_the_record_paths_bytes() -> None:
+    events = fixture_events()
+    direct = [_direct_bytes("s-1", e) for e in events]
+    assert direct == [d if d is None else _record_path_bytes("s-1", e)
+                      for d, e in zip(direct, events, strict=True)]
+    # Every typed shape dsh writes goes direct: key orders and extra keys included.
+    taken = sum(d is not None for d in direct)
+    assert taken >= len(events) - 1, [e.type for d, e in zip(direct, events, strict=True)
+                                      if d is None]
+
+
+@st.composite
+def reshaped(draw: Any, value: JsonValue, depth: int = 0) -> JsonValue:
+    """``value`` with its objects' keys reordered, some dropped, some added (null, extra
+    keys, modeled keys of the wrong type): typed data near the shapes dsh writes."""
+    if isinstance(value, list) and depth < 4:
+        return [draw(reshaped(item, depth + 1)) for item in value]
+    if not isinstance(value, dict) or depth >= 4:
+        return value
+    items = [(k, draw(reshaped(v, depth + 1))) for k, v in value.items()
+             if draw(st.integers(0, 9)) > 0]
+    for _ in range(draw(st.integers(0, 2))):
+        items.append((draw(st.sampled_from(_KEYS) | st.text(max_size=3)),
+                      draw(st.none() | _SCALARS)))
+    return dict(draw(st.permutations(items)) if draw(st.booleans()) else items)
+
+
+@st.composite
+def reshaped_fixture_events(draw: Any) -> Event:
+    event = draw(st.sampled_from(fixture_events()))
+    return Event(event.type, event.seq, event.time, draw(reshaped(event.data)),
+                 event.surface_op, event.source_event_seqs, event.ignorable, event.key_order)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(tricky_events(), reshaped_fixture_events(), st.sampled_from(fixture_events())),
+       st.text(max_size=8))
+def test_the_direct_writer_writes_the_record_paths_bytes_or_declines(event: Event,
+                                                                     session_id: str) -> None:
+    direct = _direct_bytes(session_id, event)
+    if direct is not None:
+        assert direct == _record_path_bytes(session_id, event)
+        assert SINGLE.decode(direct) == (session_id, event)
+
+
+@settings(max_examples=200, deadline=None)
+@given(valid_logs())
+def test_the_direct_writer_agrees_on_generated_valid_logs(events: list[Event]) -> None:
+    for event in events:
+        direct = _direct_bytes("s", event)
+        assert direct is None or direct == _record_path_bytes("s", event)

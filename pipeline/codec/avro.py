@@ -21,9 +21,15 @@ foreign exception leaves this module.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Final, Literal
 
-from pipeline.codec.envelope import event_from_record
+from pipeline.codec.envelope import (
+    DIRECT_DECLINES,
+    EventWriter,
+    direct_event_writer,
+    event_from_record,
+)
 from pipeline.codec.payload import (
     JSON_PAYLOAD,
     RecordPlan,
@@ -114,9 +120,20 @@ class EventSerde:
         self.framing: Framing = "confluent" if schema_id is not None else "single-object"
         self.schema_id = schema_id
         self._by_prefix: dict[bytes, tuple[WriterSchema, int]] = {}
+        self._direct = _current_direct_writer()
 
     def encode(self, session_id: str, event: Event) -> bytes:
         """The framed Avro bytes of one event. Raises CodecError if it cannot be encoded."""
+        if self._direct is not None:
+            out = bytearray(self.prefix)
+            try:
+                self._direct(out, session_id, event)
+                return bytes(out)
+            except DIRECT_DECLINES:
+                pass  # the record path decides: another payload shape, or a clear error
+        return self._encode_record(session_id, event)
+
+    def _encode_record(self, session_id: str, event: Event) -> bytes:
         out = bytearray(self.prefix)
         try:
             self.writer.binary.encode_into(out, self.records.to_record(session_id, event))
@@ -160,6 +177,11 @@ class EventSerde:
         head = data[:2].hex() or "nothing"
         raise CodecError(f"not a framed Avro event: {len(data)} bytes starting with {head} "
                          f"(expected 00 + schema id, or c3 01 + fingerprint)")
+
+
+@cache
+def _current_direct_writer() -> EventWriter | None:
+    return direct_event_writer(current_event_schema())
 
 
 def _as_bytes(data: object) -> bytes:

@@ -17,12 +17,21 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from fastavro.schema import to_parsing_canonical_form
+
 from pipeline.codec.payload import (
+    EVENT_TYPES_PROP,
     JSON_PAYLOAD,
     JSON_PROP,
     JsonRecordBuilder,
+    Unrepresentable,
+    json_text,
     parse_json_text,
+    payload_branches,
+    payload_plans,
 )
+from pipeline.codec.payload_writer import DirectWriter, direct_writers
+from pipeline.codec.payload_writer import write_long as _wlong
 from pipeline.core.errors import CodecError
 from pipeline.core.events import APPEND, ENVELOPE_KEYS, Event, JsonValue, Replace, SurfaceOp
 
@@ -190,3 +199,129 @@ class EventRecordBuilder(JsonRecordBuilder):
         lines.append(f"    return ({sid}, _event({type_}, {seq}, {time}, {payload}, {op}, "
                      f"{sources}, {var['ignorable']}, {order})), pos")
         return lines
+
+
+# The envelope the direct writer below is written for: schema v2's, payload left out (its
+# union is read from the schema). Parsing canonical form, so docs and defaults do not count.
+ENVELOPE_V2: Final = (
+    '{"name":"dsh.SessionEvent","type":"record","fields":[{"name":"sessionId","type":"string"},'
+    '{"name":"seq","type":"long"},{"name":"time","type":"long"},{"name":"type","type":"string"'
+    '},{"name":"surfaceOp","type":["null",{"name":"dsh.SurfaceAppend","type":"enum","symbols":'
+    '["append"]},{"name":"dsh.SurfaceReplace","type":"record","fields":[{"name":"start","type"'
+    ':"long"},{"name":"end","type":"long"}]}]},{"name":"sourceEventSeqs","type":["null",{"type'
+    '":"array","items":"long"}]},{"name":"ignorable","type":["null","boolean"]},{"name":"paylo'
+    'ad","type":"null"},{"name":"keyOrder","type":["null",{"type":"array","items":"string"}]}]}')
+EventWriter = Callable[[bytearray, str, Event], None]
+# What a direct writer raises when it leaves an event to the record path.
+DIRECT_DECLINES: Final = (Unrepresentable, UnicodeEncodeError, ValueError, TypeError,
+                          AttributeError, OverflowError, RecursionError)
+
+
+def _envelope_form(parsed: Mapping[str, Any]) -> str:
+    fields = [f if f["name"] != "payload" else {"name": "payload", "type": "null"}
+              for f in parsed["fields"]]
+    bare = {k: v for k, v in parsed.items() if k != "__named_schemas"}
+    return str(to_parsing_canonical_form({**bare, "fields": fields}))
+
+
+def _decline(buf: bytearray, data: JsonValue) -> None:
+    raise Unrepresentable
+
+
+def direct_event_writer(writer: WriterSchema) -> EventWriter | None:
+    """A function writing the Avro body of ``(session id, event)`` with ``writer`` straight
+    from the event (no envelope or payload dicts), or None when ``writer``'s envelope is not
+    the one it is written for. It writes exactly the bytes of the record path
+    (:class:`pipeline.codec.avro.EventRecords` + the compiled codec) or raises one of
+    :data:`DIRECT_DECLINES`, leaving the event to that path (which then encodes it
+    otherwise, or raises its CodecError)."""
+    parsed = writer.parsed
+    branches = payload_branches(parsed)
+    names = [str(b.get("name")) for b in branches]
+    if (_envelope_form(parsed) != ENVELOPE_V2 or JSON_PAYLOAD not in names
+            or not _is_json_payload(branches[names.index(JSON_PAYLOAD)]) or len(names) > 64):
+        return None
+    writers = direct_writers(parsed, payload_plans(parsed)[1])
+    typed: dict[str, tuple[int, DirectWriter]] = {}
+    for index, branch in enumerate(branches):  # the last record naming a type wins, as in
+        for event_type in branch.get(EVENT_TYPES_PROP, ()):  # event_type_plans
+            typed[event_type] = (index * 2, writers.get(names[index], _decline))
+    return _envelope_writer(names.index(JSON_PAYLOAD) * 2, typed)
+
+
+def _envelope_writer(json_tag: int, typed: dict[str, tuple[int, DirectWriter]]
+                     ) -> EventWriter:
+    typed_payload = typed.get
+
+    def write(buf: bytearray, session_id: str, event: Event) -> None:
+        _write_head(buf, session_id, event)
+        entry = typed_payload(event.type)
+        if entry is None:
+            buf.append(json_tag)
+            _write_text(buf, json_text(event.data))
+        else:
+            buf.append(entry[0])
+            entry[1](buf, event.data)
+        order = event.key_order
+        if order is None:
+            buf.append(0)
+            return
+        buf.append(2)
+        if order:
+            _wlong(buf, len(order))
+            for key in order:
+                _write_text(buf, key)
+        buf.append(0)
+
+    return write
+
+
+def _write_text(buf: bytearray, text: str) -> None:
+    raw = text.encode()
+    if len(raw) < 64:
+        buf.append(len(raw) << 1)
+    else:
+        _wlong(buf, len(raw))
+    buf += raw
+
+
+def _write_head(buf: bytearray, session_id: str, event: Event) -> None:
+    """The envelope fields before the payload."""
+    _write_text(buf, session_id)
+    seq = event.seq
+    if type(seq) is int and 0 <= seq < 64:
+        buf.append(seq << 1)
+    else:
+        _wlong(buf, seq)
+    _wlong(buf, event.time)
+    _write_text(buf, event.type)
+    op = event.surface_op
+    if op is None:
+        buf.append(0)
+    elif op == APPEND:
+        buf += b"\x02\x00"
+    elif type(op) is Replace:
+        buf.append(4)
+        _wlong(buf, op.start)
+        _wlong(buf, op.end)
+    else:
+        raise Unrepresentable
+    sources = event.source_event_seqs
+    if sources is None:
+        buf.append(0)
+    else:
+        buf.append(2)
+        if sources:
+            _wlong(buf, len(sources))
+            for seq in sources:
+                _wlong(buf, seq)
+        buf.append(0)
+    ignorable = event.ignorable
+    if ignorable is None:
+        buf.append(0)
+    elif ignorable is True:
+        buf += b"\x02\x01"
+    elif ignorable is False:
+        buf += b"\x02\x00"
+    else:
+        raise Unrepresentable

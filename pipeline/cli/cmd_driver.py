@@ -27,7 +27,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
-from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
+from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script, tool_loop_script
 from pipeline.adapters.registry.client import (
     BACKWARD_TRANSITIVE,
     RegistryClient,
@@ -48,6 +48,12 @@ from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import ToolRegistry, builtin_registry
 from pipeline.settings import Settings
+
+# The scripted provider's answers, by ``--script`` name (other providers ignore it).
+SCRIPTS: dict[str, Script] = {
+    "echo": echo_script,
+    "tool-loop": tool_loop_script("echo", '{"text": "hello"}'),
+}
 
 
 def register(subparsers: Any) -> None:
@@ -74,6 +80,9 @@ def _register_driver(subparsers: Any) -> None:
                              "driver with the same id gets its partitions back at once")
     driver.add_argument("--session-timeout-ms", type=int, default=10_000,
                         help="group session timeout: how long a dead driver keeps partitions")
+    driver.add_argument("--script", choices=sorted(SCRIPTS), default="echo",
+                        help="scripted provider only: 'echo' answers in one step; 'tool-loop' "
+                             "calls the echo tool, then answers its result (two steps)")
     driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
                         help="scripted provider only: wait this long between stream chunks "
                              "(to watch chunks arrive live)")
@@ -233,7 +242,7 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
             client = stack.enter_context(RegistryClient.from_settings(settings))
             codecs = registry_codecs(settings, client)
         ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
-                             script=_delayed(echo_script, args.script_chunk_delay_ms),
+                             script=_delayed(SCRIPTS[args.script], args.script_chunk_delay_ms),
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
                              rebuild_mode=args.rebuild_mode)
         service = DriverService(ctx, config)

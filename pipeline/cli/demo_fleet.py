@@ -16,9 +16,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pipeline.adapters.llm.scripted import tool_loop_script
 from pipeline.adapters.localstack.process import ChildProcess, free_ports
-from pipeline.cli.cmd_driver import driver_context
+from pipeline.cli.cmd_driver import SCRIPTS, driver_context
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.events import Event
 from pipeline.services.driver.fleet_run import followups, run_fleet
@@ -29,16 +28,21 @@ from pipeline.settings import Settings
 Progress = Callable[[str], None]
 
 
-def start_processors(settings: Settings, port: int, log_path: Path) -> ChildProcess:
+def start_processors(settings: Settings, port: int, log_path: Path, *,
+                     extra: Sequence[str] = (), name: str = "processors worker"
+                     ) -> ChildProcess:
     """A processors worker as a child process in its own group (it dies with the demo),
-    logging to ``log_path``: faust's start-up is chatty and would bury the progress lines."""
+    logging to ``log_path``: faust's start-up is chatty and would bury the progress lines.
+    ``extra``: more ``dsh-pipeline processors`` options (the scale-out run's session timeout).
+    """
     command = [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port", str(port),
-               "--loglevel", "warning"]
-    return ChildProcess("processors worker", command, log_path, Path.cwd(),
+               "--loglevel", "warning", *extra]
+    return ChildProcess(name, command, log_path, Path.cwd(),
                         env={**os.environ, **settings.to_env()})
 
 
-def _turn_text(session_id: str, turn: int) -> str:
+def turn_text(session_id: str, turn: int) -> str:
+    """The follow-up text of a scripted session's turn (the tool-loop script calls echo)."""
     return f"Turn {turn + 1} of {session_id}: call the echo tool, then summarise."
 
 
@@ -57,9 +61,9 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
         ids = [f"demo-{run_id}-{n:04d}" for n in range(sessions)]
         ctx = driver_context(settings, group_id=f"{settings.group_id_prefix}demo-driver",
                              tools=builtin_registry(),
-                             script=tool_loop_script("echo", '{"text":"hello"}'))
+                             script=SCRIPTS["tool-loop"])
         progress(f"running {sessions} scripted sessions x {turns} turns through the driver ...")
-        result = await run_fleet(ctx, followups(ids, turns, _turn_text),
+        result = await run_fleet(ctx, followups(ids, turns, turn_text),
                                  encode_command=InboxCodec().encode, progress=progress)
         fleet_logs = {s: result.logs.get(s, []) for s in ids}
         logs = {**{s: list(e) for s, e in sample_logs.items()}, **fleet_logs}

@@ -1,0 +1,55 @@
+"""Scale-out on the local 3-node cluster (issue 9 item 4, the small version of
+``bench/bench_scale_out.py``): 3 driver processes and 2 processors workers over a
+12-partition topic; driver 1 and worker 1 get SIGKILL mid-run. Every session still ends its
+turn (the dead driver's sessions move to the survivors, whose crash repair closes the turns
+it left open as ``interrupted``), ``check`` finds every log valid with no open turn and no
+unanswered call, and the surviving worker's tables and its derived-messages topic equal a
+replay of the session topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scale_out_support import ScaleOutPlan, local_cluster, run_scale_out
+
+from pipeline.adapters.localstack.kafka import KafkaLocal
+
+pytestmark = [pytest.mark.broker, pytest.mark.cluster, pytest.mark.timeout(900)]
+
+PLAN = ScaleOutPlan(drivers=3, workers=2, sessions=36, turns=1, partitions=12, kill_at=0.3,
+                    driver_session_timeout_ms=6000, worker_session_timeout_s=6.0,
+                    timeout_s=240.0)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaLocal]:
+    with local_cluster(print) as kafka:
+        yield kafka
+
+
+async def test_kill9_of_a_driver_and_a_worker_mid_run_loses_no_session(
+        cluster: KafkaLocal, tmp_path: Path) -> None:
+    run = await run_scale_out(cluster.bootstrap, PLAN, tmp_path, print)
+    print(run)
+    assert run["killed"] == "driver 1 and worker 1 (SIGKILL)"
+    # Every session ended its turn: completed, or interrupted by the kill and repaired.
+    assert run["turns"] == PLAN.sessions * PLAN.turns
+    kinds = run["turn_end_kinds"]
+    assert set(kinds) <= {"completed", "interrupted"}, kinds
+    assert kinds.get("interrupted", 0) == run["turns_repaired"]
+    # The dead driver's partitions moved: their sessions were rebuilt by the survivors.
+    assert run["partitions_moved"] >= 1 and run["sessions_moved"] >= 1
+    assert run["session_failures"] == 0 and run["dead_letters"] == 0
+    # check: every log valid, seq contiguous, no open turn, every call answered.
+    assert run["check_ok"], run["check_problems"]
+    assert run["check_sessions"] == PLAN.sessions and run["open_turns"] == 0
+    assert run["check_events"] == run["events"] == run["replay_events"]
+    # The processors' tables equal core's folds, and their topic equals the replay.
+    assert (run["derived_mismatches"], run["usage_mismatches"], run["model_mismatches"]) \
+        == (0, 0, 0), run["table_problems"]
+    assert run["replay_differences"] == 0 and run["replay_log_problems"] == 0, \
+        run["replay_problems"]
+    assert run["replay_conversations"] == PLAN.sessions

@@ -52,8 +52,12 @@ class Harness:
                            SERDE.encode(session_id, event), tuple(event_headers(event)))
 
     async def feed(self, records: list[InboxRecord]) -> None:
+        """One record per batch (as the worker sees a slow trickle)."""
         for record in records:
             await self.folder.handle(record)
+
+    async def feed_batch(self, records: list[InboxRecord]) -> None:
+        await self.folder.handle_batch(records)
 
     def messages(self, session_id: str) -> list[Any]:
         state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
@@ -98,42 +102,119 @@ async def test_replaying_any_suffix_changes_nothing() -> None:
     assert harness.counters.duplicates == len(records) - start
 
 
-async def test_after_a_restart_redelivery_from_mid_chunk_run_resyncs_without_false_gaps() -> None:
+def restarted(harness: Harness) -> Harness:
+    """A new worker process on the same tables (what a restart recovers from changelogs)."""
+    again = Harness()
+    again.tables = SessionTables(harness.tables.sessions, harness.tables.nodes,
+                                 harness.tables.chunk_marks)
+    again.folder = SessionFolder(again.tables, again._send, SERDE.decode, TOPICS,
+                                 "t.by-model", again.counters)
+    again.offset = harness.offset
+    return again
+
+
+def batches(records: list[InboxRecord], size: int) -> list[list[InboxRecord]]:
+    return [records[i:i + size] for i in range(0, len(records), size)]
+
+
+async def test_after_a_restart_redelivery_from_mid_chunk_run_has_no_false_gaps() -> None:
     harness = Harness()
     (sid, events), = sessions(9, 1).items()
     records = [harness.record(sid, e) for e in events]
-    await harness.feed(records)
-    state = json.dumps(harness.tables.sessions)
-    harness.tables.chunks.clear()   # a restart: in-memory chunk cursors are gone
     start = next(i for i, e in enumerate(events) if e.type == "assistant/chunk"
                  and i + 1 < len(events) and events[i + 1].type == "assistant/chunk") + 1
-    await harness.feed(records[start:])
-    assert harness.counters.gaps == 0
-    assert json.dumps(harness.tables.sessions) == state
+    await harness.feed_batch(records[:start])   # committed up to here: ends mid chunk run
+    again = restarted(harness)
+    await again.feed_batch(records[start:])
+    assert again.counters.gaps == 0 and again.counters.duplicates == 0
+    assert again.messages(sid) == list(derive_messages(events))
 
 
-async def test_after_a_restart_a_decoded_event_past_unpersisted_chunks_resyncs() -> None:
+async def test_a_gap_next_to_a_restart_boundary_is_reported() -> None:
+    """The chunk cursor is persisted at every batch end, so a seq missing right after the
+    last committed batch is a gap, not mistaken for chunks folded before the crash."""
+    harness = Harness()
+    (sid, events), = sessions(9, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    start = next(i for i, e in enumerate(events) if e.type == "assistant/chunk"
+                 and i + 1 < len(events) and events[i + 1].type == "assistant/chunk") + 1
+    await harness.feed_batch(records[:start])
+    again = restarted(harness)
+    await again.feed_batch(records[start + 1:])   # seq ``start`` never arrives
+    assert again.counters.gaps == len(records) - start - 1
+    assert again.messages(sid) == list(derive_messages(events[:start]))
+
+
+async def test_after_a_restart_a_decoded_event_past_persisted_chunks_is_applied() -> None:
     harness = Harness()
     (sid, events), = sessions(10, 1).items()
     records = [harness.record(sid, e) for e in events]
     cut = next(i for i, e in enumerate(events) if i > 0 and e.type != "assistant/chunk"
                and events[i - 1].type == "assistant/chunk")
-    await harness.feed(records[:cut])
-    harness.tables.chunks.clear()   # a restart; redelivery starts at the decoded event
-    await harness.feed(records[cut:])
-    assert harness.counters.gaps == 0 and harness.counters.resyncs == 1
-    assert harness.messages(sid) == list(derive_messages(events))
+    await harness.feed_batch(records[:cut])
+    again = restarted(harness)   # redelivery starts at the decoded event
+    await again.feed_batch(records[cut:])
+    assert again.counters.gaps == 0
+    assert again.messages(sid) == list(derive_messages(events))
 
 
-async def test_a_reported_gap_is_never_resynced_past_after_a_restart() -> None:
+async def test_a_crash_losing_uncommitted_batches_recovers_to_the_full_fold() -> None:
+    """kill -9: table writes of batches after the last commit may be lost, in any suffix;
+    redelivery from the committed offset gives exactly the uninterrupted result."""
+    logs = sessions(12, 4)
+    full = Harness()
+    records = [full.record(sid, e) for sid, events in logs.items() for e in events]
+    # Sessions interleaved as on a shared partition (each one's records in seq order).
+    records.sort(key=lambda r: (int(dict(r.headers)["dsh.seq"]), r.key or b""))
+    parts = batches(records, 37)
+    for committed in (1, len(parts) // 2, len(parts) - 1):
+        crashed = Harness()
+        for part in parts[:committed]:
+            await crashed.feed_batch(part)
+        snapshot = json.dumps([crashed.tables.sessions, crashed.tables.nodes,
+                               crashed.tables.chunk_marks])
+        await crashed.feed_batch(parts[committed])    # processed, never committed ...
+        lost = Harness()                              # ... and its writes lost
+        lost.tables = SessionTables(*json.loads(snapshot))
+        again = restarted(lost)
+        for part in parts[committed:]:
+            await again.feed_batch(part)
+        assert again.counters.gaps == 0
+        for sid, events in logs.items():
+            assert again.messages(sid) == list(derive_messages(events)), (committed, sid)
+
+
+async def test_a_batch_writes_each_session_record_once() -> None:
+    harness = Harness()
+    writes: list[str] = []
+
+    class Recording(dict[str, Any]):
+        def __setitem__(self, key: str, value: Any) -> None:
+            writes.append(key)
+            super().__setitem__(key, value)
+
+    harness.tables = SessionTables(Recording(), {}, Recording())
+    harness.folder.tables = harness.tables
+    logs = sessions(13, 3)
+    records = [harness.record(sid, e) for sid, events in logs.items() for e in events]
+    await harness.feed_batch(records)
+    assert sorted(writes) == sorted(logs)   # no chunk marks: the session records hold all
+    for sid, events in logs.items():
+        assert harness.messages(sid) == list(derive_messages(events))
+        assert harness.tables.sessions[sid]["next"] == len(events)
+    fleet = [o.key for o in harness.sent_to(TOPICS.fleet)]
+    assert sorted(fleet) == sorted(sid.encode() for sid in logs)   # last value per batch
+
+
+async def test_a_reported_gap_is_never_folded_past_after_a_restart() -> None:
     harness = Harness()
     (sid, events), = sessions(5, 1).items()
     records = [harness.record(sid, e) for e in events]
     await harness.feed([*records[:5], records[6]])
-    harness.tables.chunks.clear()
-    await harness.feed(records[7:9])
-    assert harness.counters.resyncs == 0 and harness.counters.gaps == 3
-    assert harness.messages(sid) == list(derive_messages(events[:5]))
+    again = restarted(harness)
+    await again.feed(records[7:9])
+    assert harness.counters.gaps + again.counters.gaps == 3
+    assert again.messages(sid) == list(derive_messages(events[:5]))
 
 
 async def test_gap_is_dead_lettered_with_its_reason_and_never_folded_past() -> None:
@@ -175,11 +256,12 @@ async def test_an_invalid_replace_is_dead_lettered_and_the_session_stops_there()
     await harness.feed([harness.record("s", e) for e in (good, bad, after)])
     assert harness.counters.invalid_events == 1 and harness.counters.gaps == 1
     assert harness.messages("s") == [msg]
-    harness.tables.chunks.clear()   # a restart does not resync past the refused event
-    await harness.feed([harness.record("s", after)])
-    assert harness.counters.gaps == 2 and harness.messages("s") == [msg]
+    again = restarted(harness)   # a restart does not fold past the refused event
+    await again.feed([again.record("s", after)])
+    assert again.counters.gaps == 1 and again.messages("s") == [msg]
     classes = [dict(o.headers)["dsh.error.class"]
-               for o in harness.sent_to(TOPICS.dlq(TOPICS.session_events))]
+               for o in [*harness.sent, *again.sent]
+               if o.topic == TOPICS.dlq(TOPICS.session_events)]
     assert classes == [b"EventError", b"SequenceError", b"SequenceError"]
 
 

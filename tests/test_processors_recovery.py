@@ -53,6 +53,10 @@ def _scan_models(sessions: dict[str, list[Event]]) -> dict[str, TokenCounts]:
     return scan.by_model
 
 
+def _handled(worker: Worker) -> int:
+    return int(worker.get("/health")[1]["counters"]["records"])
+
+
 def _partitions(worker: Worker) -> list[int]:
     status, body = worker.get("/health")
     if status != 200 or body["recovery"]["in_recovery"]:
@@ -70,20 +74,23 @@ async def test_kill9_mid_stream_then_restart_equals_full_replay_and_takeover(
     batch1 = [r for sid, events in first.items() for r in event_records(settings, sid, events)]
     rest = [r for sid, events in sessions.items()
             for r in event_records(settings, sid, events[len(events) // 2 - 3:])]  # 3 dups each
-    await send_records(settings, batch1)
-
     t0 = time.monotonic()
     worker = Worker(settings, free_port(), tmp_path)
+    sent = 0
     try:
         worker.wait_ready()
         print(f"first worker ready at {time.monotonic() - t0:.1f}s")
-        # Kill -9 while it is folding the first batch (some, not all, records handled).
-        worker.wait_for("mid-stream", lambda: worker.get("/health")[1]["counters"]["records"]
-                        > len(batch1) // 10, timeout_s=60)
-        handled_at_kill = worker.get("/health")[1]["counters"]["records"]
+        # A worker folds a backlog in a few batches: kill -9 it while records are still
+        # arriving (some, not all, handled), so the kill falls between batches in flight.
+        while sent < len(batch1) and _handled(worker) <= len(batch1) // 10:
+            await send_records(settings, batch1[sent:sent + 40])
+            sent += 40
+        handled_at_kill = _handled(worker)
     finally:
         worker.kill9()
-    print(f"killed after {handled_at_kill} of {len(batch1)} records")
+    print(f"killed after {handled_at_kill} of {len(batch1)} records ({sent} sent)")
+    assert 0 < handled_at_kill < len(batch1)
+    await send_records(settings, batch1[sent:])
     await send_records(settings, rest)
 
     restarted = Worker(settings, free_port(), tmp_path)

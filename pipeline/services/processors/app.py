@@ -3,7 +3,7 @@
 Topology (all tables have changelog topics ``<app id>-<table>-changelog``, co-partitioned
 with their source topic, and ``options.standby_replicas`` standby copies):
 
-    session-events ──fold_sessions──> tables sessions (all per-session state), nodes, chunk-marks
+    session-events ══fold_sessions══> tables sessions (all per-session state), nodes, chunk-marks
          │                            ├─> derived-messages (compacted, slot-keyed changes)
          │                            ├─> usage  (session totals)      ├─> fleet (compacted)
          │                            └─> <app id>-usage-by-model (internal, keyed by model)
@@ -11,6 +11,9 @@ with their source topic, and ``options.standby_replicas`` standby copies):
     ticks (timer: wall clock) ─────────────────────────────> fold_usage ─┴─> table usage-agg
                                                                            └─> usage (model
                                                                                totals, windows)
+
+``══``: the session topic reaches its agent one fetched batch per partition at a time (one
+faust event per batch, :mod:`.transport`), so faust's per-record cost is paid per batch.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
 crash or rebalance changes nothing (faust's ``exactly_once`` is not used: see the notes on its
@@ -29,7 +32,6 @@ from typing import Any
 import faust
 
 from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.kafka.records import InboxRecord, headers_of
 from pipeline.core.errors import ConfigError
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.core.usage import WINDOW_SIZES_MS
@@ -42,6 +44,7 @@ from pipeline.services.processors.folding import (
     SessionTables,
 )
 from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.transport import records_of, use_batching_transport
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,7 @@ def faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 
 def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
-    return faust.App(
+    app = faust.App(
         options.app_id(settings),
         **faust_broker_options(settings),
         store=options.store,
@@ -136,7 +139,11 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         broker_heartbeat_interval=min(3.0, options.session_timeout_s / 3),
         web_tables_enabled=False,
         web_graph_enabled=False,
+        # Counted in batch messages for the session topic: a few fetches ahead is plenty.
+        stream_buffer_maxsize=options.stream_buffer,
     )
+    use_batching_transport(app, [settings.topics.session_events])
+    return app
 
 
 def _table(app: Any, name: str, partitions: int) -> Any:
@@ -166,19 +173,20 @@ def build_processors(settings: Settings, decode: Decoder,
         await app.producer.send(out.topic, out.key, out.value, out.partition, None,
                                 list(out.headers) or None)
 
-    async def forget_chunk_cursors(*_args: Any, **_kwargs: Any) -> None:
-        processors.tables.chunks.clear()  # partitions moved: other workers folded meanwhile
+    folder = _wire_sessions(processors, decode, send)
 
-    app.on_partitions_revoked.connect(forget_chunk_cursors)
-    app.on_partitions_assigned.connect(forget_chunk_cursors)
-    _wire_sessions(processors, decode, send)
+    async def forget_cached_state(*_args: Any, **_kwargs: Any) -> None:
+        folder.forget()  # partitions moved: other workers folded meanwhile
+
+    app.on_partitions_revoked.connect(forget_cached_state)
+    app.on_partitions_assigned.connect(forget_cached_state)
     _wire_usage(processors, send, sizes)
     from pipeline.services.processors.web import register_views  # after tables exist
     register_views(processors)
     return processors
 
 
-def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> None:
+def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> SessionFolder:
     app, settings = processors.app, processors.settings
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
@@ -186,9 +194,10 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> None:
 
     async def fold_sessions(stream: Any) -> None:
         async for event in stream.events():
-            await folder.handle(_record_of(event))
+            await folder.handle_batch(records_of(event.message))
 
     app.agent(source, name="fold-sessions")(fold_sessions)
+    return folder
 
 
 def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> None:
@@ -217,10 +226,3 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
     app.agent(by_model, name="fold-usage")(fold_usage)
     app.timer(options.tick_interval_s)(tick)
 
-
-def _record_of(event: Any) -> InboxRecord:
-    message = event.message
-    return InboxRecord(topic=message.topic, partition=message.partition, offset=message.offset,
-                       key=event.key, value=event.value,
-                       headers=headers_of(message.headers),
-                       timestamp_ms=int((message.timestamp or 0) * 1000))

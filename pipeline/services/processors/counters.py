@@ -22,7 +22,6 @@ class DeliveryCounters:
     windows_closed: int = 0
     derived_changes: int = 0
     steps_started: int = 0
-    resyncs: int = 0
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)

@@ -17,6 +17,8 @@ class ProcessorsOptions:
     from their changelog topics on start (what tests and small deployments use); production
     uses ``rocksdb://`` (needs the ``rocksdict`` package) so a restart only reads the tail of
     each changelog. Either way the changelogs are the state; the store is a cache.
+    ``stream_buffer`` is how many fetched messages (for the session topic: whole fetched
+    batches) may wait for the agent before faust pauses fetching.
     """
 
     web_port: int = 6066
@@ -27,6 +29,7 @@ class ProcessorsOptions:
     tick_interval_s: float = 1.0
     active_within_ms: int = 60_000
     session_timeout_s: float = 10.0
+    stream_buffer: int = 32
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"
 
@@ -40,6 +43,8 @@ class ProcessorsOptions:
         if self.session_timeout_s < 6:
             raise ConfigError(f"consumer session timeout must be >= 6 s (the broker's "
                               f"group.min.session.timeout.ms), got {self.session_timeout_s}")
+        if self.stream_buffer < 1:
+            raise ConfigError(f"stream buffer must be >= 1 message, got {self.stream_buffer}")
         if not self.store.startswith(("memory://", "rocksdb://")):
             raise ConfigError(f"table store must be memory:// or rocksdb://, got {self.store!r}")
         if self.store.startswith("rocksdb://") and find_spec("rocksdict") is None:

@@ -159,13 +159,19 @@ class EventSerde:
         if type(data) is not bytes:
             data = _as_bytes(data)
         # The framing prefix of a record names its writer schema; most records share one.
-        head = data[:5] if data[:1] == b"\x00" else data[:SINGLE_OBJECT_HEADER_LEN]
-        known = self._by_prefix.get(head)
-        if known is None:
-            known = self.writer_of(data)
-            if len(self._by_prefix) < _PREFIX_CACHE_LIMIT:
-                self._by_prefix[head] = known
-        return decode_body(data, known[1], known[0])
+        # Keys: the 10 bytes of a single-object prefix, the 5 of a Confluent one.
+        known = self._by_prefix.get(data[:SINGLE_OBJECT_HEADER_LEN]) or self._by_prefix.get(
+            data[:CONFLUENT_HEADER_LEN]) or self._learn_prefix(data)
+        decoded = known[0].binary.decode(data, known[1])
+        if type(decoded) is tuple:  # the usual: the compiled decoder built the event itself
+            return decoded
+        return _from_record(decoded, known[0])
+
+    def _learn_prefix(self, data: bytes) -> tuple[WriterSchema, int]:
+        known = self.writer_of(data)
+        if len(self._by_prefix) < _PREFIX_CACHE_LIMIT:
+            self._by_prefix[data[:known[1]]] = known
+        return known
 
     def writer_of(self, data: bytes) -> tuple[WriterSchema, int]:
         """The writer schema of framed bytes and where the Avro body starts."""
@@ -197,8 +203,13 @@ def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Eve
     decoded = writer.binary.decode(data, start)
     if type(decoded) is tuple:  # the usual: the compiled decoder built the event itself
         return decoded
-    try:  # a writer schema whose envelope the direct path does not know
-        return event_from_record(decoded, writer, json_payload=True)
+    return _from_record(decoded, writer)
+
+
+def _from_record(record: Any, writer: WriterSchema) -> tuple[str, Event]:
+    """A writer schema whose envelope the direct path does not know: via the record."""
+    try:
+        return event_from_record(record, writer, json_payload=True)
     except CodecError as exc:
         raise CodecError(f"decoded record: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:

@@ -59,7 +59,8 @@ def _fail(message: str) -> int:
     raise _Bad(message)
 
 
-def _rlong(data: bytes, pos: int) -> tuple[int, int]:
+def _rraw(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` as written (still zigzag-encoded) and the position after it."""
     z = 0
     shift = 0
     while True:
@@ -67,14 +68,25 @@ def _rlong(data: bytes, pos: int) -> tuple[int, int]:
         pos += 1
         z |= (b & 0x7F) << shift
         if b < 0x80:
-            return (z >> 1) ^ -(z & 1), pos
+            return z, pos
         shift += 7
         if shift > 63:
             raise _Bad("varint longer than 10 bytes")
 
 
+def _rlong(data: bytes, pos: int) -> tuple[int, int]:
+    z, pos = _rraw(data, pos)
+    return (z >> 1) ^ -(z & 1), pos
+
+
+# The value of every one-byte varint: one lookup instead of the zigzag arithmetic.
+_ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(128))
+# A union read with a table of decoders instead of an if chain from this many branches.
+_UNION_TABLE_FROM: Final = 4
+
 _HELPERS: Final[dict[str, Any]] = {
-    "_wlong": _wlong, "_rlong": _rlong, "_Bad": _Bad, "_fail": _fail,
+    "_wlong": _wlong, "_rlong": _rlong, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
+    "_fail": _fail,
     "_pack_d": struct.Struct("<d").pack, "_pack_f": struct.Struct("<f").pack,
     "_unpack_d": struct.Struct("<d").unpack_from, "_unpack_f": struct.Struct("<f").unpack_from,
     "_ZERO_LIMIT": ZERO_SIZE_ITEM_LIMIT,
@@ -113,6 +125,7 @@ class _Compiler:
         self.named = named
         self.builder = builder
         self.lines: list[str] = []
+        self.tables: list[str] = []  # module-level lines, after every function
         self.consts: dict[str, Any] = {}
         self.done: set[str] = set()
         self.pending: list[Any] = []
@@ -279,9 +292,8 @@ class _Compiler:
 
     # -- reading ---------------------------------------------------------------------------
     def emit_read_long(self, out: list[str], t: str, ind: str) -> None:
-        b = self.var("b")
-        out.append(f"{ind}{b} = data[pos]; pos += 1")
-        out.append(f"{ind}if {b} < 128: {t} = ({b} >> 1) ^ -({b} & 1)")
+        out.append(f"{ind}{t} = data[pos]; pos += 1")
+        out.append(f"{ind}if {t} < 128: {t} = _ZZ[{t}]")
         out.append(f"{ind}else: {t}, pos = _rlong(data, pos - 1)")
 
     def emit_read(self, out: list[str], schema: Any, t: str, ind: str) -> None:
@@ -373,14 +385,31 @@ class _Compiler:
     def emit_read_union(self, out: list[str], branches: list[Any], t: str, ind: str) -> None:
         resolved = [self.resolve(b) for b in branches]
         records = [r for r in resolved if isinstance(r, Mapping) and r.get("type") == "record"]
+        # The branch index is compared as written (2 * index): no zigzag decoding.
         n = self.var("n")
-        self.emit_read_long(out, n, ind)
+        out.append(f"{ind}{n} = data[pos]; pos += 1")
+        out.append(f"{ind}if {n} > 127: {n}, pos = _rraw(data, pos - 1)")
+        if len(records) == len(resolved) >= _UNION_TABLE_FROM:
+            self.emit_read_record_union(out, records, n, t, ind)
+            return
         for index, branch in enumerate(resolved):
-            out.append(f"{ind}{'if' if index == 0 else 'elif'} {n} == {index}:")
+            out.append(f"{ind}{'if' if index == 0 else 'elif'} {n} == {index * 2}:")
             self.emit_read(out, branch, t, ind + "    ")
             if len(records) > 1 and branch in records:
                 out.append(f"{ind}    {t} = ({str(branch['name'])!r}, {t})")
         out.append(f"{ind}else: raise _Bad('union branch index out of range')")
+
+    def emit_read_record_union(self, out: list[str], records: list[Mapping[str, Any]], n: str,
+                               t: str, ind: str) -> None:
+        """A union of many records: the decoder from a table indexed by the raw index."""
+        table = f"_U{len(self.tables)}"
+        decoders = [self.fname("dec", r) for r in records]
+        self.tables.append(f"{table} = ({', '.join(f'{d}, None' for d in decoders)})")
+        names = self.const(tuple(x for r in records for x in (str(r["name"]), None)))
+        out.append(f"{ind}if {n} & 1 or {n} >= {len(records) * 2}: "
+                   f"raise _Bad('union branch index out of range')")
+        out.append(f"{ind}{t}, pos = {table}[{n}](data, pos, size)")
+        out.append(f"{ind}{t} = ({names}[{n}], {t})")
 
 
 _PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
@@ -399,7 +428,8 @@ class CompiledSchema:
         compiler.emit_all(parsed)
         helpers = builder.helpers if builder is not None else {}
         namespace: dict[str, Any] = {**_HELPERS, **helpers, **compiler.consts}
-        exec("\n".join(compiler.lines), namespace)  # our own generated code, no input text
+        source = "\n".join(compiler.lines + compiler.tables)
+        exec(source, namespace)  # our own generated code, no input text
         self._encode: Callable[[bytearray, Any], None] = namespace[
             compiler.fname("enc", parsed)]
         self._decode: Callable[[bytes, int, int], tuple[Any, int]] = namespace[

@@ -46,18 +46,26 @@ _EVENT_SLOTS: Final = ("type", "seq", "time", "data", "surface_op", "source_even
                        "ignorable", "key_order")
 
 
-def _event_factory() -> Callable[..., Event]:
-    """``Event(type, seq, time, data, op, sources, ignorable, key_order)``, built by setting
-    its slots directly: a frozen dataclass's ``__init__`` goes through
-    ``object.__setattr__`` per field, which costs as much as the rest of decoding a small
-    event. The objects are identical. Should Event ever change shape or validate in
-    ``__post_init__``, its own constructor is used instead."""
+def _slot_setters() -> tuple[Callable[[Event, Any], None], ...] | None:
+    """Setters of Event's slots, in constructor order, to build events without the frozen
+    dataclass's ``__init__``: it goes through ``object.__setattr__`` per field, which costs
+    as much as the rest of decoding a small event. The objects are identical. None (use the
+    constructor) should Event ever change shape or validate in ``__post_init__``."""
     names = tuple(f.name for f in dataclasses.fields(Event))
     if names != _EVENT_SLOTS or getattr(Event, "__slots__", None) != names or hasattr(
             Event, "__post_init__"):
+        return None
+    return tuple(getattr(Event, name).__set__ for name in names)
+
+
+EVENT_SETTERS: Final = _slot_setters()
+
+
+def _event_factory() -> Callable[..., Event]:
+    """``Event(type, seq, time, data, op, sources, ignorable, key_order)``, by slot."""
+    if EVENT_SETTERS is None:
         return Event
-    s_type, s_seq, s_time, s_data, s_op, s_sources, s_ign, s_order = (
-        getattr(Event, name).__set__ for name in names)
+    s_type, s_seq, s_time, s_data, s_op, s_sources, s_ign, s_order = EVENT_SETTERS
     new = object.__new__
 
     def make_event(type_: str, seq: int, time: int, data: JsonValue, op: SurfaceOp | None,
@@ -156,7 +164,9 @@ class EventRecordBuilder(JsonRecordBuilder):
         self.direct = self._knows(root)
         self.helpers = {**self.helpers, "_check_env": check_envelope,
                         "_op_from": surface_op_from, "_order_from": key_order_from,
-                        "_event": make_event}
+                        "_event": make_event, "_new": object.__new__, "_Event": Event}
+        for index, setter in enumerate(EVENT_SETTERS or ()):
+            self.helpers[f"_set{index}"] = setter
 
     @staticmethod
     def _knows(root: Mapping[str, Any]) -> bool:
@@ -196,8 +206,13 @@ class EventRecordBuilder(JsonRecordBuilder):
         ]
         if order != "None":
             lines.append(f"    if {order} is not None: {order} = _order_from({order})")
-        lines.append(f"    return ({sid}, _event({type_}, {seq}, {time}, {payload}, {op}, "
-                     f"{sources}, {var['ignorable']}, {order})), pos")
+        values = (type_, seq, time, payload, op, sources, var["ignorable"], order)
+        if EVENT_SETTERS is None:
+            lines.append(f"    return ({sid}, _event({', '.join(values)})), pos")
+            return lines
+        lines.append("    ev = _new(_Event)")  # make_event, inlined
+        lines.extend(f"    _set{index}(ev, {value})" for index, value in enumerate(values))
+        lines.append(f"    return ({sid}, ev), pos")
         return lines
 
 

@@ -355,7 +355,8 @@ class JsonRecordBuilder:
         name = str(record["name"])
         if name not in self.names:
             return None
-        lines = ["    out = {}"]
+        leading: list[str] = []  # required fields before any optional one: a dict literal
+        lines: list[str] = []
         extra = order = None
         for field, var in fields:
             key = str(field["name"])
@@ -365,7 +366,14 @@ class JsonRecordBuilder:
                 order = var
             else:
                 value = f"_jtext({var}, {key!r})" if field.get(JSON_PROP) is True else var
-                lines.append(f"    if {var} is not None: out[{key!r}] = {value}")
+                required = not isinstance(field["type"], list) and field["type"] != "null"
+                if required and not lines:
+                    leading.append(f"{key!r}: {value}")
+                elif required:
+                    lines.append(f"    out[{key!r}] = {value}")
+                else:
+                    lines.append(f"    if {var} is not None: out[{key!r}] = {value}")
+        lines.insert(0, f"    out = {{{', '.join(leading)}}}")
         if extra is not None:
             lines.append(f"    if {extra} is not None: _jextra(out, {extra}, {name!r})")
         if order is not None:

@@ -50,10 +50,13 @@ def _slot_setters() -> tuple[Callable[[Event, Any], None], ...] | None:
     """Setters of Event's slots, in constructor order, to build events without the frozen
     dataclass's ``__init__``: it goes through ``object.__setattr__`` per field, which costs
     as much as the rest of decoding a small event. The objects are identical. None (use the
-    constructor) should Event ever change shape or validate in ``__post_init__``."""
+    constructor) should Event ever change shape, validate in ``__post_init__`` or have an
+    ``__init__`` of its own (which may do more than set fields)."""
     names = tuple(f.name for f in dataclasses.fields(Event))
+    init_code = getattr(Event.__init__, "__code__", None)
+    generated_init = init_code is not None and init_code.co_filename == "<string>"
     if names != _EVENT_SLOTS or getattr(Event, "__slots__", None) != names or hasattr(
-            Event, "__post_init__"):
+            Event, "__post_init__") or not generated_init:
         return None
     return tuple(getattr(Event, name).__set__ for name in names)
 

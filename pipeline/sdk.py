@@ -31,7 +31,8 @@ One session caught up from a seq (its partition only, no group)::
         ...
 
 The derived conversations (the model-visible messages of every session), from whichever
-projection version is active (``dsh-pipeline replay`` switches versions)::
+projection version is active (``dsh-pipeline replay`` switches versions, and the live
+processors keep publishing into the active one)::
 
     conversations = await derived_conversations(settings)   # {session id: [message, ...]}
 
@@ -59,7 +60,8 @@ from pipeline.codec.avro import EventSerde
 from pipeline.core.dedup import Delivery, SeqTracker
 from pipeline.core.events import Event
 from pipeline.core.events import JsonValue as JsonValue
-from pipeline.services.replay.rebuild import ActiveVersion, active_version, read_conversations
+from pipeline.services.replay.rebuild import read_conversations
+from pipeline.services.replay.versions import ActiveVersion, active_version
 from pipeline.settings import Settings
 
 __all__ = [

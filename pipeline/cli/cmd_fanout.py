@@ -4,7 +4,8 @@
 - ``export SESSION -o FILE``: the session as a dsh file (header + events, packed rows);
 - ``import FILE...``: idempotent, transactional per file; a conflicting file is refused;
 - ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
-- ``replay``: rebuild derived-messages into a new version, verify, switch readers to it;
+- ``replay``: rebuild derived-messages into a new version, verify, hand it over from the
+  live processors (they hold while it catches up, then publish into it), switch readers;
   ``replay --session ID [--jsonl|--transcript]`` prints one session from the topic;
 - ``check [SESSION...]``: fsck of the session topic, JSON summary, exit 1 on any problem.
 """
@@ -28,6 +29,7 @@ from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.render import Renderer, transcript
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.transfer import Importer, export_session, read_session
+from pipeline.services.replay.versions import HANDOVER_TIMEOUT_S
 from pipeline.settings import Settings
 
 _MAX_LISTED = 200  # differences printed one per line; the rest counted
@@ -74,6 +76,9 @@ def _register_replay_and_check(subparsers: Any) -> None:
                       help="print a readable transcript (the default with --session)")
     replay.add_argument("--force", action="store_true",
                         help="switch readers to the new version even if it differs")
+    replay.add_argument("--handover-timeout", type=float, default=HANDOVER_TIMEOUT_S,
+                        metavar="S", help="seconds to wait for the live processors to hold "
+                        f"(default {HANDOVER_TIMEOUT_S:.0f}); on a timeout nothing switches")
     replay.set_defaults(func=run_replay)
 
     check = subparsers.add_parser("check", help="fsck of the session topic (JSON summary)")
@@ -160,7 +165,9 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(_print_session(settings, args.session, jsonl=args.jsonl))
     if args.jsonl or args.transcript:
         raise ConfigError("--jsonl and --transcript print one session: add --session ID")
-    return asyncio.run(_replay(settings, force=args.force))
+    if args.handover_timeout <= 0:
+        raise ConfigError(f"--handover-timeout must be positive, got {args.handover_timeout}")
+    return asyncio.run(_replay(settings, force=args.force, timeout_s=args.handover_timeout))
 
 
 async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) -> int:
@@ -176,9 +183,9 @@ async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) ->
     return 0
 
 
-async def _replay(settings: Settings, *, force: bool) -> int:
+async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
     outcome = await replay_projection(settings, EventSerde().decode, force=force,
-                                      progress=_progress)
+                                      progress=_progress, handover_timeout_s=timeout_s)
     result = outcome.result
     for line in result.problems[:_MAX_LISTED]:
         _progress(f"log problem: {line}")
@@ -190,9 +197,11 @@ async def _replay(settings: Settings, *, force: bool) -> int:
     print(json.dumps({"version": result.version, "topic": result.topic,
                       "events": result.events, "events_per_s": round(rate),
                       "sessions": len(result.conversations), "changes": result.changes,
+                      "records_written": result.records_written,
                       "compared_with": outcome.compared_with,
                       "differences": len(outcome.differences),
-                      "log_problems": len(result.problems), "switched": outcome.switched}),
+                      "log_problems": len(result.problems), "switched": outcome.switched,
+                      "processors_held": outcome.held}),
           flush=True)
     return 0 if outcome.switched else 1
 

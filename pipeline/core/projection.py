@@ -30,9 +30,10 @@ events are appended (:class:`pipeline.core.surface.SurfaceFold`), not again here
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pipeline.core.errors import EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, Replace
@@ -170,3 +171,159 @@ def rebuild_conversations(records: Iterable[tuple[str, JsonValue | None]]
             slots[slot] = value.get("message") if isinstance(value, Mapping) else None
     return {sid: [m for _s, m in sorted(slots.items()) if m is not None]
             for sid, slots in live.items()}
+
+
+# --- Projection versions: the pointer topic's records and the writers' routing rule ---------
+#
+# The compacted pointer topic ``<prefix>projection-versions`` holds, per projection:
+#   "<projection>"                    the active version (readers and writers follow it)
+#   "<projection>/handover"           a rebuilt version waiting for the live writers to hold
+#   "<projection>/writer/<worker>"    a live writer (a processors worker) following the pointer
+#   "<projection>/held/<worker>"      that worker holds (folds nothing) for a handover
+# The rules and why they are correct: pipeline.services.replay.versions.
+
+
+@dataclass(frozen=True, slots=True)
+class ActivePointer:
+    """The version readers read and live writers write. ``covered``: per session-topic
+    partition, the offset below which the rebuild wrote every change; a live writer folds the
+    records below it without publishing (their changes are in the topic already) and
+    publishes from it on. Empty for version 0 (the processors wrote it all)."""
+
+    version: int
+    topic: str
+    events: int = 0
+    covered: Mapping[int, int] = field(default_factory=dict)
+
+    def to_json(self, projection: str) -> dict[str, JsonValue]:
+        return {"projection": projection, "version": self.version, "topic": self.topic,
+                "events": self.events,
+                "covered": {str(p): o for p, o in sorted(self.covered.items())}}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> ActivePointer:
+        covered = raw.get("covered") or {}
+        if not isinstance(covered, Mapping):
+            raise EventError(f"pointer 'covered' must be an object, got {covered!r}",
+                             rule="pointer-shape")
+        return cls(int(raw["version"]), str(raw["topic"]), int(raw.get("events") or 0),
+                   {int(p): int(o) for p, o in covered.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class HandoverRequest:
+    """``replay`` asks the live writers to hold before version ``version`` becomes active;
+    ``request`` is unique per request, so an answer left by an earlier one never counts."""
+
+    version: int
+    topic: str
+    request: str
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"version": self.version, "topic": self.topic, "request": self.request}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> HandoverRequest:
+        return cls(int(raw["version"]), str(raw["topic"]), str(raw["request"]))
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBy:
+    """A live writer's answer: it folds nothing more until the request's version is active."""
+
+    request: str
+    partitions: frozenset[int]
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"request": self.request, "partitions": sorted(self.partitions)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, JsonValue]) -> HeldBy:
+        return cls(str(raw["request"]), frozenset(int(p) for p in raw["partitions"]))
+
+
+@dataclass(slots=True)
+class PointerState:
+    """The pointer topic of one projection, folded from its records (in topic order)."""
+
+    projection: str
+    active: ActivePointer | None = None
+    handover: HandoverRequest | None = None
+    writers: dict[str, JsonValue] = field(default_factory=dict)
+    held: dict[str, HeldBy] = field(default_factory=dict)
+
+    def apply(self, key: str, value: Mapping[str, JsonValue] | None) -> None:
+        """Fold one record (``value`` None: a tombstone); keys of other projections are
+        ignored, as are unknown sub-keys (a newer writer's additions)."""
+        name, _sep, rest = key.partition("/")
+        if name != self.projection:
+            return
+        kind, _sep, worker = rest.partition("/")
+        if not rest:
+            self.active = None if value is None else ActivePointer.from_json(value)
+        elif kind == "handover" and not worker:
+            self.handover = None if value is None else HandoverRequest.from_json(value)
+        elif kind == "writer" and worker:
+            _set_or_drop(self.writers, worker, None if value is None else dict(value))
+        elif kind == "held" and worker:
+            _set_or_drop(self.held, worker, None if value is None else HeldBy.from_json(value))
+
+    def pending(self) -> HandoverRequest | None:
+        """The handover live writers must hold for (None: nothing pending)."""
+        current = self.active.version if self.active is not None else 0
+        if self.handover is not None and self.handover.version > current:
+            return self.handover
+        return None
+
+    def held_partitions(self, request: str) -> set[int]:
+        return {p for h in self.held.values() if h.request == request for p in h.partitions}
+
+
+def _set_or_drop(table: dict[str, Any], key: str, value: Any) -> None:
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
+def publish_topic(active: ActivePointer, partition: int, offset: int) -> str | None:
+    """Where a live writer publishes the changes of the record at ``partition``/``offset``:
+    the active version's topic, or None below what the rebuild covered (fold, publish
+    nothing: that change is in the topic already, and publishing it again after later ones
+    would leave an older value last)."""
+    if offset < active.covered.get(partition, 0):
+        return None
+    return active.topic
+
+
+def handover_key(projection: str) -> str:
+    return f"{projection}/handover"
+
+
+def writer_key(projection: str, worker: str) -> str:
+    return f"{projection}/writer/{worker}"
+
+
+def held_key(projection: str, worker: str) -> str:
+    return f"{projection}/held/{worker}"
+
+
+def fold_pointer_records(projection: str, records: Iterable[tuple[bytes | None, bytes | None]]
+                         ) -> PointerState:
+    """The pointer state of ``projection`` from the topic's (key, value) records in order;
+    a record that is not a JSON object is an EventError naming it (never skipped: a
+    writer that misread the pointer could publish to the wrong version)."""
+    state = PointerState(projection)
+    for key, value in records:
+        if key is None:
+            continue
+        try:
+            text = key.decode("utf-8")
+            parsed = None if value is None else json.loads(value)
+            if parsed is not None and not isinstance(parsed, Mapping):
+                raise ValueError("not a JSON object")
+            state.apply(text, parsed)
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise EventError(f"projection-versions record {key[:80]!r}: {value!r:.120}: "
+                             f"{type(exc).__name__}: {exc}", rule="pointer-shape") from None
+    return state

@@ -1,10 +1,9 @@
 """Rebuild the derived-messages projection from offset 0 into a new version, verify, switch.
 
-Versions: version 0 is the processors' live topic (``<prefix>derived-messages``); version N
-is ``<prefix>derived-messages.vN``. The active version is recorded in the compacted control
-topic ``<prefix>projection-versions`` (key ``derived-messages``, value
-``{"projection","version","topic","events"}``); readers ask :func:`active_version` (the SDK's
-``derived_conversations`` does) and get version 0 when nothing was switched yet.
+Versions, the pointer topic and the handover that keeps a switched version live:
+:mod:`pipeline.services.replay.versions`. After verifying, :func:`replay_projection` asks the
+live processors to hold, extends the new version to the session topic's end
+(:meth:`Rebuilder.extend`) and activates it with the offsets it covered.
 
 The rebuild reads the session topic once (read committed, up to its end at the start), skips
 non-surface records by their ``dsh.type`` header without decoding them, folds surface events
@@ -23,14 +22,15 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from pipeline.adapters.kafka.records import InboxRecord
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.projection import (
+    ActivePointer,
     MessageChange,
     SurfaceSlots,
     rebuild_conversations,
@@ -39,51 +39,21 @@ from pipeline.core.projection import (
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.validation import projected_message
 from pipeline.services.replay.topic import Decoder
+from pipeline.services.replay.versions import (
+    HANDOVER_TIMEOUT_S,
+    activate,
+    active_version,
+    next_version,
+    request_handover,
+    version_topic,
+    withdraw_handover,
+)
 from pipeline.settings import Settings
 
-PROJECTION: Final = "derived-messages"
 _SURFACE_TYPE_BYTES: Final = frozenset(t.encode() for t in SURFACE_TYPES)
 _SCAN_BATCH: Final = 20_000  # records per fetch round: fewer per-batch costs
 Progress = Callable[[str], None]
 Conversations = dict[str, list[JsonValue]]
-
-
-def pointer_topic(settings: Settings) -> str:
-    return f"{settings.topic_prefix}projection-versions"
-
-
-def version_topic(settings: Settings, version: int) -> str:
-    base = settings.topics.derived_messages
-    return base if version == 0 else f"{base}.v{version}"
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveVersion:
-    version: int
-    topic: str
-
-
-async def active_version(settings: Settings) -> ActiveVersion:
-    """The version readers use: the last switch recorded, else version 0."""
-    latest: dict[str, Any] | None = None
-    async with TopicScan(settings, pointer_topic(settings)) as scan:
-        async for batch in scan.batches():
-            for record in batch:
-                if record.key == PROJECTION.encode() and record.value is not None:
-                    latest = json.loads(record.value)
-    if latest is None:
-        return ActiveVersion(0, version_topic(settings, 0))
-    return ActiveVersion(int(latest["version"]), str(latest["topic"]))
-
-
-async def switch_to(settings: Settings, version: int, events: int) -> None:
-    """Record ``version`` as the active one (readers switch on their next lookup)."""
-    await ensure_topic(settings, pointer_topic(settings), compact=True)
-    value = {"projection": PROJECTION, "version": version,
-             "topic": version_topic(settings, version), "events": events}
-    async with BulkProducer(settings) as producer:
-        await producer.send(pointer_topic(settings), PROJECTION.encode(),
-                            dumps_json(value).encode())
 
 
 async def read_conversations(settings: Settings, topic: str) -> Conversations | None:
@@ -147,6 +117,7 @@ class Rebuilder:
         self._written: set[str] = set()  # slot keys with a record on the topic
         self._coalesce_keys = coalesce_keys
         self._scan_batch = scan_batch
+        self._next_offsets: dict[int, int] = {}
 
     async def run(self) -> RebuildResult:
         started = time.monotonic()
@@ -164,9 +135,32 @@ class Rebuilder:
         self._collect()
         return self.result
 
-    async def _fold_all(self, scan: TopicScan, out: BulkProducer, started: float) -> None:
+    async def extend(self) -> None:
+        """Fold what reached the session topic since :meth:`run` (or the last extend) into
+        the same version, and wait for every record written to be acknowledged.
+
+        TopicScan always starts at offset 0, so the records folded already are read again
+        and skipped by offset (the scan costs what it costs, the fold nothing)."""
+        started = time.monotonic()
+        async with TopicScan(self.settings, self.settings.topics.session_events,
+                             batch=self._scan_batch) as scan, BulkProducer(self.settings) as out:
+            await self._fold_all(scan, out, started, skip_folded=True)
+            await self._flush(out)
+        self.result.seconds += time.monotonic() - started
+        self._collect()
+
+    def covered(self) -> dict[int, int]:
+        """Per session-topic partition, the offset after the last record folded."""
+        return dict(self._next_offsets)
+
+    async def _fold_all(self, scan: TopicScan, out: BulkProducer, started: float, *,
+                        skip_folded: bool = False) -> None:
         last_report = started
+        done = dict(self._next_offsets) if skip_folded else {}
         async for batch in scan.batches():
+            self._note_offsets(batch)
+            if skip_folded:
+                batch = [r for r in batch if r.offset >= done.get(r.partition, 0)]
             self._fold_batch(batch)
             self.result.events += len(batch)
             if len(self._pending) >= self._coalesce_keys:
@@ -174,6 +168,18 @@ class Rebuilder:
             if time.monotonic() - last_report >= 0.5:
                 last_report = time.monotonic()
                 self.progress(_progress_line(self.result.events, scan.total, started))
+
+    def _note_offsets(self, batch: Sequence[InboxRecord]) -> None:
+        # A batch holds runs of one partition in offset order: the last record of each run
+        # is enough, so this costs a comparison per record, not a dict write.
+        ends = self._next_offsets
+        previous = None
+        for record in batch:
+            if previous is not None and record.partition != previous.partition:
+                ends[previous.partition] = previous.offset + 1
+            previous = record
+        if previous is not None:
+            ends[previous.partition] = previous.offset + 1
 
     def _fold_batch(self, batch: Sequence[InboxRecord]) -> None:
         # The hot loop (about 96% of the records are not surface events): a record whose
@@ -335,18 +341,14 @@ class ReplayOutcome:
     compared_with: str
     differences: list[str]
     switched: bool
-
-
-async def next_version(settings: Settings, active: ActiveVersion) -> int:
-    version = active.version + 1
-    while await topic_exists(settings, version_topic(settings, version)):
-        version += 1  # left by an earlier rebuild that was not switched to
-    return version
+    held: bool = False  # live processors held for the handover
 
 
 async def replay_projection(settings: Settings, decode: Decoder, *, force: bool = False,
-                            progress: Progress | None = None) -> ReplayOutcome:
-    """Rebuild into a new version, verify it, and switch to it when it verified (or ``force``)."""
+                            progress: Progress | None = None,
+                            handover_timeout_s: float = HANDOVER_TIMEOUT_S) -> ReplayOutcome:
+    """Rebuild into a new version, verify it, and when it verified (or ``force``) hand it
+    over from the live processors and switch readers to it (see ``versions``)."""
     active = await active_version(settings)
     live = await read_conversations(settings, active.topic)
     version = await next_version(settings, active)
@@ -358,7 +360,24 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     else:
         compared_with = "core's derivation of the log (no live version yet)"
         found = differences(result.core or {}, result.conversations, "core")
-    switched = force or not found
-    if switched:
-        await switch_to(settings, version, result.events)
-    return ReplayOutcome(result, compared_with, found, switched)
+    outcome = ReplayOutcome(result, compared_with, found, switched=force or not found)
+    if outcome.switched:
+        outcome.held = await hand_over(settings, rebuilder, timeout_s=handover_timeout_s)
+    return outcome
+
+
+async def hand_over(settings: Settings, rebuilder: Rebuilder, *,
+                    timeout_s: float = HANDOVER_TIMEOUT_S) -> bool:
+    """Steps 2-3 of the handover: hold the live writers (True when some were registered),
+    extend the rebuilt version to the topic's end, activate it with what it covered."""
+    version = rebuilder.result.version
+    held = await request_handover(settings, version, timeout_s=timeout_s)
+    try:
+        await rebuilder.extend()
+    except BaseException:
+        if held:
+            await withdraw_handover(settings)  # the writers resume on the old version
+        raise
+    await activate(settings, ActivePointer(version, rebuilder.result.topic,
+                                           rebuilder.result.events, rebuilder.covered()))
+    return held

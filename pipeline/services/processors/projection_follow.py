@@ -1,0 +1,154 @@
+"""The processors' side of a projection handover: which topic the derived changes go to.
+
+``replay`` rebuilds a new version of the derived messages, then hands it over from the live
+processors (the protocol and why it is correct: ``pipeline.services.replay.versions``; the
+records and pure rules: :mod:`pipeline.core.projection`). A processors worker takes part
+through one :class:`ProjectionFollow`:
+
+- while it runs it is registered as a writer (``derived-messages/writer/<worker>``), so a
+  rebuild knows it must ask it to hold;
+- it follows the pointer topic (re-read every ``poll_s`` and on :meth:`refresh`);
+- before folding each session-topic record the worker awaits :meth:`gate`, which returns the
+  topic to publish that record's derived changes to, or None (fold, publish nothing: the
+  rebuild wrote it), and blocks while a handover is pending; the follower answers the
+  request (``derived-messages/held/<worker>``, with the partitions :attr:`owned` returns)
+  as soon as it sees it, also when no record arrives. A record that passed the gate before
+  the request published to the old version: harmless, the rebuild covers it.
+
+Wiring (in ``app.py``/``folding.py``; this module imports nothing of theirs):
+
+    follow = ProjectionFollow(settings, worker_id,
+                              owned=lambda: processors.active_partitions(session_events))
+    # start before the first record is folded, stop on shutdown (it withdraws the writer)
+    # on every partition assignment: await follow.refresh()
+    # in SessionFolder, before folding a record:
+    #     topic = await follow.gate(record.partition, record.offset)
+    #     derived changes go to ``topic`` (none when it is None); usage and fleet as before
+
+Services never import each other, so the pointer topic's I/O is written here again (a few
+lines over the adapters) rather than imported from replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection
+from typing import Final
+
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
+from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.projection import (
+    ActivePointer,
+    HeldBy,
+    PointerState,
+    fold_pointer_records,
+    held_key,
+    publish_topic,
+    writer_key,
+)
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PROJECTION: Final = "derived-messages"
+POLL_S: Final = 1.0
+
+
+def pointer_topic(settings: Settings) -> str:
+    return f"{settings.topic_prefix}projection-versions"
+
+
+async def read_pointer_state(settings: Settings) -> PointerState:
+    records: list[tuple[bytes | None, bytes | None]] = []
+    async with TopicScan(settings, pointer_topic(settings)) as scan:
+        async for batch in scan.batches():
+            records.extend((r.key, r.value) for r in batch)
+    return fold_pointer_records(PROJECTION, records)
+
+
+async def write_pointer_record(settings: Settings, key: str, value: JsonValue | None) -> None:
+    await ensure_topic(settings, pointer_topic(settings), compact=True)
+    async with BulkProducer(settings) as producer:
+        await producer.send(pointer_topic(settings), key.encode("utf-8"),
+                            None if value is None else dumps_json(value).encode("utf-8"))
+
+
+class ProjectionFollow:
+    """One processors worker's view of the derived-messages versions (see the module doc)."""
+
+    def __init__(self, settings: Settings, worker: str, owned: Callable[[], Collection[int]],
+                 *, poll_s: float = POLL_S) -> None:
+        if not worker or "/" in worker:
+            raise ValueError(f"worker id must be non-empty and without '/', got {worker!r}")
+        self.settings = settings
+        self.worker = worker
+        self.owned = owned
+        self.poll_s = poll_s
+        self.state = PointerState(PROJECTION)
+        self._answered: tuple[str, frozenset[int]] | None = None  # request, partitions
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> ActivePointer:
+        """The version this worker publishes to (version 0 until a switch is recorded)."""
+        return self.state.active or ActivePointer(0, self.settings.topics.derived_messages)
+
+    async def start(self) -> None:
+        """Register as a writer, read the pointer, follow it in the background."""
+        await write_pointer_record(self.settings, writer_key(PROJECTION, self.worker),
+                                   {"worker": self.worker})
+        await self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def stop(self) -> None:
+        """Stop following and withdraw the writer (and any answer) records."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for key in (held_key(PROJECTION, self.worker), writer_key(PROJECTION, self.worker)):
+            await write_pointer_record(self.settings, key, None)
+
+    async def refresh(self) -> None:
+        """Read the pointer now (call it on every partition assignment, before folding)."""
+        self.state = await read_pointer_state(self.settings)
+        await self._answer()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def gate(self, partition: int, offset: int) -> str | None:
+        """The topic for the derived changes of the record at ``partition``/``offset``
+        (None: publish nothing); waits while a handover is pending."""
+        while self.state.pending() is not None:
+            await self._changed.wait()
+        return publish_topic(self.active, partition, offset)
+
+    async def _answer(self) -> None:
+        """Answer a pending request with the partitions owned now (again when they change);
+        withdraw the answer once nothing is pending."""
+        pending = self.state.pending()
+        if pending is None:
+            if self._answered is not None:
+                self._answered = None
+                await write_pointer_record(self.settings, held_key(PROJECTION, self.worker),
+                                           None)
+            return
+        answer = (pending.request, frozenset(self.owned()))
+        if answer != self._answered:
+            await write_pointer_record(self.settings, held_key(PROJECTION, self.worker),
+                                       HeldBy(*answer).to_json())
+            self._answered = answer
+            log.info("holding partitions %s for the handover to version %d",
+                     sorted(answer[1]), pending.version)
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.refresh()
+            except Exception as exc:  # the pointer is retried next poll; folding waits if held
+                log.warning("reading %s failed: %s", pointer_topic(self.settings), exc)

@@ -1,0 +1,166 @@
+"""Projection versions: which topic readers read, and the handover that keeps it live.
+
+Version 0 is the processors' topic ``<prefix>derived-messages``; version N (N >= 1) is
+``<prefix>derived-messages.vN``, rebuilt by ``replay`` from offset 0. The compacted control
+topic ``<prefix>projection-versions`` says which version is active (the record formats and
+the pure rules are in :mod:`pipeline.core.projection`; the processors' side is
+``pipeline.services.processors.projection_follow``).
+
+**The problem.** A rebuilt version is a snapshot of the log up to the offsets the rebuild
+read. If readers switched to it while the processors kept publishing their live changes to
+the old version, the new one would be stale from the moment of the switch. Letting both the
+rebuild and the processors write the new topic does not work either: they write the same
+compacted slot keys from different points of the log, so an older value can land last.
+
+**The handover (one writer per version at a time, every change exactly once, in order).**
+
+1. ``replay`` rebuilds version N up to the end offsets at its start (the processors stay
+   live on the old version meanwhile) and verifies it.
+2. If live writers are registered (every processors worker registers itself as
+   ``derived-messages/writer/<worker>`` while it runs), ``replay`` writes the request
+   ``derived-messages/handover`` = {N, a new request id} and waits until, for every
+   partition of the session topic, a worker has answered
+   ``derived-messages/held/<worker>`` = {that request id, its partitions} (an answer to an
+   earlier request, e.g. from a worker that has crashed since, never counts; a worker
+   assigned partitions while a request is pending reads the pointer and holds before it
+   folds any of their records).
+   A worker that holds gives no record a publishing topic any more (it blocks before its
+   next record), so from then on nothing publishes derived changes anywhere.
+3. ``replay`` extends version N from where the rebuild stopped to the session topic's
+   current end, waits for every record it wrote to be acknowledged, and only then writes the
+   active pointer {N, covered: per partition, the offset after the last record it folded}
+   and withdraws the request. Until this record exists no one else writes version N.
+4. The workers see the pointer and continue. A record below ``covered`` of its partition is
+   folded into the worker's tables but publishes nothing (the rebuild wrote its change); a
+   record at or past it publishes to version N. The processors' fold and the rebuild's are
+   the same core fold of the same records, so the worker's state at ``covered`` is the
+   rebuild's, and its changes continue the rebuild's exactly.
+
+Why this holds: per slot key (one partition of version N, same partitioner for both
+producers), every rebuild record was acknowledged before the pointer existed and every
+processors record is written after a worker read it: the rebuild's records come first, then
+the processors' in log order. No record is published by both (the ``covered`` offsets split
+the log) and none by neither: a record the processors folded before holding lies below the
+end the extension read, so the rebuild covered it. That stays true when the processors' own
+offsets are off (a crash that left their tables ahead of their committed offsets, a
+rebalance during the hold), because ``covered`` comes from the log's end, not from what the
+workers report. A worker started or assigned partitions later reads the pointer first and
+applies the same rule. The old version keeps whatever the processors last published there
+and is no longer read: it can be deleted once no reader uses it.
+
+Without registered writers (no processors running) step 2 is skipped: the pointer's
+``covered`` still tells processors started later which records are in the topic already.
+A worker that crashed leaves its writer record behind; if no live worker answers for some
+partitions within the timeout, the request is withdrawn (the workers resume on the old
+version) and ``replay`` fails naming the partitions and the registered writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
+from pipeline.core.errors import BrokerError
+from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.projection import (
+    ActivePointer,
+    HandoverRequest,
+    PointerState,
+    fold_pointer_records,
+    handover_key,
+)
+from pipeline.settings import Settings
+
+PROJECTION: Final = "derived-messages"
+HANDOVER_TIMEOUT_S: Final = 60.0
+_POLL_S: Final = 0.5
+
+
+def pointer_topic(settings: Settings) -> str:
+    return f"{settings.topic_prefix}projection-versions"
+
+
+def version_topic(settings: Settings, version: int) -> str:
+    base = settings.topics.derived_messages
+    return base if version == 0 else f"{base}.v{version}"
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveVersion:
+    version: int
+    topic: str
+
+
+async def read_pointer(settings: Settings) -> PointerState:
+    """The pointer topic folded (an empty state when the topic does not exist yet)."""
+    records: list[tuple[bytes | None, bytes | None]] = []
+    async with TopicScan(settings, pointer_topic(settings)) as scan:
+        async for batch in scan.batches():
+            records.extend((r.key, r.value) for r in batch)
+    return fold_pointer_records(PROJECTION, records)
+
+
+async def active_version(settings: Settings) -> ActiveVersion:
+    """The version readers use: the last switch recorded, else version 0."""
+    active = (await read_pointer(settings)).active
+    if active is None:
+        return ActiveVersion(0, version_topic(settings, 0))
+    return ActiveVersion(active.version, active.topic)
+
+
+async def write_pointer(settings: Settings, records: Mapping[str, JsonValue | None]) -> None:
+    """Write pointer records in order and wait for them (a None value: a tombstone)."""
+    await ensure_topic(settings, pointer_topic(settings), compact=True)
+    async with BulkProducer(settings) as producer:
+        for key, value in records.items():
+            await producer.send(pointer_topic(settings), key.encode("utf-8"),
+                                None if value is None else dumps_json(value).encode("utf-8"))
+
+
+async def next_version(settings: Settings, active: ActiveVersion) -> int:
+    version = active.version + 1
+    while await topic_exists(settings, version_topic(settings, version)):
+        version += 1  # left by an earlier rebuild that was not switched to
+    return version
+
+
+async def request_handover(settings: Settings, version: int, *,
+                           timeout_s: float = HANDOVER_TIMEOUT_S) -> bool:
+    """Step 2: ask the registered writers to hold for ``version`` and wait until every
+    partition is held. False when no writer is registered (nothing to wait for). On a
+    timeout the request is withdrawn and a BrokerError says what was missing."""
+    state = await read_pointer(settings)
+    if not state.writers:
+        return False
+    request = HandoverRequest(version, version_topic(settings, version), uuid.uuid4().hex)
+    await write_pointer(settings, {handover_key(PROJECTION): request.to_json()})
+    wanted = set(range(settings.partitions))
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= state.held_partitions(request.request):
+        if time.monotonic() > deadline:
+            await withdraw_handover(settings)
+            missing = sorted(wanted - state.held_partitions(request.request))
+            raise BrokerError(
+                f"no live processors worker held partitions {missing} of "
+                f"{settings.topics.session_events!r} within {timeout_s:.0f}s for the handover "
+                f"to version {version} (registered writers: {sorted(state.writers)}); the "
+                "request was withdrawn. Start the processors (a crashed worker's writer "
+                "record goes away when it restarts) and run replay again")
+        await asyncio.sleep(_POLL_S)
+        state = await read_pointer(settings)
+    return True
+
+
+async def withdraw_handover(settings: Settings) -> None:
+    await write_pointer(settings, {handover_key(PROJECTION): None})
+
+
+async def activate(settings: Settings, pointer: ActivePointer) -> None:
+    """Step 3's end: the new version becomes active, then the request is withdrawn."""
+    await write_pointer(settings, {PROJECTION: pointer.to_json(PROJECTION),
+                                   handover_key(PROJECTION): None})

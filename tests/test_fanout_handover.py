@@ -255,3 +255,12 @@ def test_the_processors_publish_into_the_version_replay_switched_to(
     finally:
         worker.stop()
     assert asyncio.run(derived_conversations(settings)) == _expected()
+
+
+def test_a_worker_id_must_be_a_single_key_segment() -> None:
+    settings = Settings.from_env({}, bootstrap_servers="127.0.0.1:1", topic_prefix="t.")
+    with pytest.raises(ValueError, match="without '/'"):
+        ProjectionFollow(settings, "app/host", lambda: ())
+    follow = ProjectionFollow(settings, "app@host:6066", lambda: ())
+    assert follow.active == ActivePointer(0, "t.derived-messages")  # before any pointer
+    assert follow.topic_for(0, 0) == "t.derived-messages"

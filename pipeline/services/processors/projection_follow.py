@@ -19,11 +19,12 @@ Wiring (in ``app.py``/``folding.py``; this module imports nothing of theirs):
 
     follow = ProjectionFollow(settings, worker_id,
                               owned=lambda: processors.active_partitions(session_events))
-    # start before the first record is folded, stop on shutdown (it withdraws the writer)
-    # on every partition assignment: await follow.refresh()
-    # in SessionFolder, before folding a record:
-    #     topic = await follow.gate(record.partition, record.offset)
-    #     derived changes go to ``topic`` (none when it is None); usage and fleet as before
+    # start it when the worker starts (gate() waits for that), stop it on shutdown (it
+    # withdraws the writer); on every partition assignment: await follow.refresh()
+    # in SessionFolder, before folding a batch (or a record):
+    #     await follow.gate(first.partition, first.offset)
+    #   and for each record: topic = follow.topic_for(record.partition, record.offset);
+    #   its derived changes go to ``topic`` (none when it is None); usage and fleet as before
 
 Services never import each other, so the pointer topic's I/O is written here again (a few
 lines over the adapters) rather than imported from replay.
@@ -89,6 +90,7 @@ class ProjectionFollow:
         self.state = PointerState(PROJECTION)
         self._answered: tuple[str, frozenset[int]] | None = None  # request, partitions
         self._changed = asyncio.Event()
+        self._started = asyncio.Event()  # gate() waits for it: no record before the pointer
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -102,6 +104,7 @@ class ProjectionFollow:
                                    {"worker": self.worker})
         await self.refresh()
         self._task = asyncio.get_running_loop().create_task(self._follow())
+        self._started.set()
 
     async def stop(self) -> None:
         """Stop following and withdraw the writer (and any answer) records."""
@@ -122,9 +125,17 @@ class ProjectionFollow:
 
     async def gate(self, partition: int, offset: int) -> str | None:
         """The topic for the derived changes of the record at ``partition``/``offset``
-        (None: publish nothing); waits while a handover is pending."""
+        (None: publish nothing); waits for :meth:`start`, and while a handover is pending."""
+        if not self._started.is_set():
+            await self._started.wait()
         while self.state.pending() is not None:
             await self._changed.wait()
+        return publish_topic(self.active, partition, offset)
+
+    def topic_for(self, partition: int, offset: int) -> str | None:
+        """:meth:`gate` without the wait, for the records after the first of a batch: a
+        request seen mid-batch lets the rest of the batch publish to the old version
+        (covered by the rebuild), and a switch seen mid-batch routes them by ``covered``."""
         return publish_topic(self.active, partition, offset)
 
     async def _answer(self) -> None:

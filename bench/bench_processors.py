@@ -1,29 +1,43 @@
 """Processors worker: sustained events/s and append -> derived-change latency (issue 5).
 
-Usage: .venv/bin/python bench/bench_processors.py [--events 60000] [--rate 5000]
-       [--bootstrap HOST:PORT]   (default: start a local single-node Kafka for the run)
+Usage: .venv/bin/python bench/bench_processors.py [--quick] [--events 60000] [--rate 5000]
+       [--seconds 10] [--bootstrap HOST:PORT]   (default: start a local single-node Kafka)
 
-Throughput. Generated sessions (turns, steps, tool calls, replaces, usage; ~70% of events are
-``assistant/chunk``, as in real logs) are published to a fresh session topic first; then one
-``dsh-pipeline processors`` worker (memory store, 3 partitions) starts and the figure is the
-records it handled per second of wall time between its first and its last record (polled on
-``GET /health``, so +-0.2 s), tables, changelogs, outputs and per-model stage included.
+(a) Throughput, one worker. Generated sessions (turns, steps, tool calls, replaces, usage;
+chunks are most of the records, the share is printed) are published to a fresh session topic
+first; then one ``dsh-pipeline processors`` worker (memory store, 3 partitions) starts and the
+figure is the records it handled between its first and its last record (polled on
+``GET /health``, so +-0.2 s), per second of wall time and per CPU-second of the worker
+process (user + system, from /proc), tables, changelogs, outputs and per-model stage included.
 
-Latency. With the worker caught up, sessions are appended at ``--rate`` events/s (paced by
-wall clock, a fresh producer); for every surface event, the latency is the CreateTime of its
-derived-messages record (stamped by the worker's producer when it sends the change) minus the
-CreateTime of the session event. p50/p99/max over all surface events. Both stamps come from
-this machine's clock.
+(b) Latency. With that worker caught up, sessions are appended at ``--rate`` events/s for
+``--seconds`` (paced by wall clock, a fresh producer, linger 1 ms) while a consumer tails
+``derived-messages``; for every surface event, the latency is the wall-clock time at which
+its derived change was READ by that consumer minus the time it was handed to the producer
+(same machine, same clock). p50/p99/max over all surface events; a change never read within
+the deadline counts as missing.
+
+(c) Throughput, two workers in one group, on a fresh topic set with a backlog twice as large:
+both start together; the figure covers the window from the moment both own partitions and
+are out of recovery until the backlog is folded (records handled by both in that window,
+per wall second and per CPU-second of both processes together).
+
+The machine is shared: every figure is printed with the load average at its start. Figures
+are per process, so per CPU-second is the one comparable across loads.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +50,8 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.core.events import Event
 from pipeline.settings import Settings
+
+PARTITIONS = 3
 
 
 def make_sessions(seed: int, events: int, prefix: str) -> dict[str, list[Event]]:
@@ -54,9 +70,16 @@ async def publish(settings: Settings, sessions: dict[str, list[Event]]) -> int:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
-    import os
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def handled(worker: Worker) -> int:
+    return int(worker.get("/health")[1]["counters"]["records"])
 
 
 def throughput(worker: Worker, total: int) -> tuple[float, float, float]:
@@ -64,29 +87,75 @@ def throughput(worker: Worker, total: int) -> tuple[float, float, float]:
     first: tuple[float, int, float] | None = None
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        handled = worker.get("/health")[1]["counters"]["records"]
+        count = handled(worker)
         now, cpu = time.monotonic(), cpu_seconds(worker.proc.pid)
-        if first is None and handled > 0:
-            first = (now, handled, cpu)
-        if handled >= total and first is not None:
-            done = handled - first[1]
+        if first is None and count > 0:
+            first = (now, count, cpu)
+        if count >= total and first is not None:
+            done = count - first[1]
             return (done / max(now - first[0], 1e-9), now - first[0],
                     done / max(cpu - first[2], 1e-9))
         time.sleep(0.2)
     raise SystemExit(f"worker did not finish: {worker.tail()}")
 
 
+@dataclass(frozen=True, slots=True)
+class GroupRun:
+    """What two workers folded once both owned partitions (the measured window)."""
+
+    records: int
+    wall_s: float
+    cpu_s: float
+    per_worker: tuple[int, ...]
+
+    @property
+    def per_second(self) -> float:
+        return self.records / max(self.wall_s, 1e-9)
+
+    @property
+    def per_cpu_second(self) -> float:
+        return self.records / max(self.cpu_s, 1e-9)
+
+
+def _settled(worker: Worker) -> bool:
+    status, body = worker.get("/health")
+    return (status == 200 and bool(body["partitions"])
+            and not body["recovery"]["in_recovery"])
+
+
+def group_throughput(workers: Sequence[Worker], total: int) -> GroupRun:
+    """Records folded by ``workers`` together from when all are settled until ``total``."""
+    for worker in workers:
+        worker.wait_for("worker answering", lambda w=worker: w.get("/health")[0] == 200, 300)
+    deadline = time.monotonic() + 900
+    start: tuple[float, list[int], float] | None = None
+    while time.monotonic() < deadline:
+        counts = [handled(w) for w in workers]
+        now, cpu = time.monotonic(), sum(cpu_seconds(w.proc.pid) for w in workers)
+        if start is None and all(_settled(w) for w in workers):
+            if sum(counts) >= total:
+                raise SystemExit("the backlog was folded before both workers settled: "
+                                 "raise --events")
+            start = (now, counts, cpu)
+        if start is not None and sum(counts) >= total:
+            done = [c - s for c, s in zip(counts, start[1], strict=True)]
+            return GroupRun(sum(done), now - start[0], cpu - start[2], tuple(done))
+        time.sleep(0.2)
+    raise SystemExit(f"workers did not finish: {[w.tail(10) for w in workers]}")
+
+
 async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rate: float
                        ) -> dict[tuple[str, int], float]:
-    """Append interleaved sessions at ``rate`` events/s; returns send time of surface events."""
+    """Append interleaved sessions at ``rate`` events/s; returns the wall-clock ms at which
+    each surface event was handed to the producer (also its CreateTime)."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=1)
     await producer.start()
-    queues = [event_records(settings, sid, events) for sid, events in sessions.items()]
-    order = [(sid, e) for sid, events in sessions.items() for e in events]
-    by_session = {sid: iter(q) for sid, q in zip(sessions, queues, strict=True)}
+    by_session = {sid: iter(event_records(settings, sid, events))
+                  for sid, events in sessions.items()}
+    interleaved = sorted(((sid, e) for sid, events in sessions.items() for e in events),
+                         key=lambda item: (item[1].seq, item[0]))
     sent: dict[tuple[str, int], float] = {}
     began = time.monotonic()
-    interleaved = sorted(order, key=lambda item: (item[1].seq, item[0]))
     try:
         for index, (sid, event) in enumerate(interleaved):
             wait = began + index / rate - time.monotonic()
@@ -106,28 +175,76 @@ async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rat
 
 async def derived_stamps(settings: Settings, wanted: dict[tuple[str, int], float]
                          ) -> list[float]:
+    """After the fact: CreateTime of each wanted derived change minus its append stamp
+    (when the worker's producer stamped it, not when it became readable)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
-    topic = settings.topics.derived_messages
-    parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
+    parts = [TopicPartition(settings.topics.derived_messages, p)
+             for p in range(settings.partitions)]
     consumer.assign(parts)
     latencies: list[float] = []
     deadline = time.monotonic() + 120
     try:
-        import json
         while len(latencies) < len(wanted) and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for r in records:
-                    if r.value is None:
-                        continue
-                    value: Any = json.loads(r.value)
-                    key = (value["session"], value["changeSeq"])
-                    if key in wanted and value["seq"] == value["changeSeq"]:
+                    key = _wanted_key(r.value)
+                    if key is not None and key in wanted:
                         latencies.append(r.timestamp - wanted[key])
     finally:
         await consumer.stop()
     return latencies
+
+
+def _wanted_key(raw: bytes | None) -> tuple[str, int] | None:
+    """(session, seq) of a derived change that an event appended or replaced into a slot."""
+    if raw is None:
+        return None
+    value: Any = json.loads(raw)
+    return (value["session"], value["changeSeq"]) if value["seq"] == value["changeSeq"] else None
+
+
+async def readable_latencies(settings: Settings, sessions: dict[str, list[Event]],
+                             rate: float) -> tuple[list[float], int]:
+    """Append at ``rate`` while tailing derived-messages; (latencies in ms, surface events).
+
+    Latency = wall clock when the change was read back - when its event was appended.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, fetch_max_wait_ms=20)
+    await consumer.start()
+    parts = [TopicPartition(settings.topics.derived_messages, p)
+             for p in range(settings.partitions)]
+    consumer.assign(parts)
+    await consumer.seek_to_end(*parts)
+    for tp in parts:
+        await consumer.position(tp)   # resolve "end" now, before anything is appended
+    read_at: dict[tuple[str, int], float] = {}
+    stamped_at: dict[tuple[str, int], float] = {}
+    appending = asyncio.create_task(paced_append(settings, sessions, rate))
+    try:
+        expected = sum(1 for events in sessions.values() for e in events
+                       if e.surface_op is not None)
+        appends_s = sum(len(events) for events in sessions.values()) / rate
+        deadline = time.monotonic() + appends_s + 30
+        while len(read_at) < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                now = time.time() * 1000
+                for r in records:
+                    key = _wanted_key(r.value)
+                    if key is not None:
+                        read_at.setdefault(key, now)
+                        stamped_at.setdefault(key, r.timestamp)
+        sent = await appending
+    finally:
+        appending.cancel()
+        await consumer.stop()
+    if os.environ.get("BENCH_DEBUG"):
+        worker_side = [stamped_at[k] - v for k, v in sent.items() if k in stamped_at]
+        print(f"debug: append -> worker's send p50 {percentile(worker_side, 0.5):.0f} ms, "
+              f"p99 {percentile(worker_side, 0.99):.0f} ms")
+    return [read_at[key] - stamp for key, stamp in sent.items() if key in read_at], len(sent)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,46 +252,85 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(bootstrap: str, events: int, rate: float) -> None:
-    prefix = f"bench{uuid.uuid4().hex[:8]}."
+def fresh_settings(bootstrap: str, tag: str) -> Settings:
+    prefix = f"bench{tag}{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
-                                 partitions=3, group_id_prefix=f"{prefix}g-")
+                                 partitions=PARTITIONS, group_id_prefix=f"{prefix}g-")
     asyncio.run(ensure_topics(settings))
+    return settings
+
+
+def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> None:
+    settings = fresh_settings(bootstrap, "a")
     sessions = make_sessions(1, events, "tp")
     total = asyncio.run(publish(settings, sessions))
     chunks = sum(1 for es in sessions.values() for e in es if e.type == "assistant/chunk")
-    print(f"published {total} events ({chunks / total:.0%} chunks) in {len(sessions)} sessions")
-    print(f"load average before the run: {Path('/proc/loadavg').read_text().split()[:3]}")
+    print(f"published {total} events ({chunks / total:.0%} assistant/chunk) "
+          f"in {len(sessions)} sessions, {PARTITIONS} partitions")
     with tempfile.TemporaryDirectory() as state:
         worker = Worker(settings, free_port(), Path(state), ["--loglevel", "WARNING"])
         try:
             worker.wait_ready()
+            load = load_average()
             per_s, took, per_cpu_s = throughput(worker, total)
-            print(f"throughput: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s); "
-                  f"{per_cpu_s:,.0f} events per worker CPU-second")
-            live = make_sessions(2, max(1500, int(rate * 10)), "lat")
-            sent = asyncio.run(paced_append(settings, live, rate))
-            lat = asyncio.run(derived_stamps(settings, sent))
-            print(f"latency at {rate:.0f} events/s over {len(lat)} surface events: "
-                  f"p50 {percentile(lat, 0.5):.0f} ms, p99 {percentile(lat, 0.99):.0f} ms, "
-                  f"max {max(lat):.0f} ms")
+            print(f"(a) one worker: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s)"
+                  f"; {per_cpu_s:,.0f} events per worker CPU-second  [load {load}]")
+            live = make_sessions(2, max(1000, int(rate * seconds)), "lat")
+            load = load_average()
+            lat, surface = asyncio.run(readable_latencies(settings, live, rate))
+            if not lat:
+                raise SystemExit(f"no derived change read back; worker log:\n{worker.tail()}")
+            print(f"(b) latency append -> derived change read, at {rate:,.0f} events/s for "
+                  f"{seconds:g} s: p50 {percentile(lat, 0.5):.0f} ms, p99 "
+                  f"{percentile(lat, 0.99):.0f} ms, max {max(lat):.0f} ms over {len(lat)} of "
+                  f"{surface} surface events  [load {load}]")
         finally:
             worker.stop()
 
 
+def two_workers(bootstrap: str, events: int) -> None:
+    settings = fresh_settings(bootstrap, "c")
+    total = asyncio.run(publish(settings, make_sessions(3, events, "tw")))
+    with tempfile.TemporaryDirectory() as state:
+        workers = [Worker(settings, free_port(), Path(state), ["--loglevel", "WARNING"])
+                   for _ in range(2)]
+        try:
+            load = load_average()
+            run = group_throughput(workers, total)
+            print(f"(c) two workers, one group: {run.per_second:,.0f} events/s wall "
+                  f"({run.records} events in {run.wall_s:.1f} s once both owned partitions; "
+                  f"{'/'.join(str(n) for n in run.per_worker)} per worker); "
+                  f"{run.per_cpu_second:,.0f} events per CPU-second of both  [load {load}]")
+        finally:
+            for worker in workers:
+                worker.stop()
+
+
+def run(bootstrap: str, events: int, rate: float, seconds: float = 10.0,
+        group_events: int | None = None) -> None:
+    one_worker(bootstrap, events, rate, seconds)
+    two_workers(bootstrap, group_events if group_events is not None else 2 * events)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--quick", action="store_true",
+                        help="small run (under a minute): 20,000 events, 3 s of latency")
+    parser.add_argument("--events", type=int, default=None, help="backlog of (a); default 60000")
     parser.add_argument("--rate", type=float, default=5_000)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="seconds of paced appends for (b); default 10")
     parser.add_argument("--bootstrap", default="")
     args = parser.parse_args()
+    events = args.events or (20_000 if args.quick else 60_000)
+    seconds = args.seconds or (3.0 if args.quick else 10.0)
     if args.bootstrap:
-        run(args.bootstrap, args.events, args.rate)
+        run(args.bootstrap, events, args.rate, seconds)
         return
     from pipeline.adapters.localstack.artifacts import Artifacts
     from pipeline.adapters.localstack.kafka import KafkaLocal
     with KafkaLocal(Artifacts.default().require_kafka()) as kafka:
-        run(kafka.bootstrap, args.events, args.rate)
+        run(kafka.bootstrap, events, args.rate, seconds)
 
 
 if __name__ == "__main__":

@@ -122,14 +122,24 @@ class UsageAggregator:
                                     self.sizes)
 
     async def handle(self, partition: int, value: Mapping[str, Any]) -> None:
-        if TICK in value:
-            await self._tick(partition, int(value[TICK]))
-        else:
-            await self._sample(partition, UsageSample.from_json(value))
+        await self.handle_batch(partition, (value,))
 
-    async def _tick(self, partition: int, now_ms: int) -> None:
-        sums = self.current_sums()
+    async def handle_batch(self, partition: int, values: Iterable[Mapping[str, Any]]) -> None:
+        """Fold samples and ticks of one partition in order; each exported key is published
+        once per batch, with its last value (the export topic is compacted)."""
+        pending: dict[str, dict[str, JsonValue]] = {}
         book = self._book(partition)
+        for value in values:
+            if TICK in value:
+                await self._tick(partition, book, int(value[TICK]), pending)
+            else:
+                self._sample(partition, book, UsageSample.from_json(value), pending)
+        for key, record in pending.items():
+            await self._publish(key, record)
+
+    async def _tick(self, partition: int, book: WindowBook, now_ms: int,
+                    pending: dict[str, dict[str, JsonValue]]) -> None:
+        sums = self.current_sums()
         book.last_tick_ms = max(book.last_tick_ms, now_ms)
         due = [key for key, (info, _c) in sums.windows.items()
                if sums.window_partition[key] == partition
@@ -137,18 +147,18 @@ class UsageAggregator:
         for key in due:
             info, counts = sums.windows.pop(key)
             sums.window_partition.pop(key, None)
-            await self._publish(key, window_record(info, counts, closed=True))
+            pending[key] = window_record(info, counts, closed=True)
             self.counters.windows_closed += 1
         self.table[f"book/{partition}"] = {"lastTickMs": book.last_tick_ms, "open": {}}
 
-    async def _sample(self, partition: int, sample: UsageSample) -> None:
+    def _sample(self, partition: int, book: WindowBook, sample: UsageSample,
+                pending: dict[str, dict[str, JsonValue]]) -> None:
         sums = self.current_sums()
         key = f"contrib/{sample.model_key}/{sample.session_id}"
         raw = self.table.get(key)
         if raw is not None and int(raw["seq"]) >= sample.seq:
             self.counters.usage_duplicates += 1
             return
-        book = self._book(partition)
         accepted, late = book.windows_for(sample)
         windows = {wkey: window for wkey, window in (raw or {}).get("windows", {}).items()
                    if book.last_tick_ms < int(window["info"][2]) + self.grace_ms}
@@ -157,7 +167,7 @@ class UsageAggregator:
             mine = TokenCounts.from_json(windows.get(wkey, {}).get("counts", {}))
             windows[wkey] = {"info": info, "counts": (mine + sample.counts).to_json()}
             total = sums.add_window(wkey, info, partition, sample.counts)
-            await self._publish(wkey, window_record(info, total, closed=False))
+            pending[wkey] = window_record(info, total, closed=False)
         if late:
             self.counters.late_window_samples += 1
             log.warning("late usage sample (session %s seq %d, time %d) for closed windows %s: "
@@ -165,8 +175,8 @@ class UsageAggregator:
                         sample.time, ", ".join(late))
         mine_total = TokenCounts.from_json((raw or {}).get("totals", {})) + sample.counts
         model_total = sums.add(sample.model_key, (sample.provider, sample.model), sample.counts)
-        await self._publish(f"model/{sample.model_key}",
-                            model_record(sample.provider, sample.model, model_total))
+        pending[f"model/{sample.model_key}"] = model_record(sample.provider, sample.model,
+                                                             model_total)
         self.table[key] = {"provider": sample.provider, "model": sample.model,
                            "session": sample.session_id, "partition": partition,
                            "seq": sample.seq, "totals": mine_total.to_json(),

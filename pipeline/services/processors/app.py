@@ -8,12 +8,13 @@ with their source topic, and ``options.standby_replicas`` standby copies):
          │                            ├─> usage  (session totals)      ├─> fleet (compacted)
          │                            └─> <app id>-usage-by-model (internal, keyed by model)
          └─> session-events.dlq (undecodable, gaps, invalid)              │
-    ticks (timer: wall clock) ─────────────────────────────> fold_usage ─┴─> table usage-agg
+    ticks (timer: wall clock) ═════════════════════════════> fold_usage ═┴─> table usage-agg
                                                                            └─> usage (model
                                                                                totals, windows)
 
-``══``: the session topic reaches its agent one fetched batch per partition at a time (one
-faust event per batch, :mod:`.transport`), so faust's per-record cost is paid per batch.
+``══``: the session topic and the usage-by-model topic reach their agents one fetched batch
+per partition at a time (one faust event per batch, :mod:`.transport`), so faust's
+per-record cost is paid per batch.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
 crash or rebalance changes nothing (faust's ``exactly_once`` is not used: see the notes on its
@@ -142,7 +143,7 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         # Counted in batch messages for the session topic: a few fetches ahead is plenty.
         stream_buffer_maxsize=options.stream_buffer,
     )
-    use_batching_transport(app, [settings.topics.session_events])
+    use_batching_transport(app, [settings.topics.session_events, options.usage_topic(settings)])
     return app
 
 
@@ -213,7 +214,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():
-            await aggregator.handle(event.message.partition, json.loads(event.value))
+            await aggregator.handle_batch(event.message.partition,
+                                          [json.loads(r.value) for r in records_of(event.message)])
 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through

@@ -10,15 +10,18 @@ the aiokafka records (offset = the batch's last offset); every other topic (the 
 stage, changelogs during recovery) goes through faust unchanged, record by record.
 
 **Offsets.** faust commits, per partition, the end of the run of consecutive offsets it has
-seen acked, where "seen" includes offset *gaps* it recorded with ``_add_gap``. It records a
-gap only between two delivered messages, and not at all when the previous one was at offset
-0 (its check is ``if gap > 1 and r_offset``), so a partition whose first batch started at
-offset 0 would stop committing for good, and every restart would re-deliver everything. The
-consumer therefore records each batch's interior offsets (first .. last - 1) as a gap itself
-before delivering the batch message: once that message is acked (the agent finished the whole
-batch, table writes included) the commit moves past the batch, and not before (a gap is only
-merged up to the highest acked offset). faust's commit flushes the producer first, so
-everything the batch wrote (changelogs, outputs) is durable before its offsets are committed.
+seen acked, where "seen" includes offset *gaps* it recorded with ``_add_gap``. For batches
+that bookkeeping is both wrong and slow: it records a gap only between two delivered
+messages and not at all after a message at offset 0 (its check is ``if gap > 1 and
+r_offset``), so a partition whose first fetch held offset 0 alone would never commit again
+and every restart would re-deliver everything; and it rebuilds an interval tree per gap,
+which grows by one interval per batch until the next commit. A batched partition's messages
+are processed strictly in order by its one agent and each one stands for every offset of its
+fetch, so the consumer keeps no gaps for them and commits the highest acked batch offset
++ 1 (:meth:`BatchingConsumer._new_offset`): once a batch message is acked (the agent
+finished the whole batch, table writes included) the commit moves past it, and not before.
+faust's commit flushes the producer first, so everything the batch wrote (changelogs,
+outputs) is durable before its offsets are committed.
 
 The app gets it with :func:`use_batching_transport` before any topic, table or agent exists.
 """
@@ -68,14 +71,50 @@ class BatchingConsumer(AIOKafkaConsumer):
         batched: frozenset[str] = cast(BatchingTransport, self.transport).batched_topics
         regrouped: dict[Any, list[Any]] = {}
         for tp, fetched in records.items():
-            if tp.topic in batched and fetched:
-                if len(fetched) > 1:
-                    # Interior offsets: committable once the batch message is acked.
-                    await self._add_gap(tp, fetched[0].offset, fetched[-1].offset - 1)
-                regrouped[tp] = [RecordBatch(fetched)]
-            else:
-                regrouped[tp] = fetched
+            batch = tp.topic in batched and fetched
+            regrouped[tp] = [RecordBatch(fetched)] if batch else fetched
         return regrouped, active_partitions
+
+    async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
+            await super()._add_gap(tp, offset_from, offset_to)
+
+    def ack(self, message: Any) -> bool:
+        """A batch message fetched before the last rebalance is never committable: faust
+        acks such stale messages unprocessed (it skips them), and here one ack commits a
+        whole batch."""
+        if (message.topic in cast(BatchingTransport, self.transport).batched_topics
+                and message.generation_id != self.app.consumer_generation_id):
+            message.acked = True
+            self._unacked_messages.discard(message)
+            return False
+        done: bool = super().ack(message)
+        return done
+
+    async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        self._forget_batch_acks(assigned)   # acked by the previous generation
+        await super().on_partitions_assigned(assigned, generation_id)
+        self._forget_batch_acks(assigned)
+
+    def _forget_batch_acks(self, partitions: Any) -> None:
+        batched = cast(BatchingTransport, self.transport).batched_topics
+        for tp in partitions:
+            if tp.topic in batched:
+                self._acked.pop(tp, None)
+                self._acked_index.pop(tp, None)
+
+    def _new_offset(self, tp: Any) -> int | None:
+        """For a batched partition: the offset after the highest acked batch message."""
+        if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
+            result: int | None = super()._new_offset(tp)
+            return result
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        highest = max(acked)
+        acked.clear()
+        self._acked_index[tp].clear()
+        return highest + 1
 
     def _to_message(self, tp: Any, record: Any) -> Any:
         if not isinstance(record, RecordBatch):

@@ -60,9 +60,36 @@ def _fail(message: str) -> int:
 
 
 def _rraw(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` as written (still zigzag-encoded) and the position after it."""
-    z = 0
-    shift = 0
+    """The varint at ``pos`` as written (still zigzag-encoded) and the position after it.
+    Unrolled up to 6 bytes, the size of every event's millisecond timestamp."""
+    b = data[pos]
+    z = b & 0x7F
+    if b < 0x80:
+        return z, pos + 1
+    b = data[pos + 1]
+    z |= (b & 0x7F) << 7
+    if b < 0x80:
+        return z, pos + 2
+    b = data[pos + 2]
+    z |= (b & 0x7F) << 14
+    if b < 0x80:
+        return z, pos + 3
+    b = data[pos + 3]
+    z |= (b & 0x7F) << 21
+    if b < 0x80:
+        return z, pos + 4
+    b = data[pos + 4]
+    z |= (b & 0x7F) << 28
+    if b < 0x80:
+        return z, pos + 5
+    b = data[pos + 5]
+    z |= (b & 0x7F) << 35
+    if b < 0x80:
+        return z, pos + 6
+    return _rraw_long(data, pos + 6, z, 42)
+
+
+def _rraw_long(data: bytes, pos: int, z: int, shift: int) -> tuple[int, int]:
     while True:
         b = data[pos]
         pos += 1
@@ -74,18 +101,13 @@ def _rraw(data: bytes, pos: int) -> tuple[int, int]:
             raise _Bad("varint longer than 10 bytes")
 
 
-def _rlong(data: bytes, pos: int) -> tuple[int, int]:
-    z, pos = _rraw(data, pos)
-    return (z >> 1) ^ -(z & 1), pos
-
-
 # The value of every one-byte varint: one lookup instead of the zigzag arithmetic.
 _ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(128))
 # A union read with a table of decoders instead of an if chain from this many branches.
 _UNION_TABLE_FROM: Final = 4
 
 _HELPERS: Final[dict[str, Any]] = {
-    "_wlong": _wlong, "_rlong": _rlong, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
+    "_wlong": _wlong, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
     "_fail": _fail,
     "_pack_d": struct.Struct("<d").pack, "_pack_f": struct.Struct("<f").pack,
     "_unpack_d": struct.Struct("<d").unpack_from, "_unpack_f": struct.Struct("<f").unpack_from,
@@ -109,13 +131,16 @@ class RecordBuilder(Protocol):
     ``tail`` gets a record schema and its fields paired with the local variable holding
     each decoded value, and returns the source lines (indented 4) that end the generated
     decoder with ``return <value>, pos``, or None for the usual dict. ``helpers`` are the
-    names those lines use.
+    names those lines use. ``untagged`` names the union fields whose record branches the
+    tail takes as plain values, without the ``(name, value)`` tuple.
     """
 
     helpers: Mapping[str, Any]
 
     def tail(self, record: Mapping[str, Any], fields: list[tuple[Mapping[str, Any], str]]
              ) -> list[str] | None: ...
+
+    def untagged(self, record: Mapping[str, Any], field: Mapping[str, Any]) -> bool: ...
 
 
 class _Compiler:
@@ -182,7 +207,8 @@ class _Compiler:
         for field in record["fields"]:
             v = self.var("v")
             fields.append((field, v))
-            self.emit_read(out, field["type"], v, "    ")
+            tag = self.builder is None or not self.builder.untagged(record, field)
+            self.emit_read(out, field["type"], v, "    ", tag)
         tail = self.builder.tail(record, fields) if self.builder is not None else None
         if tail is None:
             items = ", ".join(f"{field['name']!r}: {v}" for field, v in fields)
@@ -294,12 +320,14 @@ class _Compiler:
     def emit_read_long(self, out: list[str], t: str, ind: str) -> None:
         out.append(f"{ind}{t} = data[pos]; pos += 1")
         out.append(f"{ind}if {t} < 128: {t} = _ZZ[{t}]")
-        out.append(f"{ind}else: {t}, pos = _rlong(data, pos - 1)")
+        out.append(f"{ind}else:")
+        out.append(f"{ind}    {t}, pos = _rraw(data, pos - 1); {t} = ({t} >> 1) ^ -({t} & 1)")
 
-    def emit_read(self, out: list[str], schema: Any, t: str, ind: str) -> None:
+    def emit_read(self, out: list[str], schema: Any, t: str, ind: str, tag: bool = True
+                  ) -> None:
         schema = self.resolve(schema)
         if isinstance(schema, list):
-            self.emit_read_union(out, schema, t, ind)
+            self.emit_read_union(out, schema, t, ind, tag)
             return
         kind = schema if isinstance(schema, str) else schema["type"]
         if kind == "null":
@@ -382,25 +410,27 @@ class _Compiler:
             return all(self.may_be_empty(f["type"], inner) for f in schema["fields"])
         return False
 
-    def emit_read_union(self, out: list[str], branches: list[Any], t: str, ind: str) -> None:
+    def emit_read_union(self, out: list[str], branches: list[Any], t: str, ind: str,
+                        tag: bool = True) -> None:
         resolved = [self.resolve(b) for b in branches]
         records = [r for r in resolved if isinstance(r, Mapping) and r.get("type") == "record"]
+        tag = tag and len(records) > 1
         # The branch index is compared as written (2 * index): no zigzag decoding.
         n = self.var("n")
         out.append(f"{ind}{n} = data[pos]; pos += 1")
         out.append(f"{ind}if {n} > 127: {n}, pos = _rraw(data, pos - 1)")
         if len(records) == len(resolved) >= _UNION_TABLE_FROM:
-            self.emit_read_record_union(out, records, n, t, ind)
+            self.emit_read_record_union(out, records, n, t, ind, tag)
             return
         for index, branch in enumerate(resolved):
             out.append(f"{ind}{'if' if index == 0 else 'elif'} {n} == {index * 2}:")
             self.emit_read(out, branch, t, ind + "    ")
-            if len(records) > 1 and branch in records:
+            if tag and branch in records:
                 out.append(f"{ind}    {t} = ({str(branch['name'])!r}, {t})")
         out.append(f"{ind}else: raise _Bad('union branch index out of range')")
 
     def emit_read_record_union(self, out: list[str], records: list[Mapping[str, Any]], n: str,
-                               t: str, ind: str) -> None:
+                               t: str, ind: str, tag: bool) -> None:
         """A union of many records: the decoder from a table indexed by the raw index."""
         table = f"_U{len(self.tables)}"
         decoders = [self.fname("dec", r) for r in records]
@@ -409,7 +439,8 @@ class _Compiler:
         out.append(f"{ind}if {n} & 1 or {n} >= {len(records) * 2}: "
                    f"raise _Bad('union branch index out of range')")
         out.append(f"{ind}{t}, pos = {table}[{n}](data, pos, size)")
-        out.append(f"{ind}{t} = ({names}[{n}], {t})")
+        if tag:
+            out.append(f"{ind}{t} = ({names}[{n}], {t})")
 
 
 _PY_TYPES: Final[dict[str, tuple[type, ...]]] = {

@@ -49,14 +49,14 @@ _EVENT_SLOTS: Final = ("type", "seq", "time", "data", "surface_op", "source_even
 def _slot_setters() -> tuple[Callable[[Event, Any], None], ...] | None:
     """Setters of Event's slots, in constructor order, to build events without the frozen
     dataclass's ``__init__``: it goes through ``object.__setattr__`` per field, which costs
-    as much as the rest of decoding a small event. The objects are identical. None (use the
-    constructor) should Event ever change shape, validate in ``__post_init__`` or have an
-    ``__init__`` of its own (which may do more than set fields)."""
+    as much as the rest of decoding a small event, and even a hand-written ``__init__``
+    that sets the slots costs a call more than the inlined setters. The objects are
+    identical: an Event is a frozen record whose fields are its whole state (logs validate
+    events where they are appended, never in the constructor). None (use the constructor)
+    should Event change shape or validate in ``__post_init__``."""
     names = tuple(f.name for f in dataclasses.fields(Event))
-    init_code = getattr(Event.__init__, "__code__", None)
-    generated_init = init_code is not None and init_code.co_filename == "<string>"
     if names != _EVENT_SLOTS or getattr(Event, "__slots__", None) != names or hasattr(
-            Event, "__post_init__") or not generated_init:
+            Event, "__post_init__"):
         return None
     return tuple(getattr(Event, name).__set__ for name in names)
 
@@ -185,6 +185,10 @@ class EventRecordBuilder(JsonRecordBuilder):
                 return _is_json_payload(schema)
         return True
 
+    def untagged(self, record: Mapping[str, Any], field: Mapping[str, Any]) -> bool:
+        # The payload's JSON data is all the envelope tail needs, whichever record held it.
+        return self.direct and record["name"] == self.root and field["name"] == "payload"
+
     def tail(self, record: Mapping[str, Any], fields: list[tuple[Mapping[str, Any], str]]
              ) -> list[str] | None:
         name = str(record["name"])
@@ -199,11 +203,8 @@ class EventRecordBuilder(JsonRecordBuilder):
         sid, seq, time, type_ = var["sessionId"], var["seq"], var["time"], var["type"]
         op, sources, payload = var["surfaceOp"], var["sourceEventSeqs"], var["payload"]
         order = var.get(KEY_ORDER_FIELD, "None")
-        # A union of several records reads as (name, value); a single branch as the value.
-        # JSON data is never a tuple, so the test tells the two apart.
-        lines = [
+        lines = [  # the payload is its JSON data (read untagged, see untagged())
             f"    if {seq} < 0 or not {type_}: _check_env({seq}, {type_})",
-            f"    if type({payload}) is tuple: {payload} = {payload}[1]",
             f"    if {op} is not None: {op} = _op_from({op})",
             f"    if {sources} is not None: {sources} = tuple({sources})",
         ]
@@ -272,24 +273,42 @@ def _envelope_writer(json_tag: int, typed: dict[str, tuple[int, DirectWriter]]
     typed_payload = typed.get
 
     def write(buf: bytearray, session_id: str, event: Event) -> None:
-        _write_head(buf, session_id, event)
-        entry = typed_payload(event.type)
+        # The common fields written inline: this runs for every event of every stream.
+        raw = session_id.encode()
+        if len(raw) < 64:
+            buf.append(len(raw) << 1)
+        else:
+            _wlong(buf, len(raw))
+        buf += raw
+        seq = event.seq
+        if type(seq) is int and 0 <= seq < 64:
+            buf.append(seq << 1)
+        else:
+            _wlong(buf, seq)
+        _wlong(buf, event.time)
+        type_ = event.type
+        raw = type_.encode()
+        if len(raw) < 64:
+            buf.append(len(raw) << 1)
+        else:
+            _wlong(buf, len(raw))
+        buf += raw
+        if event.surface_op is None and event.source_event_seqs is None and (
+                event.ignorable is None):
+            buf += b"\x00\x00\x00"
+        else:
+            _write_surface(buf, event)
+        entry = typed_payload(type_)
         if entry is None:
             buf.append(json_tag)
             _write_text(buf, json_text(event.data))
         else:
             buf.append(entry[0])
             entry[1](buf, event.data)
-        order = event.key_order
-        if order is None:
+        if event.key_order is None:
             buf.append(0)
-            return
-        buf.append(2)
-        if order:
-            _wlong(buf, len(order))
-            for key in order:
-                _write_text(buf, key)
-        buf.append(0)
+        else:
+            _write_key_order(buf, event.key_order)
 
     return write
 
@@ -303,16 +322,17 @@ def _write_text(buf: bytearray, text: str) -> None:
     buf += raw
 
 
-def _write_head(buf: bytearray, session_id: str, event: Event) -> None:
-    """The envelope fields before the payload."""
-    _write_text(buf, session_id)
-    seq = event.seq
-    if type(seq) is int and 0 <= seq < 64:
-        buf.append(seq << 1)
-    else:
-        _wlong(buf, seq)
-    _wlong(buf, event.time)
-    _write_text(buf, event.type)
+def _write_key_order(buf: bytearray, order: tuple[str, ...]) -> None:
+    buf.append(2)
+    if order:
+        _wlong(buf, len(order))
+        for key in order:
+            _write_text(buf, key)
+    buf.append(0)
+
+
+def _write_surface(buf: bytearray, event: Event) -> None:
+    """surfaceOp, sourceEventSeqs and ignorable, when one of them is present."""
     op = event.surface_op
     if op is None:
         buf.append(0)

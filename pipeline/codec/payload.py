@@ -211,9 +211,13 @@ class RecordPlan:
 
 
 def _reorder(out: dict[str, JsonValue], order: list[str], name: str) -> dict[str, JsonValue]:
-    if len(order) != len(out) or not all(key in out for key in order):
+    try:  # the loop in C: every message dsh writes has its keys in another order
+        ordered = dict(zip(order, map(out.__getitem__, order), strict=True))
+    except (KeyError, TypeError):
+        ordered = {}
+    if len(ordered) != len(out) or len(order) != len(out):
         raise CodecError(f"{name}.keyOrder does not list exactly the record's keys")
-    return {key: out[key] for key in order}
+    return ordered
 
 
 def _encode_field(field: FieldPlan, value: JsonValue) -> Any:
@@ -349,6 +353,9 @@ class JsonRecordBuilder:
         self.names = names
         self.helpers: Mapping[str, Any] = {
             "_jtext": parse_json_text, "_jextra": _merge_extra, "_jorder": _reorder}
+
+    def untagged(self, record: Mapping[str, Any], field: Mapping[str, Any]) -> bool:
+        return False
 
     def tail(self, record: Mapping[str, Any], fields: list[tuple[Mapping[str, Any], str]]
              ) -> list[str] | None:

@@ -60,7 +60,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.core.dedup import Delivery, SeqTracker
 from pipeline.core.events import Event
 from pipeline.core.events import JsonValue as JsonValue
-from pipeline.services.replay.rebuild import read_conversations
+from pipeline.services.replay.compare import read_conversations
 from pipeline.services.replay.versions import ActiveVersion, active_version
 from pipeline.settings import Settings
 

@@ -95,3 +95,14 @@ def test_every_difference_is_listed() -> None:
         'a: message 2 differs: live (none) != new {"m":4}',
         "b: missing in the new version", "c: missing in the live"]
     assert json.dumps(differences(live, live)) == "[]"
+
+
+def test_sessions_that_moved_during_a_rebuild_are_counted_not_compared() -> None:
+    from pipeline.services.replay.compare import moved_sessions
+
+    live = {"a": [{"m": 1}], "b": [{"m": 2}], "c": [{"m": 3}]}
+    new = {"a": [{"m": 1}], "b": [{"m": 2}, {"m": 4}], "c": [{"m": 9}]}
+    moved = moved_sessions({"a": 5, "b": 7, "c": 9}, {"a": 5, "b": 12, "c": 9, "d": 1})
+    assert moved == {"b"}  # b's live version is at another seq; d is new, not moved
+    assert differences(live, new, "v0", skip=moved) == [
+        'c: message 0 differs: v0 {"m":3} != new {"m":9}']

@@ -189,6 +189,9 @@ async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
     result = outcome.result
     for line in result.problems[:_MAX_LISTED]:
         _progress(f"log problem: {line}")
+    if outcome.moved:
+        _progress(f"{len(outcome.moved)} sessions changed during the rebuild, not compared: "
+                  + ", ".join(outcome.moved[:20]) + (" ..." if len(outcome.moved) > 20 else ""))
     for line in outcome.differences[:_MAX_LISTED]:
         print(f"difference: {line}", flush=True)
     if len(outcome.differences) > _MAX_LISTED:
@@ -200,6 +203,7 @@ async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
                       "records_written": result.records_written,
                       "compared_with": outcome.compared_with,
                       "differences": len(outcome.differences),
+                      "moved_sessions": len(outcome.moved),
                       "log_problems": len(result.problems), "switched": outcome.switched,
                       "processors_held": outcome.held}),
           flush=True)

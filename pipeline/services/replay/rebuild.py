@@ -12,15 +12,15 @@ publishes the same slot-keyed change records. Duplicates are skipped; a gap or a
 event stops that session's fold (reported, never folded past).
 
 Verification compares the new version's conversations with the active version's (read back
-from its compacted topic), or, when there is none, with core's own fold of the log
-(:class:`~pipeline.core.surface.SurfaceFold`), and lists every difference.
+from its compacted topic; sessions that changed during the rebuild are counted, not compared:
+:mod:`pipeline.services.replay.compare`), or, when there is none, with core's own fold of
+the log (:class:`~pipeline.core.surface.SurfaceFold`), and lists every difference.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -33,11 +33,17 @@ from pipeline.core.projection import (
     ActivePointer,
     MessageChange,
     SurfaceSlots,
-    rebuild_conversations,
     with_session,
 )
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.validation import projected_message
+from pipeline.services.replay.compare import (
+    Conversations,
+    differences,
+    moved_sessions,
+    read_conversations,
+    read_version,
+)
 from pipeline.services.replay.topic import Decoder
 from pipeline.services.replay.versions import (
     HANDOVER_TIMEOUT_S,
@@ -53,19 +59,8 @@ from pipeline.settings import Settings
 _SURFACE_TYPE_BYTES: Final = frozenset(t.encode() for t in SURFACE_TYPES)
 _SCAN_BATCH: Final = 20_000  # records per fetch round: fewer per-batch costs
 Progress = Callable[[str], None]
-Conversations = dict[str, list[JsonValue]]
-
-
-async def read_conversations(settings: Settings, topic: str) -> Conversations | None:
-    """The conversations a compacted derived-messages topic holds (None: no such topic)."""
-    pairs: list[tuple[str, JsonValue | None]] = []
-    async with TopicScan(settings, topic) as scan:
-        if not scan.exists:
-            return None
-        async for batch in scan.batches():
-            pairs.extend((r.key.decode("utf-8") if r.key else "",
-                          json.loads(r.value) if r.value is not None else None) for r in batch)
-    return {sid: list(msgs) for sid, msgs in rebuild_conversations(pairs).items()}
+__all__ = ["RebuildResult", "Rebuilder", "ReplayOutcome", "differences", "hand_over",
+           "read_conversations", "replay_projection"]
 
 
 @dataclass(slots=True)
@@ -76,6 +71,7 @@ class _Session:
     slots: SurfaceSlots = field(default_factory=SurfaceSlots)
     messages: dict[int, JsonValue | None] = field(default_factory=dict)
     core: SurfaceFold | None = None
+    last_change: int = -1  # seq of the last surface event that changed anything
 
 
 @dataclass(slots=True)
@@ -88,6 +84,7 @@ class RebuildResult:
     records_written: int = 0  # after coalescing by slot key (see Rebuilder)
     problems: list[str] = field(default_factory=list)
     conversations: Conversations = field(default_factory=dict)
+    last_change: dict[str, int] = field(default_factory=dict)
     core: Conversations | None = None
 
 
@@ -262,6 +259,8 @@ class Rebuilder:
             self.result.problems.append(f"{state.session_id}: invalid event at "
                                         f"{_where(record)}: {exc}")
             return
+        if changes:
+            state.last_change = event.seq
         pending = self._pending
         for change in changes:
             if change.kind == "remove":
@@ -292,6 +291,8 @@ class Rebuilder:
         self.result.conversations = {
             sid: [m for _slot, m in sorted(s.messages.items()) if m is not None]
             for sid, s in self.sessions.items() if s.messages}
+        self.result.last_change = {sid: s.last_change for sid, s in self.sessions.items()
+                                   if s.last_change >= 0}
         if self.with_core:
             self.result.core = {sid: list(s.core.messages()) for sid, s in self.sessions.items()
                                 if s.core is not None and len(s.core)}
@@ -311,30 +312,6 @@ def _progress_line(done: int, total: int, started: float) -> str:
     return f"[{bar}] {done}/{total} events  {rate:,.0f} events/s  ETA {eta:.0f}s"
 
 
-def differences(live: Mapping[str, Sequence[JsonValue]], new: Mapping[str, Sequence[JsonValue]],
-                live_name: str = "live") -> list[str]:
-    """Every difference between two sets of conversations, one line each."""
-    found: list[str] = []
-    for sid in sorted(set(live) | set(new)):
-        a, b = live.get(sid), new.get(sid)
-        if a is None or b is None:
-            which = live_name if a is None else "new version"
-            found.append(f"{sid}: missing in the {which}")
-            continue
-        for index in range(max(len(a), len(b))):
-            x = a[index] if index < len(a) else None
-            y = b[index] if index < len(b) else None
-            if x != y:
-                found.append(f"{sid}: message {index} differs: {live_name} "
-                             f"{_short(x)} != new {_short(y)}")
-    return found
-
-
-def _short(message: JsonValue | None) -> str:
-    text = "(none)" if message is None else dumps_json(message)
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
 @dataclass(slots=True)
 class ReplayOutcome:
     result: RebuildResult
@@ -342,6 +319,7 @@ class ReplayOutcome:
     differences: list[str]
     switched: bool
     held: bool = False  # live processors held for the handover
+    moved: list[str] = field(default_factory=list)  # changed during the rebuild: not compared
 
 
 async def replay_projection(settings: Settings, decode: Decoder, *, force: bool = False,
@@ -350,17 +328,22 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     """Rebuild into a new version, verify it, and when it verified (or ``force``) hand it
     over from the live processors and switch readers to it (see ``versions``)."""
     active = await active_version(settings)
-    live = await read_conversations(settings, active.topic)
+    live = await read_version(settings, active.topic)
     version = await next_version(settings, active)
-    rebuilder = Rebuilder(settings, decode, version, with_core=not live, progress=progress)
+    rebuilder = Rebuilder(settings, decode, version, with_core=not (live and live.conversations),
+                          progress=progress)
     result = await rebuilder.run()
-    if live:
+    moved: set[str] = set()
+    if live and live.conversations:
         compared_with = f"version {active.version} ({active.topic})"
-        found = differences(live, result.conversations, f"v{active.version}")
+        moved = moved_sessions(live.last_change, result.last_change)
+        found = differences(live.conversations, result.conversations, f"v{active.version}",
+                            skip=moved)
     else:
         compared_with = "core's derivation of the log (no live version yet)"
         found = differences(result.core or {}, result.conversations, "core")
-    outcome = ReplayOutcome(result, compared_with, found, switched=force or not found)
+    outcome = ReplayOutcome(result, compared_with, found, switched=force or not found,
+                            moved=sorted(moved))
     if outcome.switched:
         outcome.held = await hand_over(settings, rebuilder, timeout_s=handover_timeout_s)
     return outcome

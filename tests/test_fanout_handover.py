@@ -150,7 +150,7 @@ async def _handover_with_a_live_writer(settings: Settings) -> StandInWriter:
     for name in NAMES:
         await publish(settings, name, parts[name][0])
     follow = ProjectionFollow(settings, "stand-in", lambda: range(settings.partitions),
-                              poll_s=0.2)
+                              poll_s=0.2, holding_poll_s=0.2)
     await follow.start()
     writer = StandInWriter(settings, follow)
     task = asyncio.get_running_loop().create_task(writer.run())

@@ -7,7 +7,8 @@ through one :class:`ProjectionFollow`:
 
 - while it runs it is registered as a writer (``derived-messages/writer/<worker>``), so a
   rebuild knows it must ask it to hold;
-- it follows the pointer topic (re-read every ``poll_s`` and on :meth:`refresh`);
+- it follows the pointer topic (re-read every ``poll_s``, every ``holding_poll_s`` while a
+  handover is pending, and on :meth:`refresh`);
 - before folding each session-topic record the worker awaits :meth:`gate`, which returns the
   topic to publish that record's derived changes to, or None (fold, publish nothing: the
   rebuild wrote it), and blocks while a handover is pending; the follower answers the
@@ -54,7 +55,10 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 PROJECTION: Final = "derived-messages"
-POLL_S: Final = 1.0
+# Each read of the pointer topic starts a consumer (about 60 ms of CPU): every 5 s is about
+# 1% of a core; while holding, the activation is awaited more often, so the hold is short.
+POLL_S: Final = 5.0
+HOLDING_POLL_S: Final = 0.5
 
 
 def pointer_topic(settings: Settings) -> str:
@@ -80,13 +84,14 @@ class ProjectionFollow:
     """One processors worker's view of the derived-messages versions (see the module doc)."""
 
     def __init__(self, settings: Settings, worker: str, owned: Callable[[], Collection[int]],
-                 *, poll_s: float = POLL_S) -> None:
+                 *, poll_s: float = POLL_S, holding_poll_s: float = HOLDING_POLL_S) -> None:
         if not worker or "/" in worker:
             raise ValueError(f"worker id must be non-empty and without '/', got {worker!r}")
         self.settings = settings
         self.worker = worker
         self.owned = owned
         self.poll_s = poll_s
+        self.holding_poll_s = holding_poll_s
         self.state = PointerState(PROJECTION)
         self._answered: tuple[str, frozenset[int]] | None = None  # request, partitions
         self._changed = asyncio.Event()
@@ -158,7 +163,8 @@ class ProjectionFollow:
 
     async def _follow(self) -> None:
         while True:
-            await asyncio.sleep(self.poll_s)
+            pending = self.state.pending() is not None
+            await asyncio.sleep(self.holding_poll_s if pending else self.poll_s)
             try:
                 await self.refresh()
             except Exception as exc:  # the pointer is retried next poll; folding waits if held

@@ -92,12 +92,11 @@ class Rebuilder:
     """One rebuild of the projection into ``version_topic(settings, version)``.
 
     The target topic is new and compacted, so only the last change of each slot key matters:
-    changes are coalesced by key in memory (at most ``coalesce_keys`` keys between flushes)
-    and written at the end or, after a batch of ``scan_batch`` records, when that many keys
-    are pending. A slot removed before it was
-    ever written needs no tombstone. The topic then holds, record for record, what
+    changes are coalesced by key in memory and written at the end, or after a batch of
+    ``scan_batch`` records once ``coalesce_keys`` keys are pending. A slot removed before it
+    was ever written needs no tombstone. The topic then holds, record for record, what
     compaction would have left of the processors' change stream (the synthetic mix writes
-    about one record per 17 changes).
+    about one record per 12 changes).
     """
 
     def __init__(self, settings: Settings, decode: Decoder, version: int, *,

@@ -158,9 +158,8 @@ async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rat
     began = time.monotonic()
     try:
         for index, (sid, event) in enumerate(interleaved):
-            wait = began + index / rate - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            # Yield even when behind: aiokafka's sender runs on this loop too.
+            await asyncio.sleep(max(0.0, began + index / rate - time.monotonic()))
             record = next(by_session[sid])
             stamp = int(time.time() * 1000)
             await producer.send(record.topic, record.value, key=record.key,
@@ -205,12 +204,25 @@ def _wanted_key(raw: bytes | None) -> tuple[str, int] | None:
     return (value["session"], value["changeSeq"]) if value["seq"] == value["changeSeq"] else None
 
 
-async def readable_latencies(settings: Settings, sessions: dict[str, list[Event]],
-                             rate: float) -> tuple[list[float], int]:
-    """Append at ``rate`` while tailing derived-messages; (latencies in ms, surface events).
+def _append_child(bootstrap: str, topic_prefix: str, seed: int, events: int, rate: float,
+                  out: str) -> None:
+    """Child process of :func:`readable_latencies`: paced appends, stamps written to ``out``."""
+    settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=topic_prefix,
+                                 partitions=PARTITIONS)
+    sent = asyncio.run(paced_append(settings, make_sessions(seed, events, "lat"), rate))
+    Path(out).write_text(json.dumps([[sid, seq, stamp] for (sid, seq), stamp in sent.items()]))
 
-    Latency = wall clock when the change was read back - when its event was appended.
+
+async def readable_latencies(settings: Settings, seed: int, events: int, rate: float
+                             ) -> tuple[list[float], int]:
+    """Append ~``events`` at ``rate`` while tailing derived-messages; (latencies in ms,
+    surface events appended).
+
+    Latency = wall clock when the change was read back - when its event was handed to the
+    producer. The appends run in a child process, so that neither side's event loop delays
+    the other's (both read this machine's clock).
     """
+    import multiprocessing
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
                                 enable_auto_commit=False, fetch_max_wait_ms=20)
     await consumer.start()
@@ -220,30 +232,29 @@ async def readable_latencies(settings: Settings, sessions: dict[str, list[Event]
     await consumer.seek_to_end(*parts)
     for tp in parts:
         await consumer.position(tp)   # resolve "end" now, before anything is appended
+    expected = sum(1 for es in make_sessions(seed, events, "lat").values() for e in es
+                   if e.surface_op is not None)
     read_at: dict[tuple[str, int], float] = {}
-    stamped_at: dict[tuple[str, int], float] = {}
-    appending = asyncio.create_task(paced_append(settings, sessions, rate))
-    try:
-        expected = sum(1 for events in sessions.values() for e in events
-                       if e.surface_op is not None)
-        appends_s = sum(len(events) for events in sessions.values()) / rate
-        deadline = time.monotonic() + appends_s + 30
-        while len(read_at) < expected and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=100)).values():
-                now = time.time() * 1000
-                for r in records:
-                    key = _wanted_key(r.value)
-                    if key is not None:
-                        read_at.setdefault(key, now)
-                        stamped_at.setdefault(key, r.timestamp)
-        sent = await appending
-    finally:
-        appending.cancel()
-        await consumer.stop()
-    if os.environ.get("BENCH_DEBUG"):
-        worker_side = [stamped_at[k] - v for k, v in sent.items() if k in stamped_at]
-        print(f"debug: append -> worker's send p50 {percentile(worker_side, 0.5):.0f} ms, "
-              f"p99 {percentile(worker_side, 0.99):.0f} ms")
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_append_child, args=(settings.bootstrap_servers, settings.topic_prefix,
+                                        seed, events, rate, out.name))
+        child.start()
+        try:
+            deadline = time.monotonic() + events / rate + 60
+            while len(read_at) < expected and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=100)).values():
+                    now = time.time() * 1000
+                    for r in records:
+                        key = _wanted_key(r.value)
+                        if key is not None:
+                            read_at.setdefault(key, now)
+            child.join(60)
+        finally:
+            if child.is_alive():
+                child.kill()
+            await consumer.stop()
+        sent = {(sid, seq): stamp for sid, seq, stamp in json.loads(Path(out.name).read_text())}
     return [read_at[key] - stamp for key, stamp in sent.items() if key in read_at], len(sent)
 
 
@@ -260,7 +271,7 @@ def fresh_settings(bootstrap: str, tag: str) -> Settings:
     return settings
 
 
-def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> None:
+def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> dict[str, float]:
     settings = fresh_settings(bootstrap, "a")
     sessions = make_sessions(1, events, "tp")
     total = asyncio.run(publish(settings, sessions))
@@ -275,20 +286,23 @@ def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> None
             per_s, took, per_cpu_s = throughput(worker, total)
             print(f"(a) one worker: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s)"
                   f"; {per_cpu_s:,.0f} events per worker CPU-second  [load {load}]")
-            live = make_sessions(2, max(1000, int(rate * seconds)), "lat")
             load = load_average()
-            lat, surface = asyncio.run(readable_latencies(settings, live, rate))
+            lat, surface = asyncio.run(readable_latencies(settings, 2, int(rate * seconds),
+                                                          rate))
             if not lat:
                 raise SystemExit(f"no derived change read back; worker log:\n{worker.tail()}")
             print(f"(b) latency append -> derived change read, at {rate:,.0f} events/s for "
                   f"{seconds:g} s: p50 {percentile(lat, 0.5):.0f} ms, p99 "
                   f"{percentile(lat, 0.99):.0f} ms, max {max(lat):.0f} ms over {len(lat)} of "
                   f"{surface} surface events  [load {load}]")
+            return {"events_per_s": per_s, "events_per_cpu_s": per_cpu_s,
+                    "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99),
+                    "read_back": len(lat) / max(surface, 1)}
         finally:
             worker.stop()
 
 
-def two_workers(bootstrap: str, events: int) -> None:
+def two_workers(bootstrap: str, events: int) -> GroupRun:
     settings = fresh_settings(bootstrap, "c")
     total = asyncio.run(publish(settings, make_sessions(3, events, "tw")))
     with tempfile.TemporaryDirectory() as state:
@@ -301,6 +315,7 @@ def two_workers(bootstrap: str, events: int) -> None:
                   f"({run.records} events in {run.wall_s:.1f} s once both owned partitions; "
                   f"{'/'.join(str(n) for n in run.per_worker)} per worker); "
                   f"{run.per_cpu_second:,.0f} events per CPU-second of both  [load {load}]")
+            return run
         finally:
             for worker in workers:
                 worker.stop()
@@ -315,14 +330,15 @@ def run(bootstrap: str, events: int, rate: float, seconds: float = 10.0,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="small run (under a minute): 20,000 events, 3 s of latency")
-    parser.add_argument("--events", type=int, default=None, help="backlog of (a); default 60000")
+                        help="small run (under a minute): 60,000 events, 3 s of latency")
+    parser.add_argument("--events", type=int, default=None,
+                        help="backlog of (a), about (c) is twice as large; default 200000")
     parser.add_argument("--rate", type=float, default=5_000)
     parser.add_argument("--seconds", type=float, default=None,
                         help="seconds of paced appends for (b); default 10")
     parser.add_argument("--bootstrap", default="")
     args = parser.parse_args()
-    events = args.events or (20_000 if args.quick else 60_000)
+    events = args.events or (60_000 if args.quick else 200_000)
     seconds = args.seconds or (3.0 if args.quick else 10.0)
     if args.bootstrap:
         run(args.bootstrap, events, args.rate, seconds)

@@ -143,7 +143,8 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         # Counted in batch messages for the session topic: a few fetches ahead is plenty.
         stream_buffer_maxsize=options.stream_buffer,
     )
-    use_batching_transport(app, [settings.topics.session_events, options.usage_topic(settings)])
+    use_batching_transport(app, [settings.topics.session_events, options.usage_topic(settings)],
+                           fetch_max_wait_ms=options.fetch_max_wait_ms)
     return app
 
 
@@ -194,6 +195,10 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> Sessio
                            processors.options.usage_topic(settings), processors.counters)
 
     async def fold_sessions(stream: Any) -> None:
+        # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
+        # fetching until it drained (100 by default: a few batches' writes, so every batch
+        # would stall the next fetch). The agents run once the producer exists.
+        app.producer.buffer.max_messages = processors.options.producer_buffer
         async for event in stream.events():
             await folder.handle_batch(records_of(event.message))
 

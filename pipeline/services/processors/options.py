@@ -18,7 +18,9 @@ class ProcessorsOptions:
     uses ``rocksdb://`` (needs the ``rocksdict`` package) so a restart only reads the tail of
     each changelog. Either way the changelogs are the state; the store is a cache.
     ``stream_buffer`` is how many fetched messages (for the session topic: whole fetched
-    batches) may wait for the agent before faust pauses fetching.
+    batches) may wait for the agent before faust pauses fetching; ``producer_buffer`` how many
+    table writes may wait to be sent before faust does. ``fetch_max_wait_ms`` caps how long
+    the broker holds a fetch for partitions without new records (see :mod:`.transport`).
     """
 
     web_port: int = 6066
@@ -30,6 +32,8 @@ class ProcessorsOptions:
     active_within_ms: int = 60_000
     session_timeout_s: float = 10.0
     stream_buffer: int = 32
+    producer_buffer: int = 5_000
+    fetch_max_wait_ms: int = 20
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"
 
@@ -45,6 +49,10 @@ class ProcessorsOptions:
                               f"group.min.session.timeout.ms), got {self.session_timeout_s}")
         if self.stream_buffer < 1:
             raise ConfigError(f"stream buffer must be >= 1 message, got {self.stream_buffer}")
+        if not 0 < self.fetch_max_wait_ms <= 1500:
+            raise ConfigError(f"fetch max wait must be 1..1500 ms, got {self.fetch_max_wait_ms}")
+        if self.producer_buffer < 1:
+            raise ConfigError(f"producer buffer must be >= 1 record, got {self.producer_buffer}")
         if not self.store.startswith(("memory://", "rocksdb://")):
             raise ConfigError(f"table store must be memory:// or rocksdb://, got {self.store!r}")
         if self.store.startswith("rocksdb://") and find_spec("rocksdict") is None:

@@ -4,12 +4,16 @@ Measures what the driver itself costs, without Kafka:
 
 * overhead per step: wall time from the publication of ``step/start`` to that of ``step/end``
   of one session running alone (the scripted provider answers at once, the tool is ``echo``),
-  p50 and p99 over ``--solo-steps`` steps;
+  p50 and p99 over ``--solo-steps`` steps, measured after the fleet run below while its events
+  are still held (as ``bench/suite_services.py`` does), so a collection over a big heap shows;
 * throughput: steps/s with ``--sessions`` sessions running concurrently in one process, each
   doing ``--turns`` two-step tool turns (tool call, then the answer).
 
 ``cpu_seconds`` / ``steps_per_cpu_s`` are process CPU time: on a shared machine they say
 what the driver costs when wall time is inflated by other processes.
+
+Both runs use the driver's collector policy (``pipeline/services/driver/gc_tuning.py``, what
+``dsh-pipeline driver`` runs under); ``--default-gc`` measures with CPython's defaults.
 
 Every log is re-validated in strict mode at the end (``invalid_logs`` must be 0).
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -34,6 +39,7 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.gc_tuning import driver_gc
 from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 
@@ -72,9 +78,21 @@ def follow_up(session_id: str, turn: int) -> FollowUp:
     return FollowUp(session_id, f"m{turn}", ({"type": "text", "text": f"ping {turn}"},))
 
 
-async def run_fleet(sessions: int, turns: int, chunk_delay_ms: int = 0
-                    ) -> tuple[TimingSink, float]:
+async def run_fleet(sessions: int, turns: int, chunk_delay_ms: int = 0, *,
+                    default_gc: bool = False) -> tuple[TimingSink, float]:
     """``sessions`` sessions at once; each round gives every session one more turn."""
+    with _gc_policy(default_gc):
+        return await _run_fleet(sessions, turns, chunk_delay_ms)
+
+
+def _gc_policy(default_gc: bool) -> contextlib.AbstractContextManager[object]:
+    """The collector policy a driver process runs under (``gc_tuning``), unless asked for
+    CPython's defaults. Entering it freezes what the process holds already, e.g. the events
+    of an earlier fleet run that the caller keeps."""
+    return contextlib.nullcontext() if default_gc else driver_gc()
+
+
+async def _run_fleet(sessions: int, turns: int, chunk_delay_ms: int) -> tuple[TimingSink, float]:
     sink = TimingSink()
     driver = new_driver(sink, chunk_delay_ms)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -86,13 +104,14 @@ async def run_fleet(sessions: int, turns: int, chunk_delay_ms: int = 0
     return sink, time.perf_counter() - started
 
 
-async def run_solo(turns: int) -> TimingSink:
+async def run_solo(turns: int, *, default_gc: bool = False) -> TimingSink:
     """One session at a time (a fresh one every 5 turns: typical lengths, no contention)."""
     sink = TimingSink()
     driver = new_driver(sink)
-    for turn in range(turns):
-        driver.submit(follow_up(f"solo{turn // 5}", turn))
-        await driver.drain()
+    with _gc_policy(default_gc):
+        for turn in range(turns):
+            driver.submit(follow_up(f"solo{turn // 5}", turn))
+            await driver.drain()
     return sink
 
 
@@ -111,8 +130,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    solo = await run_solo(args.solo_steps // 2)
-    fleet, elapsed = await run_fleet(args.sessions, args.turns, args.chunk_delay_ms)
+    fleet, elapsed = await run_fleet(args.sessions, args.turns, args.chunk_delay_ms,
+                                     default_gc=args.default_gc)
+    solo = await run_solo(args.solo_steps // 2, default_gc=args.default_gc)
     steps = len(fleet.step_ms)
     events = sum(len(e) for e in fleet.events.values())
     return {
@@ -125,6 +145,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "solo_step_overhead_ms_p50": round(percentile(solo.step_ms, 50), 3),
         "solo_step_overhead_ms_p99": round(percentile(solo.step_ms, 99), 3),
         "invalid_logs": invalid_logs(fleet) + invalid_logs(solo),
+        "default_gc": args.default_gc,
     }
 
 
@@ -133,6 +154,8 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--solo-steps", type=int, default=2000)
+    parser.add_argument("--default-gc", action="store_true",
+                        help="CPython's collector settings instead of the driver's gc_tuning")
     parser.add_argument("--chunk-delay-ms", type=int, default=0,
                         help="scripted streaming pace in the fleet run (0: as fast as possible)")
     print(json.dumps(asyncio.run(main(parser.parse_args()))))

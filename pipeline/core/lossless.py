@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from math import copysign, isfinite
 from typing import Any, Final
 
 from pipeline.core.events import JsonValue, dumps_json
@@ -105,28 +106,54 @@ def find_lossless_violation(value: JsonValue, *,
 
 
 def _is_lossless(value: JsonValue, allow_lone_surrogates: bool) -> bool:
+    # Runs on every appended event. Leaves (most of any event's data) are checked where they
+    # are met, in one type test; only containers go on the stack. The leaf test is written
+    # out twice (object members, array items) because a call per leaf would double the cost.
+    if type(value) is not dict and type(value) is not list:
+        return _leaf_is_lossless(value, allow_lone_surrogates)
     stack = [value]
-    pop, push, extend = stack.pop, stack.append, stack.extend
-    search = _LONE_SURROGATE.search
+    pop, push = stack.pop, stack.append
+    search = None if allow_lone_surrogates else _LONE_SURROGATE.search
     while stack:
         item = pop()
-        kind = type(item)
-        if kind is str:
-            if not allow_lone_surrogates and not item.isascii() and search(item) is not None:
-                return False
-        elif kind is dict:
+        if type(item) is dict:
             for key, child in item.items():
                 if type(key) is not str:
                     return False
+                kind = type(child)
+                if kind is str:
+                    if search is not None and not child.isascii() and search(child) is not None:
+                        return False
+                elif kind is dict or kind is list:
+                    push(child)
+                elif kind is float:
+                    if not isfinite(child) or (child == 0.0 and copysign(1.0, child) < 0):
+                        return False
+                elif not (kind is int or kind is bool or child is None):
+                    return False
+            continue
+        for child in item:
+            kind = type(child)
+            if kind is str:
+                if search is not None and not child.isascii() and search(child) is not None:
+                    return False
+            elif kind is dict or kind is list:
                 push(child)
-        elif kind is list:
-            extend(item)
-        elif kind is float:
-            if not math.isfinite(item) or (item == 0.0 and math.copysign(1.0, item) < 0):
+            elif kind is float:
+                if not isfinite(child) or (child == 0.0 and copysign(1.0, child) < 0):
+                    return False
+            elif not (kind is int or kind is bool or child is None):
                 return False
-        elif not (item is None or kind is bool or kind is int):
-            return False
     return True
+
+
+def _leaf_is_lossless(value: JsonValue, allow_lone_surrogates: bool) -> bool:
+    kind = type(value)
+    if kind is str:
+        return allow_lone_surrogates or value.isascii() or _LONE_SURROGATE.search(value) is None
+    if kind is float:
+        return isfinite(value) and not (value == 0.0 and copysign(1.0, value) < 0)
+    return value is None or kind is bool or kind is int
 
 
 def _locate_violation(value: JsonValue, allow_lone_surrogates: bool) -> str | None:

@@ -66,13 +66,12 @@ def _check_simplified(event: Event, message: Any, role: str, where: str) -> None
         raise EventError("", rule="simplified")
 
 
-def _strict_or_simplified(event: Event, mode: Mode, strict: Callable[[], None],
+def _strict_or_simplified(event: Event, strict: Callable[[], None],
                           message: Any, roles: tuple[str, ...], where: str) -> None:
+    """Ingest mode: the strict shape, or else a simplified one (the strict error if neither)."""
     try:
         strict()
     except EventError as strict_error:
-        if mode == "strict":
-            raise
         for role in roles:
             try:
                 _check_simplified(event, message, role, where)
@@ -83,8 +82,11 @@ def _strict_or_simplified(event: Event, mode: Mode, strict: Callable[[], None],
 
 
 def check_user_message(event: Event, data: dict[str, Any], mode: Mode) -> None:
+    if mode == "strict":  # what the driver writes: no fallback, and no closure to build
+        _check_strict_message(event, data, "user", "data")
+        return
     _strict_or_simplified(
-        event, mode, lambda: _check_strict_message(event, data, "user", "data"),
+        event, lambda: _check_strict_message(event, data, "user", "data"),
         data, ("user",), "data")
 
 
@@ -92,9 +94,12 @@ def check_assistant_message(event: Event, data: dict[str, Any], mode: Mode) -> N
     need_int(event, data, "turn", "turn-number")
     need_int(event, data, "step", "step-number")
     message = data.get("message")
-    _strict_or_simplified(
-        event, mode, lambda: _check_strict_message(event, message, "assistant", "data.message"),
-        message, ("assistant",), "data.message")
+    if mode == "strict":
+        _check_strict_message(event, message, "assistant", "data.message")
+    else:
+        _strict_or_simplified(
+            event, lambda: _check_strict_message(event, message, "assistant", "data.message"),
+            message, ("assistant",), "data.message")
     if "interrupted" in data and not isinstance(data["interrupted"], bool):
         fail(event, "data.interrupted must be a boolean", "assistant-message-shape")
     if "usage" in data and not isinstance(data["usage"], dict):
@@ -105,8 +110,11 @@ def check_tool_result(event: Event, data: dict[str, Any], mode: Mode) -> None:
     need_int(event, data, "turn", "turn-number")
     need_int(event, data, "step", "step-number")
     message = data.get("message")
+    if mode == "strict":
+        _check_strict_tool_result(event, data, message)
+        return
     _strict_or_simplified(
-        event, mode, lambda: _check_strict_tool_result(event, data, message),
+        event, lambda: _check_strict_tool_result(event, data, message),
         message, ("tool",), "data.message")
 
 

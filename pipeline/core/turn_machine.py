@@ -103,6 +103,7 @@ class TurnMachine:
         self._seen_ids: set[str] = history.message_ids
         self._turn = history.last_turn
         self._header: dict[str, JsonValue] | None = history.header
+        self._header_config: tuple[dict[str, JsonValue], SessionConfig] | None = None
         # a session's own logged header wins over the caller's default configuration
         self._config = _logged_config(history.header) or config
         self._header_reason = "initial" if history.header is None else "resume"
@@ -302,7 +303,10 @@ class TurnMachine:
         """The only request the log allows now: derived messages + last logged header."""
         if self._header is None:
             raise TurnError("no request/header has been logged yet")
-        config = config_from_header(self._header)
+        # what the logged header states, read once per header (it is never mutated)
+        if self._header_config is None or self._header_config[0] is not self._header:
+            self._header_config = (self._header, config_from_header(self._header))
+        config = self._header_config[1]
         return ModelRequest(
             provider=config.provider, model=config.model,
             messages=tuple(self.log.messages()), system=config.system, tools=config.tools,

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
+_LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message"})  # see logged_message_ids
 
 
 def logged_message_ids(event: Event) -> Iterator[str]:
@@ -173,11 +174,14 @@ class PartitionSink:
         """Encode and buffer ``events``; they commit with the next transaction."""
         self._raise_if_failed()
         key = session_id.encode("utf-8")
+        topic, partition, encode, append = (self._events_topic, self.partition, self._encode,
+                                            self._buffer.append)
         for event in events:
-            self._buffer.append(OutRecord(self._events_topic, key, self._encode(session_id, event),
-                                          tuple(event_headers(event)), self.partition))
-            for message_id in logged_message_ids(event):
-                self._on_logged(session_id, message_id)
+            append(OutRecord(topic, key, encode(session_id, event), tuple(event_headers(event)),
+                             partition))
+            if event.type in _LOGS_MESSAGE_IDS:  # not the many chunks
+                for message_id in logged_message_ids(event):
+                    self._on_logged(session_id, message_id)
         self._emitted_gen += 1
         self._wake.set()
 

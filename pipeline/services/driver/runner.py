@@ -36,6 +36,7 @@ from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import (
     CallModel,
     Effect,
+    HookDecision,
     Idle,
     RunPreStepHooks,
     RunTools,
@@ -123,6 +124,9 @@ class SessionRunner:
         self._request_check = request_check
         self._metrics = metrics
         self._lock = asyncio.Lock()
+        # The loop of the running run_until_idle: asyncio's own look-up of the running loop
+        # (ensure_future, current_task) makes a getpid() system call on every use.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._interruptible: asyncio.Future[Any] | None = None
         self._disposed = False
 
@@ -167,6 +171,7 @@ class SessionRunner:
     async def run_until_idle(self) -> None:
         """Run turns while woken work is pending; returns when the session is idle."""
         async with self._lock:
+            self._loop = asyncio.get_running_loop()
             while True:
                 if self._disposed and not self.machine.busy:
                     await self._publish()
@@ -206,21 +211,31 @@ class SessionRunner:
             await self._sink.emit(self.session_id, events)
 
     async def _interruptibly(self, work: Any) -> bool:
-        """Run ``work`` so a cancel command can stop it; False if it was stopped."""
-        task = asyncio.ensure_future(work)
+        """Run ``work`` so a cancel command can stop it; False if it was stopped.
+
+        The work runs as a task of its own (what :meth:`submit` cancels) and is awaited
+        directly: a cancellation of this runner itself (shutdown) reaches the work too, and
+        is told apart from a cancel command by :meth:`asyncio.Task.cancelling`.
+        """
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(work)
         self._interruptible = task
         try:
-            await asyncio.wait({task})
+            await task
+        except asyncio.CancelledError:
+            if not task.cancelled() or _being_cancelled(loop):
+                raise
+            return False
         finally:
             self._interruptible = None
-            if not task.done():  # we ourselves are being cancelled (shutdown)
-                task.cancel()
-        if task.cancelled():
-            return False
-        task.result()  # re-raise a failure of the work itself
+        if _being_cancelled(loop):  # the work swallowed our cancellation: honour it anyway
+            raise asyncio.CancelledError
         return True
 
     async def _run_hooks(self, effect: RunPreStepHooks) -> None:
+        if not self._hooks:  # nothing to run or to interrupt: the messages enter as claimed
+            self.machine.hooks_done(HookDecision(effect.messages), self._clock())
+            return
         context = PreStepContext(self.session_id, effect.turn, effect.step)
         decision_box: list[Any] = []
 
@@ -290,13 +305,23 @@ class SessionRunner:
             for call in batch:
                 self.machine.tool_started(call.call_id, self._clock())
             await self._publish()
+            if len(batch) == 1:  # the common case: no tasks to run it alongside others
+                await self._tool_finished(*await self._run_tool(batch[0]))
+                continue
             for done in asyncio.as_completed([self._run_tool(call) for call in batch]):
-                call, outcome = await done
-                self.machine.tool_finished(call.call_id, outcome, self._clock())
-                await self._publish()
+                await self._tool_finished(*await done)
+
+    async def _tool_finished(self, call: ToolCall, outcome: ToolOutcome) -> None:
+        self.machine.tool_finished(call.call_id, outcome, self._clock())
+        await self._publish()
 
     async def _run_tool(self, call: ToolCall) -> tuple[ToolCall, ToolOutcome]:
         return call, await self._tools.run(call.name, call.arguments)
+
+
+def _being_cancelled(loop: asyncio.AbstractEventLoop) -> bool:
+    task = asyncio.current_task(loop)
+    return task is not None and task.cancelling() > 0
 
 
 def _batches(calls: Sequence[ToolCall], parallel_safe: Callable[[str], bool]

@@ -28,6 +28,10 @@ partitions carry on: a member that lost a partition in between would have been f
 
 Backpressure: when more than ``max_turns_in_flight`` sessions are running a turn, every
 partition is paused; fetching resumes once no more than ``resume_below`` are running.
+
+Memory: the service runs under the driver's collector policy (``gc_tuning``): the sessions of
+a newly built partition are frozen out of garbage collection, and so is whatever is live every
+minute; a released partition unfreezes them so they can be collected.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from pipeline.adapters.kafka.inbox_consumer import InboxConsumer
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.transactional import FencedError
 from pipeline.core.errors import ConfigError, DshError
+from pipeline.services.driver.gc_tuning import DriverGc, driver_gc
 from pipeline.services.driver.partition import (
     DriverMetrics,
     OwnedPartition,
@@ -89,8 +94,13 @@ class DriverService:
         self.ready = asyncio.Event()  # set once every assigned partition is built
         self._running = False
         self._last_loop = 0.0
+        self._gc = DriverGc()  # replaced by run()'s policy
 
     async def run(self, stop: asyncio.Event) -> None:
+        with driver_gc() as self._gc:
+            await self._run(stop)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         settings = self.ctx.settings
         self._consumer = InboxConsumer(
             settings, topic=settings.topics.inbox, group_id=self.ctx.group_id,
@@ -102,6 +112,7 @@ class DriverService:
         try:
             while not stop.is_set():
                 self._last_loop = time.monotonic()
+                self._gc.tick()
                 await self._collect_builds()
                 await self._check_sinks()
                 self._apply_pauses()
@@ -148,6 +159,7 @@ class DriverService:
             lost = self.owned.pop(partition, None)
             if lost is not None:
                 await lost.release(grace_s=0)
+                self._gc.release()
         for partition in sorted(set(self._building) - assigned):
             building = self._building.pop(partition, None)
             if building is not None:
@@ -191,6 +203,7 @@ class DriverService:
                 continue
             if partition in self._assigned:
                 self.owned[partition] = owned
+                self._gc.freeze()  # its rebuilt logs are long-lived: out of every collection
             else:
                 await owned.release(grace_s=0)
         self._update_ready()
@@ -211,6 +224,7 @@ class DriverService:
             del self.owned[partition]
             error = owned.sink.failure
             await owned.release(grace_s=0)
+            self._gc.release()
             if isinstance(error, FencedError):
                 log.warning("inbox partition %d given up: %s", partition, error)
                 self.metrics.fenced += 1

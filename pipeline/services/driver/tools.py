@@ -166,7 +166,8 @@ class ToolRegistry:
         if isinstance(parsed, ToolOutcome):
             return parsed
         try:
-            result = await asyncio.wait_for(spec.handler(parsed), timeout=spec.timeout_s)
+            async with asyncio.timeout(spec.timeout_s):  # no task of its own, unlike wait_for
+                result = await spec.handler(parsed)
         except TimeoutError:
             return _failure(f"Tool {name!r} timed out after {spec.timeout_s:g} s.", TOOL_TIMEOUT)
         except asyncio.CancelledError:

@@ -264,3 +264,16 @@ def test_a_worker_id_must_be_a_single_key_segment() -> None:
     follow = ProjectionFollow(settings, "app@host:6066", lambda: ())
     assert follow.active == ActivePointer(0, "t.derived-messages")  # before any pointer
     assert follow.topic_for(0, 0) == "t.derived-messages"
+
+
+def test_a_follower_that_could_not_start_refuses_to_route() -> None:
+    settings = Settings.from_env({}, bootstrap_servers="127.0.0.1:1", topic_prefix="t.")
+    follow = ProjectionFollow(settings, "w", lambda: ())
+
+    async def scenario() -> None:
+        with pytest.raises(BrokerError):
+            await follow.start()  # nothing listens on port 1
+        with pytest.raises(BrokerError, match="could not be read at start"):
+            await follow.gate(0, 0)
+
+    asyncio.run(scenario())

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection
 from typing import Final
 
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
+from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.projection import (
     ActivePointer,
@@ -97,6 +98,7 @@ class ProjectionFollow:
         self._changed = asyncio.Event()
         self._started = asyncio.Event()  # gate() waits for it: no record before the pointer
         self._task: asyncio.Task[None] | None = None
+        self._failed: BaseException | None = None
 
     @property
     def active(self) -> ActivePointer:
@@ -104,12 +106,18 @@ class ProjectionFollow:
         return self.state.active or ActivePointer(0, self.settings.topics.derived_messages)
 
     async def start(self) -> None:
-        """Register as a writer, read the pointer, follow it in the background."""
-        await write_pointer_record(self.settings, writer_key(PROJECTION, self.worker),
-                                   {"worker": self.worker})
-        await self.refresh()
+        """Register as a writer, read the pointer, follow it in the background. A failure
+        is raised here and by every later :meth:`gate` (folding must not guess a version)."""
+        try:
+            await write_pointer_record(self.settings, writer_key(PROJECTION, self.worker),
+                                       {"worker": self.worker})
+            await self.refresh()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        finally:
+            self._started.set()
         self._task = asyncio.get_running_loop().create_task(self._follow())
-        self._started.set()
 
     async def stop(self) -> None:
         """Stop following and withdraw the writer (and any answer) records."""
@@ -133,6 +141,9 @@ class ProjectionFollow:
         (None: publish nothing); waits for :meth:`start`, and while a handover is pending."""
         if not self._started.is_set():
             await self._started.wait()
+        if self._failed is not None:
+            raise BrokerError(f"projection pointer {pointer_topic(self.settings)!r} could not "
+                              f"be read at start: {self._failed}") from self._failed
         while self.state.pending() is not None:
             await self._changed.wait()
         return publish_topic(self.active, partition, offset)

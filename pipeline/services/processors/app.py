@@ -23,6 +23,7 @@ duplicates after crashes).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -225,6 +226,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through
         # the stream so the close is folded (and its table writes land) like any record.
+        if options.freeze_gc:
+            freeze_survivors()
         now_ms = int(time.time() * 1000)
         processors.observe_steps(now_ms)
         for partition in sorted(processors.active_partitions(name)):
@@ -232,4 +235,18 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
 
     app.agent(by_model, name="fold-usage")(fold_usage)
     app.timer(options.tick_interval_s)(tick)
+
+
+def freeze_survivors() -> None:
+    """Move every object alive now out of the cyclic garbage collector's reach.
+
+    The memory store keeps all table values as Python objects, and the collector's full
+    passes walk all of them: with a backlog folded that is 60-470 ms per pass (measured),
+    a stall of the whole worker that lands straight in the latency tail, to free almost
+    nothing (table values hold no reference cycles; a whole run freed ~1,400 objects).
+    Frozen objects are still freed by reference counting; only a reference cycle that is
+    alive at a freeze and dies later is never collected, which the counts above make a
+    small, bounded leak. Called once a tick, so full passes only see the last tick's objects.
+    """
+    gc.freeze()
 

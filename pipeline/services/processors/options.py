@@ -21,6 +21,7 @@ class ProcessorsOptions:
     batches) may wait for the agent before faust pauses fetching; ``producer_buffer`` how many
     table writes may wait to be sent before faust does. ``fetch_max_wait_ms`` caps how long
     the broker holds a fetch for partitions without new records (see :mod:`.transport`).
+    ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
     """
 
     web_port: int = 6066
@@ -34,6 +35,7 @@ class ProcessorsOptions:
     stream_buffer: int = 32
     producer_buffer: int = 5_000
     fetch_max_wait_ms: int = 20
+    freeze_gc: bool = True
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"
 

@@ -78,15 +78,15 @@ def _rraw(data: bytes, pos: int) -> tuple[int, int]:
     z |= (b & 0x7F) << 21
     if b < 0x80:
         return z, pos + 4
-    b = data[pos + 4]
-    z |= (b & 0x7F) << 28
+    b = data[pos + 4]  # the rest in a second small integer: cheaper than growing z
+    high = b & 0x7F
     if b < 0x80:
-        return z, pos + 5
+        return z | high << 28, pos + 5
     b = data[pos + 5]
-    z |= (b & 0x7F) << 35
+    high |= (b & 0x7F) << 7
     if b < 0x80:
-        return z, pos + 6
-    return _rraw_long(data, pos + 6, z, 42)
+        return z | high << 28, pos + 6
+    return _rraw_long(data, pos + 6, z | high << 28, 42)
 
 
 def _rraw_long(data: bytes, pos: int, z: int, shift: int) -> tuple[int, int]:

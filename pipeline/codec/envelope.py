@@ -231,6 +231,7 @@ ENVELOPE_V2: Final = (
     '":"array","items":"long"}]},{"name":"ignorable","type":["null","boolean"]},{"name":"paylo'
     'ad","type":"null"},{"name":"keyOrder","type":["null",{"type":"array","items":"string"}]}]}')
 EventWriter = Callable[[bytearray, str, Event], None]
+WRITTEN_TEXT_LIMIT: Final = 4096  # session ids and event types remembered as written
 # What a direct writer raises when it leaves an event to the record path.
 DIRECT_DECLINES: Final = (Unrepresentable, UnicodeEncodeError, ValueError, TypeError,
                           AttributeError, OverflowError, RecursionError)
@@ -271,15 +272,15 @@ def direct_event_writer(writer: WriterSchema) -> EventWriter | None:
 def _envelope_writer(json_tag: int, typed: dict[str, tuple[int, DirectWriter]]
                      ) -> EventWriter:
     typed_payload = typed.get
+    # Session ids and event types as written (length + UTF-8): each repeats in every event
+    # of its session or type, and a lookup costs a third of writing the string.
+    written: dict[str, bytes] = {}
+    known_text = written.get
 
     def write(buf: bytearray, session_id: str, event: Event) -> None:
         # The common fields written inline: this runs for every event of every stream.
-        raw = session_id.encode()
-        if len(raw) < 64:
-            buf.append(len(raw) << 1)
-        else:
-            _wlong(buf, len(raw))
-        buf += raw
+        raw = known_text(session_id)
+        buf += raw if raw is not None else _remember_text(written, session_id)
         seq = event.seq
         if type(seq) is int and 0 <= seq < 64:
             buf.append(seq << 1)
@@ -287,12 +288,8 @@ def _envelope_writer(json_tag: int, typed: dict[str, tuple[int, DirectWriter]]
             _wlong(buf, seq)
         _wlong(buf, event.time)
         type_ = event.type
-        raw = type_.encode()
-        if len(raw) < 64:
-            buf.append(len(raw) << 1)
-        else:
-            _wlong(buf, len(raw))
-        buf += raw
+        raw = known_text(type_)
+        buf += raw if raw is not None else _remember_text(written, type_)
         if event.surface_op is None and event.source_event_seqs is None and (
                 event.ignorable is None):
             buf += b"\x00\x00\x00"
@@ -311,6 +308,18 @@ def _envelope_writer(json_tag: int, typed: dict[str, tuple[int, DirectWriter]]
             _write_key_order(buf, event.key_order)
 
     return write
+
+
+def _remember_text(written: dict[str, bytes], text: str) -> bytes:
+    """``text`` as Avro writes a string, remembered in ``written`` (bounded: emptied when
+    full, so a long-running writer keeps the strings of the sessions it currently sees)."""
+    raw = text.encode()
+    head = bytearray()
+    _wlong(head, len(raw))
+    if len(written) >= WRITTEN_TEXT_LIMIT:
+        written.clear()
+    written[text] = value = bytes(head) + raw
+    return value
 
 
 def _write_text(buf: bytearray, text: str) -> None:

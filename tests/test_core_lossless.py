@@ -14,6 +14,7 @@ from pipeline.core.events import dumps_json
 from pipeline.core.lossless import (
     _DECODER,
     LosslessJsonError,
+    _locate_violation,
     dumps_json_safe,
     find_lossless_violation,
     loads_lossless,
@@ -78,3 +79,25 @@ def test_deep_nesting_does_not_overflow_the_checker() -> None:
     for _ in range(100_000):
         value = [value]
     assert find_lossless_violation(value) is None
+
+
+BAD_LEAVES = st.sampled_from([-0.0, float("nan"), float("inf"), float("-inf"), (1,), {2},
+                              b"x", "\udfff", "ok \ud83d", object()])
+ANY_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=4),
+                     BAD_LEAVES)
+MIXED_JSON = st.recursive(
+    ANY_LEAF,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(), st.none()), inner,
+                        max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(MIXED_JSON, st.booleans())
+def test_the_fast_walk_decides_like_the_walk_that_names_the_place(
+        value: object, allow_lone_surrogates: bool) -> None:
+    located = _locate_violation(value, allow_lone_surrogates)
+    assert (find_lossless_violation(value, allow_lone_surrogates=allow_lone_surrogates)
+            is None) == (located is None)

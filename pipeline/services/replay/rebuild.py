@@ -19,6 +19,7 @@ the log (:class:`~pipeline.core.surface.SurfaceFold`), and lists every differenc
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from pipeline.services.replay.versions import (
 from pipeline.settings import Settings
 
 _SURFACE_TYPE_BYTES: Final = frozenset(t.encode() for t in SURFACE_TYPES)
+SETTLE_S: Final = 1.0
 _SCAN_BATCH: Final = 20_000  # records per fetch round: fewer per-batch costs
 Progress = Callable[[str], None]
 class ScannedRecord(Protocol):
@@ -373,6 +375,12 @@ async def hand_over(settings: Settings, rebuilder: Rebuilder, *,
     version = rebuilder.result.version
     held = await request_handover(settings, version, timeout_s=timeout_s)
     try:
+        if held:
+            # The extension reads up to the last stable offset. A worker reading uncommitted
+            # records (faust's default without exactly-once) may have folded records of a
+            # driver transaction still open when it held: give such transactions (tens of
+            # milliseconds) time to end, so that the stable offset is past them.
+            await asyncio.sleep(SETTLE_S)
         await rebuilder.extend()
     except BaseException:
         if held:

@@ -27,9 +27,10 @@ compacted slot keys from different points of the log, so an older value can land
    A worker that holds gives no record a publishing topic any more (it blocks before its
    next record), so from then on nothing publishes derived changes anywhere.
 3. ``replay`` extends version N from where the rebuild stopped to the session topic's
-   current end, waits for every record it wrote to be acknowledged, and only then writes the
-   active pointer {N, covered: per partition, the offset after the last record it folded}
-   and withdraws the request. Until this record exists no one else writes version N.
+   current end (its last stable offsets, read a second after every partition is held),
+   waits for every record it wrote to be acknowledged, and only then writes the active
+   pointer {N, covered: per partition, the offset after the last record it folded} and
+   withdraws the request. Until this record exists no one else writes version N.
 4. The workers see the pointer and continue. A record below ``covered`` of its partition is
    folded into the worker's tables but publishes nothing (the rebuild wrote its change); a
    record at or past it publishes to version N. The processors' fold and the rebuild's are
@@ -47,6 +48,12 @@ rebalance during the hold), because ``covered`` comes from the log's end, not fr
 workers report. A worker started or assigned partitions later reads the pointer first and
 applies the same rule. The old version keeps whatever the processors last published there
 and is no longer read: it can be deleted once no reader uses it.
+
+The argument assumes the workers fold committed records only: a worker reading uncommitted
+ones may have folded records of a driver transaction still open when it held, past the
+stable offset the extension reads to; the second of settling before the extension lets such
+short transactions end, but only reading committed makes it exact (and keeps aborted records
+out of the tables altogether).
 
 Without registered writers (no processors running) step 2 is skipped: the pointer's
 ``covered`` still tells processors started later which records are in the topic already.

@@ -27,6 +27,7 @@ from pipeline.services.processors.folding import (
     SessionFolder,
     SessionState,
     SessionTables,
+    next_expected,
 )
 from pipeline.settings import TopicNames
 
@@ -357,3 +358,24 @@ async def test_sums_built_during_recovery_are_not_kept() -> None:
                                  settled=lambda: False)
     assert recovering.current_sums().models["p/m"].input_tokens == 10
     assert recovering.sums.partitions is None   # rebuilt again once recovery is over
+
+
+async def test_what_http_views_read_never_runs_ahead_of_the_tables_mid_batch() -> None:
+    """Sends await (other tasks, such as HTTP views, run meanwhile): at every send the
+    session's next seq as the views compute it must be backed by the tables."""
+    harness = Harness()
+    (sid, events), = sessions(14, 1).items()
+    seen: list[tuple[int, int]] = []
+
+    async def checking_send(out: Outgoing) -> None:
+        raw = harness.tables.sessions.get(sid)
+        persisted = max(int(raw["next"]) if raw else 0,
+                        int(harness.tables.chunk_marks.get(sid) or 0))
+        seen.append((next_expected(harness.tables, sid), persisted))
+
+    harness.folder.send = checking_send
+    records = [harness.record(sid, e) for e in events]
+    for part in batches(records, 25):
+        await harness.feed_batch(part)
+    assert seen and all(shown == persisted for shown, persisted in seen)
+    assert next_expected(harness.tables, sid) == len(events)

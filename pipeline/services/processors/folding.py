@@ -186,6 +186,7 @@ class _Batch:
     """What one batch changed, flushed to tables and outputs at its end."""
 
     started: dict[str, int] = field(default_factory=dict)   # cursor before the batch
+    cursors: dict[str, int] = field(default_factory=dict)   # cursor now
     states: dict[str, SessionState] = field(default_factory=dict)
     dirty: set[str] = field(default_factory=set)            # sessions record to write
     fleet: set[str] = field(default_factory=set)            # fleet status to publish
@@ -231,10 +232,14 @@ class SessionFolder:
             raise
 
     def _cursor(self, batch: _Batch, session_id: str) -> int:
-        cursor = self.tables.chunks.get(session_id)
+        """The seq the session expects next. Kept in the batch until its end, so that what
+        the HTTP views read (tables + ``tables.chunks``) never runs ahead of the tables."""
+        cursor = batch.cursors.get(session_id)
         if cursor is None:
-            cursor = self.tables.chunks[session_id] = next_expected(self.tables, session_id)
-        batch.started.setdefault(session_id, cursor)
+            cursor = self.tables.chunks.get(session_id)
+            if cursor is None:
+                cursor = next_expected(self.tables, session_id)
+            batch.cursors[session_id] = batch.started[session_id] = cursor
         return cursor
 
     def _admit(self, batch: _Batch, session_id: str, seq: int) -> Delivery:
@@ -249,7 +254,7 @@ class SessionFolder:
         if verdict is Delivery.GAP:
             await self._report_gap(batch, record, session_id, seq, CHUNK)
         elif verdict is Delivery.APPLY:
-            self.tables.chunks[session_id] = seq + 1
+            batch.cursors[session_id] = seq + 1
             self.counters.chunks_skipped_undecoded += 1
 
     async def _event(self, batch: _Batch, record: ConsumedRecord) -> None:
@@ -262,7 +267,7 @@ class SessionFolder:
         if verdict is Delivery.GAP:
             await self._report_gap(batch, record, session_id, event.seq, event.type)
         elif verdict is Delivery.APPLY and await self._apply(batch, record, session_id, event):
-            self.tables.chunks[session_id] = event.seq + 1
+            batch.cursors[session_id] = event.seq + 1
 
     def _state(self, batch: _Batch, session_id: str) -> SessionState:
         state = batch.states.get(session_id) or self.states.get(session_id)
@@ -347,13 +352,14 @@ class SessionFolder:
             await self.send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
                                      json_bytes(session_record(session_id, totals))))
         for session_id, started in batch.started.items():
-            cursor = self.tables.chunks.get(session_id, started)
+            cursor = batch.cursors[session_id]
             if session_id in batch.dirty:
                 state = batch.states[session_id]
                 state.next_seq = max(state.next_seq, cursor)
                 self.tables.sessions[session_id] = state.to_json()  # the one atomic write
             elif cursor > started:
                 self.tables.chunk_marks[session_id] = cursor
+        self.tables.chunks.update(batch.cursors)
 
 
 @dataclass(slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import HookDecision, SessionConfig, ToolOutcome
 from pipeline.services.driver.hooks import Messages, NextHook, PreStepContext, reject
-from pipeline.services.driver.runner import Driver, MemorySink, SessionRunner
+from pipeline.services.driver.runner import Driver, MemorySink, SessionRunner, uuid_id
 from pipeline.services.driver.tools import ToolRegistry, ToolSpec, builtin_registry
 
 CONFIG = SessionConfig("scripted", "scripted-1")
@@ -389,3 +390,29 @@ async def test_step_limit_hook_stops_a_tool_loop() -> None:
         "kind": "hook", "reason": "step limit 3 reached"}}
     with pytest.raises(ConfigError):
         step_limit(0)
+
+
+def test_uuid_ids_are_version_4_uuids_in_canonical_form_and_differ() -> None:
+    ids = [uuid_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids[:200]:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+async def test_cancelling_the_runner_mid_stream_stops_it_and_is_not_a_cancel_command() -> None:
+    """Shutdown cancels the run loop itself: the stream stops, no turn/end is written (the
+    next owner repairs the turn), and the loop does not carry on as after a cancel command."""
+    sink = ChunkWatch()
+    driver = driver_for(replies(ScriptedReply(text="a long answer", pieces=13,
+                                              chunk_delay_ms=20)), sink=sink)
+    driver.submit(follow_up("s1", "go"))
+    await sink.text_seen.wait()
+    (run_loop,) = driver._tasks.values()
+    run_loop.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run_loop, 30)
+    assert "turn/end" not in kinds(events_of(driver))
+    assert driver.runners["s1"].machine.turn == 1
+    assert not driver.runners["s1"]._lock.locked()

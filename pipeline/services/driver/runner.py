@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -58,7 +58,13 @@ def ms_clock() -> int:
 
 
 def uuid_id() -> str:
-    return str(uuid.uuid4())
+    """A random (version 4) UUID string, as ``str(uuid.uuid4())`` gives, at a quarter of its
+    cost: two per step (the assistant message and each tool result need an id)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 class ModelProvider(Protocol):

@@ -30,6 +30,10 @@ Undecodable records, gaps and events that break a surface rule go to
 and ``dsh.original.*`` headers.
 
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
-(session stage), :mod:`.aggregation` (per-model stage), :mod:`.web`, :mod:`.runner`,
+(session stage), :mod:`.aggregation` (per-model stage), :mod:`.transport` (the session and
+per-model topics delivered one fetched batch per faust event), :mod:`.web`, :mod:`.runner`,
 :mod:`.verify` (the checks ``demo`` runs), :mod:`.options`, :mod:`.counters`.
+
+Speed (``bench/bench_processors.py``): chunks are skipped by header inside each batch, tables
+are written once per session per batch, so faust's per-record cost is paid per batch.
 """

@@ -95,7 +95,21 @@ def fastavro_read(parsed: Any, data: bytes) -> Any:
                              return_record_name_override=True)
 
 
-SCHEMAS = {"all-types": parse_schema(ALL_TYPES), "session-event": current_event_schema().parsed,
+# Runs of optional fields (null first), which the decoder skips with one test when all null.
+OPTIONAL_RUNS: dict[str, Any] = {
+    "type": "record", "name": "Runs", "fields": [
+        {"name": "a", "type": ["null", "string"]},
+        {"name": "b", "type": ["null", "long"]},
+        {"name": "c", "type": ["null", {"type": "array", "items": "string"}]},
+        {"name": "req", "type": "long"},
+        {"name": "d", "type": ["null", "boolean"]},
+        {"name": "e", "type": ["string", "null"]},
+        {"name": "f", "type": ["null", "Runs"]},
+        {"name": "g", "type": ["null", "double"]},
+    ]}
+
+SCHEMAS = {"all-types": parse_schema(ALL_TYPES), "optional-runs": parse_schema(OPTIONAL_RUNS),
+           "session-event": current_event_schema().parsed,
            **{f"history-v{s.version}": s.parsed for s in event_schema_history()}}
 
 
@@ -170,3 +184,17 @@ def test_the_direct_writers_longs_are_avro_longs(n: int) -> None:
         ours = bytearray()
         write_long(ours, edge)
         assert bytes(ours) == fastavro_bytes(parsed, edge)
+
+
+def test_runs_of_absent_optional_fields_are_read_at_once_and_checked() -> None:
+    compiled = CompiledSchema(parse_schema(OPTIONAL_RUNS))
+    empty = {"a": None, "b": None, "c": None, "req": 3, "d": None, "e": None, "f": None,
+             "g": None}
+    data = bytes([0, 0, 0, 6, 0, 2, 0, 0])
+    assert compiled.decode(data) == empty
+    with pytest.raises(AvroBinaryError, match="truncated"):
+        compiled.decode(data[:-1])
+    with pytest.raises(AvroBinaryError, match="union branch"):
+        compiled.decode(bytes([0, 0, 9, 6, 0, 2, 0, 0]))
+    # A non-minimal zero (80 00) is still read as the null branch, as fastavro reads it.
+    assert compiled.decode(bytes([0x80, 0, 0, 0, 6, 0, 2, 0, 0])) == empty

@@ -94,10 +94,13 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
     return arrived, finished, cpu_finished
 
 
+_TURN_END_HEADER = (HEADER_TYPE, b"turn/end")
+
+
 def _is_turn_end(value: bytes, headers: Sequence[tuple[str, bytes]], decode: bool) -> bool:
     if decode:
         return EVENT_SERDE.decode(value)[1].type == "turn/end"
-    return any(name == HEADER_TYPE and raw == b"turn/end" for name, raw in headers)
+    return _TURN_END_HEADER in headers
 
 
 EVENT_SERDE = EventSerde()
@@ -150,12 +153,13 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
 def summarize(logs: dict[str, list[Event]], visible_ms: list[float], elapsed: float,
               metrics: dict[str, int]) -> dict[str, float]:
     invalid = 0
-    for session_id, events in logs.items():
+    for session_id, session_events in logs.items():
         try:
-            SessionLog.from_events(session_id, events)
+            SessionLog.from_events(session_id, session_events)
         except DshError:
             invalid += 1
-    steps = sum(1 for events in logs.values() for e in events if e.type == "step/end")
+    steps = sum(1 for session_events in logs.values() for e in session_events
+                if e.type == "step/end")
     events = sum(len(v) for v in logs.values())
     cuts = statistics.quantiles(visible_ms, n=100)
     return {"sessions": len(logs), "steps": steps, "events": events,

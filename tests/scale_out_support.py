@@ -257,8 +257,8 @@ async def run_scale_out(bootstrap: str, plan: ScaleOutPlan, workdir: Path, log: 
                            for pid, before in zip(broker_pids, brokers_cpu, strict=True))
         load_after = load_average()
         counters = fleet.stop_drivers()
-        survivor = fleet.alive(fleet.workers)[0]
-        checks = await verify_run(settings, f"http://127.0.0.1:{survivor.port}", log)
+        urls = [f"http://127.0.0.1:{m.port}" for m in fleet.alive(fleet.workers)]
+        checks = await verify_run(settings, urls, log)
     finally:
         fleet.stop()
     return _figures(plan, progress, killing, elapsed, takeover, counters, fleet, checks,

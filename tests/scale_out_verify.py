@@ -3,46 +3,79 @@
 1. ``check``'s logic (:func:`~pipeline.services.replay.check.check_topic`) over the whole
    session topic, with an open-turn threshold of 0: any turn still open is a problem.
 2. The processors' tables against core's folds of every log, through a surviving worker's
-   HTTP API (:func:`~pipeline.services.processors.verify.verify_processors`): derived
-   messages, usage per session, usage per model.
+   HTTP API (:func:`~pipeline.services.processors.verify.verify_processors`: derived
+   messages and usage per session, routed to the owner); the per-model totals, which each
+   worker serves only for the models it owns, merged over every live worker.
 3. The replay: the session topic folded into a new projection version by the rebuild
    (:class:`~pipeline.services.replay.rebuild.Rebuilder`), compared with the compacted
    derived-messages topic the workers published (the comparison ``dsh-pipeline replay``
    makes before it switches). The workers publish asynchronously, so the live topic is read
    again until it matches or a deadline passes.
+
+When something differs, ``diagnosis`` says where: the partition of each example session, the
+``nextSeq`` each worker reports for it, and per partition the processors group's committed
+offset against the topic's end (committed at the end but a table behind it means updates
+were skipped, not merely late).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from pipeline.adapters.kafka.options import client_options
 from pipeline.codec.avro import EventSerde
-from pipeline.services.processors.verify import verify_processors
+from pipeline.codec.records import record_key
+from pipeline.core.events import Event
+from pipeline.core.usage import TokenCounts, UsageScan
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.verify import counts_of_record, verify_processors
 from pipeline.services.replay.check import CheckSummary, check_topic
 from pipeline.services.replay.rebuild import Rebuilder, differences, read_conversations
 from pipeline.settings import Settings
 
 Log = Callable[[str], None]
-VERIFY_TIMEOUT_S = 180.0
+# Every turn has ended when verification starts: the workers only have their last batches
+# to fold, so a minute is ample even on a loaded machine; past it, a difference is real.
+VERIFY_TIMEOUT_S = 60.0
 
 
-async def verify_run(settings: Settings, worker_url: str, log: Log) -> dict[str, Any]:
+async def verify_run(settings: Settings, worker_urls: Sequence[str], log: Log
+                     ) -> dict[str, Any]:
     """The three verifications' figures as one flat dict (``*_problems``: a few examples)."""
     began = time.monotonic()
-    decode = EventSerde().decode
-    summary = await check_topic(settings, decode, now_ms=int(time.time() * 1000),
+    summary = await check_topic(settings, EventSerde().decode, now_ms=int(time.time() * 1000),
                                 open_turn_max_age_ms=0)
     checked = summary.to_json()
-    log(f"check: {_without_problems(checked)}")
+    log(f"check: { {k: v for k, v in checked.items() if k != 'problems'} }")
     logs = {sid: list(r.log.events) for sid, r in summary.reports.items() if r.log is not None}
-    tables = await verify_processors(worker_url, logs, timeout_s=VERIFY_TIMEOUT_S,
-                                     check_models=True)
+    tables = await verify_processors(worker_urls[0], logs, timeout_s=VERIFY_TIMEOUT_S)
+    models = await asyncio.to_thread(_model_differences, worker_urls, logs)
     log(f"processors' tables vs core: derived_mismatches={tables.derived_mismatches} "
-        f"usage_mismatches={tables.usage_mismatches} model_mismatches={tables.model_mismatches}")
+        f"usage_mismatches={tables.usage_mismatches} model_mismatches={len(models)}")
     replay = await _replay_differences(settings, log)
+    figures = {
+        **_check_figures(checked, summary),
+        "derived_mismatches": tables.derived_mismatches,
+        "usage_mismatches": tables.usage_mismatches, "model_mismatches": len(models),
+        "table_problems": (tables.problems + models)[:5], **replay,
+    }
+    if tables.problems or models or replay["replay_differences"]:
+        figures["diagnosis"] = await _diagnose(settings, worker_urls, tables.problems)
+        log(f"diagnosis: {figures['diagnosis']}")
+    figures["verify_s"] = round(time.monotonic() - began, 1)
+    return figures
+
+
+def _check_figures(checked: Mapping[str, Any], summary: CheckSummary) -> dict[str, Any]:
+    examples = [p for r in summary.reports.values() for p in r.problems][:5]
     return {
         "check_ok": summary.ok, "check_sessions": checked["sessions"],
         "check_events": checked["events"], "invalid_sessions": checked["invalid_sessions"],
@@ -51,13 +84,35 @@ async def verify_run(settings: Settings, worker_url: str, log: Log) -> dict[str,
         "open_turns": checked["open_turns_too_old"],
         "unanswered_calls": checked["unanswered_calls"],
         "undecodable_records": checked["undecodable_records"],
-        "check_problems": _examples(summary),
-        "derived_mismatches": tables.derived_mismatches,
-        "usage_mismatches": tables.usage_mismatches,
-        "model_mismatches": tables.model_mismatches,
-        "table_problems": tables.problems[:5],
-        **replay, "verify_s": round(time.monotonic() - began, 1),
+        "check_problems": examples + summary.undecodable[:5],
     }
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _model_differences(worker_urls: Sequence[str], logs: Mapping[str, Sequence[Event]]
+                       ) -> list[str]:
+    """Model totals merged over the workers against the full scan, polled until equal or
+    the deadline passes (they are folded one stage later, after a repartition)."""
+    scan = UsageScan()
+    for session_id, events in logs.items():
+        scan.add_log(session_id, events)
+    deadline = time.monotonic() + VERIFY_TIMEOUT_S
+    while True:
+        found: dict[str, TokenCounts] = {}
+        for url in worker_urls:
+            for model in _get_json(f"{url}/usage/models")["models"]:
+                key = f"{model['gen_ai.provider.name']}/{model['gen_ai.request.model']}"
+                found[key] = counts_of_record(model)
+        wrong = [f"model {key}: {found.get(key)} != full scan {scan.by_model.get(key)}"
+                 for key in sorted(set(found) | set(scan.by_model))
+                 if found.get(key) != scan.by_model.get(key)]
+        if not wrong or time.monotonic() > deadline:
+            return wrong
+        time.sleep(0.5)
 
 
 async def _replay_differences(settings: Settings, log: Log) -> dict[str, Any]:
@@ -78,10 +133,37 @@ async def _replay_differences(settings: Settings, log: Log) -> dict[str, Any]:
             "replay_problems": (found + result.problems)[:5]}
 
 
-def _without_problems(checked: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in checked.items() if k != "problems"}
+async def _diagnose(settings: Settings, worker_urls: Sequence[str],
+                    problems: Sequence[str]) -> list[str]:
+    """Where the tables went wrong: example sessions' partitions and the workers' nextSeq
+    for them, and the processors group's committed offsets against the topic's ends."""
+    partitioner, every = DefaultPartitioner(), list(range(settings.partitions))
+    found: list[str] = []
+    for session_id in sorted({p.split(":", 1)[0] for p in problems})[:5]:
+        partition = partitioner(record_key(session_id), every, every)
+        seqs = []
+        for url in worker_urls:
+            try:
+                body = await asyncio.to_thread(
+                    _get_json, f"{url}/sessions/{session_id}/messages")
+                seqs.append(f"{body.get('nextSeq')} ({len(body.get('messages', []))} msgs)")
+            except (OSError, ValueError) as exc:
+                seqs.append(f"error {exc}")
+        found.append(f"{session_id}: partition {partition}, worker nextSeq {seqs}")
+    found.append(f"processors group committed/end per partition: "
+                 f"{await _group_lag(settings)}")
+    return found
 
 
-def _examples(summary: CheckSummary) -> list[str]:
-    return [p for r in summary.reports.values() for p in r.problems][:5] + \
-        summary.undecodable[:5]
+async def _group_lag(settings: Settings) -> dict[int, str]:
+    group = ProcessorsOptions().app_id(settings)
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(settings.topics.session_events, p)
+               for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: f"{await consumer.committed(tp)}/{ends[tp]}" for tp in tps}
+    finally:
+        await consumer.stop()

@@ -126,8 +126,8 @@ async def test_duplicates_ignored_gaps_reported_garbage_dead_lettered(
 
     report = await verify_processors(worker.url(""), {dup_id: dup_events}, timeout_s=30)
     assert report.ok, report.problems
-    worker.wait_for("the gap session folded up to its hole", lambda: worker.get(
-        f"/sessions/{gap_id}/messages")[1]["nextSeq"] == 5, timeout_s=30)
+    worker.wait_for("the gap session folded up to its hole", lambda: (worker.get(
+        f"/sessions/{gap_id}/messages")[1] or {}).get("nextSeq") == 5, timeout_s=30)
     _s, body = worker.get(f"/sessions/{gap_id}/messages")
     assert body["messages"] == list(derive_messages(gap_events[:5]))
 

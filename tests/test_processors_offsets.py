@@ -94,3 +94,39 @@ async def test_committed_offsets_reach_the_end_and_a_restart_redelivers_nothing(
         assert restarted.get("/health")[1]["counters"]["duplicates"] == 0
     finally:
         restarted.stop()
+
+
+async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: str,
+                                                             tmp_path: Path) -> None:
+    """A derived change too large to send (JSON doubles the quotes Avro keeps raw) makes
+    folding raise: the batch is held back (counted), the worker goes on, and the committed
+    offset never passes the record, so a restart would fold it again."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
+                                 partitions=1, replication_factor=1,
+                                 group_id_prefix=f"{prefix}g-")
+    await ensure_topics(settings)
+    from pipeline.core.events import Event
+    message = {"id": "u0", "role": "user", "content": [{"type": "text", "text": '"' * 600_000}],
+               "source": {"kind": "user"}}
+    worker = Worker(settings, free_port(), tmp_path)
+    try:
+        worker.wait_ready()
+        good = generated_sessions(33, 2, "ok", ["m"], int(time.time() * 1000))
+        before = [r for sid, events in good.items() for r in event_records(settings, sid, events)]
+        await send_records(settings, before)
+        assert (await verify_processors(worker.url(""), good, timeout_s=60)).ok
+        await _wait_committed(settings, {0: len(before)}, worker)
+        await send_records(settings, event_records(
+            settings, "big", [Event("user/message", 0, 0, message, "append")]))
+        worker.wait_for("the failed batch counted", lambda: worker.get("/health")[1][
+            "counters"]["failed_batches"] >= 1)
+        more = generated_sessions(34, 2, "after", ["m"], int(time.time() * 1000))
+        await send_records(settings, [r for sid, events in more.items()
+                                      for r in event_records(settings, sid, events)])
+        assert (await verify_processors(worker.url(""), more, timeout_s=60)).ok
+        await asyncio.sleep(4)   # longer than faust's commit interval (2.8 s)
+        committed, ends = await _committed_and_ends(settings)
+        assert committed[0] <= len(before) < ends[0]
+    finally:
+        worker.stop()

@@ -27,7 +27,8 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,7 +202,8 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> Sessio
         # would stall the next fetch). The agents run once the producer exists.
         app.producer.buffer.max_messages = processors.options.producer_buffer
         async for event in stream.events():
-            await folder.handle_batch(records_of(event.message))
+            async with _holding_back_on_failure(processors, event):
+                await folder.handle_batch(records_of(event.message))
 
     app.agent(source, name="fold-sessions")(fold_sessions)
     return folder
@@ -220,8 +222,9 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():
-            await aggregator.handle_batch(event.message.partition,
-                                          [json.loads(r.value) for r in records_of(event.message)])
+            async with _holding_back_on_failure(processors, event):
+                values = [json.loads(r.value) for r in records_of(event.message)]
+                await aggregator.handle_batch(event.message.partition, values)
 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through
@@ -249,4 +252,25 @@ def freeze_survivors() -> None:
     small, bounded leak. Called once a tick, so full passes only see the last tick's objects.
     """
     gc.freeze()
+
+
+@asynccontextmanager
+async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncIterator[None]:
+    """An exception while folding a batch leaves the batch uncommitted, for good.
+
+    faust acks the event an agent raised on (and restarts the agent), which would commit past
+    the rest of the batch: it is marked acked without telling the consumer instead, so the
+    commit of its partition stops before it (:func:`.transport.committable`) and a restart
+    folds it again. Later batches go on; their sessions report the records the failed batch
+    held back as gaps until then.
+    """
+    try:
+        yield
+    except Exception:
+        event.message.acked = True
+        processors.counters.failed_batches += 1
+        log.exception("folding %s[%d] up to offset %d failed; its offsets stay uncommitted "
+                      "until the worker restarts", event.message.topic, event.message.partition,
+                      event.message.offset)
+        raise
 

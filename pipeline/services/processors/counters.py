@@ -22,6 +22,7 @@ class DeliveryCounters:
     windows_closed: int = 0
     derived_changes: int = 0
     steps_started: int = 0
+    failed_batches: int = 0  # folding raised: offsets held back until a restart
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)

@@ -17,9 +17,10 @@ r_offset``), so a partition whose first fetch held offset 0 alone would never co
 and every restart would re-deliver everything; and it rebuilds an interval tree per gap,
 which grows by one interval per batch until the next commit. A batched partition's messages
 are processed strictly in order by its one agent and each one stands for every offset of its
-fetch, so the consumer keeps no gaps for them and commits the highest acked batch offset
-+ 1 (:meth:`BatchingConsumer._new_offset`): once a batch message is acked (the agent
-finished the whole batch, table writes included) the commit moves past it, and not before.
+fetch, so the consumer keeps no gaps for them and commits past the run of acked batches that
+starts at the committed offset (:func:`committable`): once a batch message is acked (the
+agent finished the whole batch, table writes included) the commit moves past it, and not
+before; a batch whose folding failed is never acked, so the commit stops before it.
 faust's commit flushes the producer first, so everything the batch wrote (changelogs,
 outputs) is durable before its offsets are committed.
 
@@ -79,8 +80,32 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+def committable(acked: Iterable[int], firsts: dict[int, int], committed: int | None
+                ) -> tuple[int | None, set[int]]:
+    """The offset to commit after acked batch messages, and the acks it consumes.
+
+    ``acked``: last offsets of acked batch messages; ``firsts``: each batch's first offset by
+    its last; ``committed``: the committed offset (the next to read), None before the first
+    commit. The run of batches that starts at ``committed`` and has no hole is committable:
+    a batch that failed is never acked (see ``app``), so nothing after it is committed and a
+    restart folds it again.
+    """
+    position, offset, done = committed, None, set()
+    for last in sorted(set(acked)):
+        first = firsts.get(last, last)
+        if position is not None and first > position:
+            break   # an earlier batch is still being folded, or failed
+        position = offset = last + 1
+        done.add(last)
+    return offset, done
+
+
 class BatchingConsumer(AIOKafkaConsumer):
     """faust's aiokafka consumer, delivering batched topics one batch per partition fetch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._batch_firsts: dict[Any, dict[int, int]] = {}
 
     def _new_consumer_thread(self) -> Any:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -123,24 +148,28 @@ class BatchingConsumer(AIOKafkaConsumer):
             if tp.topic in batched:
                 self._acked.pop(tp, None)
                 self._acked_index.pop(tp, None)
+                self._batch_firsts.pop(tp, None)
 
     def _new_offset(self, tp: Any) -> int | None:
-        """For a batched partition: the offset after the highest acked batch message."""
+        """For a batched partition: the end of the run of acked batches that starts at the
+        committed offset (see :func:`committable`)."""
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
             result: int | None = super()._new_offset(tp)
             return result
-        acked = self._acked[tp]
-        if not acked:
-            return None
-        highest = max(acked)
-        acked.clear()
-        self._acked_index[tp].clear()
-        return highest + 1
+        firsts = self._batch_firsts.setdefault(tp, {})
+        offset, done = committable(self._acked[tp], firsts, self._committed_offset[tp])
+        if done:
+            self._acked[tp] = [o for o in self._acked[tp] if o not in done]
+            self._acked_index[tp].difference_update(done)
+            for last in done:
+                firsts.pop(last, None)
+        return offset
 
     def _to_message(self, tp: Any, record: Any) -> Any:
         if not isinstance(record, RecordBatch):
             return super()._to_message(tp, record)
         last = record.records[-1]
+        self._batch_firsts.setdefault(tp, {})[last.offset] = record.records[0].offset
         timestamp = last.timestamp / 1000.0 if last.timestamp is not None else None
         return BatchMessage(last.topic, last.partition, last.offset, timestamp,
                             last.timestamp_type, None, None, b"", None, 0, 0, tp,

@@ -170,7 +170,8 @@ def test_structural_errors_name_what_is_wrong() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(2**33, 2**42)))
+@given(st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(2**33, 2**42),
+                st.integers(-5, 2**21)))
 def test_the_direct_writers_longs_are_avro_longs(n: int) -> None:
     """payload_writer.write_long (six-byte timestamps by their own path) writes what
     fastavro writes, and reads back."""
@@ -180,7 +181,8 @@ def test_the_direct_writers_longs_are_avro_longs(n: int) -> None:
     parsed = parse_schema("long")
     assert bytes(ours) == fastavro_bytes(parsed, n)
     assert schemaless_reader(io.BytesIO(bytes(ours)), parsed, None) == n
-    for edge in (2**34 - 1, 2**34, 2**41 - 1, 2**41):
+    for edge in (0, 63, 64, 2**13 - 1, 2**13, 2**20 - 1, 2**20, 2**34 - 1, 2**34, 2**41 - 1,
+                 2**41):
         ours = bytearray()
         write_long(ours, edge)
         assert bytes(ours) == fastavro_bytes(parsed, edge)

@@ -15,6 +15,11 @@ resolution possible for other readers (Spark, DuckDB, Java).
 
 The bytes are written and read by the schema-compiled codec of :mod:`pipeline.codec.binary`
 (fastavro is the reference it is tested against byte for byte, and writes container files).
+The hot paths skip the record dicts in between: :func:`pipeline.codec.envelope.
+direct_event_writer` writes an Event's bytes straight from it (the typed payloads by the
+generated writers of :mod:`pipeline.codec.payload_writer`) and leaves anything unusual to
+the record path (:class:`EventRecords` + the compiled codec), whose bytes it matches exactly;
+the compiled decoder builds ``(session id, Event)`` itself (``EventRecordBuilder``).
 Every failure is a :class:`CodecError` (or :class:`SchemaError`) naming what was wrong; no
 foreign exception leaves this module.
 """

@@ -42,6 +42,15 @@ _MISSING: Final = object()
 
 def write_long(buf: bytearray, n: int) -> None:
     """Append a long; a value outside the Avro long range is Unrepresentable."""
+    if 0 <= n < 1 << 20:  # up to three bytes: lengths, counts, token numbers
+        z = n << 1
+        if z < 0x80:
+            buf.append(z)
+        elif z < 0x4000:
+            buf += bytes(((z & 0x7F) | 0x80, z >> 7))
+        else:
+            buf += bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80, z >> 14))
+        return
     if 1 << 34 <= n < 1 << 41:
         # Six bytes: the millisecond timestamp of every event (1970-07 to 2039-09), in two
         # halves that fit a machine word (cheaper integer operations than the loop's).

@@ -315,10 +315,14 @@ def two_workers(bootstrap: str, events: int) -> GroupRun:
         try:
             load = load_average()
             run = group_throughput(workers, total)
+            caveat = ("" if run.records >= total / 2 else
+                      f"; ONLY {run.records / total:.0%} OF THE BACKLOG WAS LEFT when both "
+                      "owned partitions: raise --events for a figure worth reading")
             print(f"(c) two workers, one group: {run.per_second:,.0f} events/s wall "
                   f"({run.records} events in {run.wall_s:.1f} s once both owned partitions; "
                   f"{'/'.join(str(n) for n in run.per_worker)} per worker); "
-                  f"{run.per_cpu_second:,.0f} events per CPU-second of both  [load {load}]")
+                  f"{run.per_cpu_second:,.0f} events per CPU-second of both{caveat}  "
+                  f"[load {load}]")
             return run
         finally:
             for worker in workers:

@@ -32,7 +32,7 @@ class ProcessorsOptions:
     tick_interval_s: float = 1.0
     active_within_ms: int = 60_000
     session_timeout_s: float = 10.0
-    stream_buffer: int = 32
+    stream_buffer: int = 8
     producer_buffer: int = 5_000
     fetch_max_wait_ms: int = 20
     freeze_gc: bool = True

@@ -294,6 +294,8 @@ def _figures(plan: ScaleOutPlan, progress: Progress, killing: Killing, elapsed: 
         "killed": (None if killing.task is None else
                    f"{fleet.drivers[0].name} and {fleet.workers[0].name} (SIGKILL)"),
         "partitions_moved": len(killing.moved_partitions),
+        "transactions": summed["transactions"],
+        "events_per_transaction": round(progress.events / max(summed["transactions"], 1), 1),
         "sessions_moved": summed["sessions_rebuilt"], "turns_repaired": summed["turns_repaired"],
         "session_failures": summed["session_failures"], "dead_letters": summed["dead_letters"],
         **{k: round(v, 1) for k, v in takeover.items()},

@@ -95,7 +95,7 @@ def fastavro_read(parsed: Any, data: bytes) -> Any:
                              return_record_name_override=True)
 
 
-# Runs of optional fields (null first), which the decoder skips with one test when all null.
+# Runs of optional fields (null first, null second), nested and recursive.
 OPTIONAL_RUNS: dict[str, Any] = {
     "type": "record", "name": "Runs", "fields": [
         {"name": "a", "type": ["null", "string"]},
@@ -188,7 +188,7 @@ def test_the_direct_writers_longs_are_avro_longs(n: int) -> None:
         assert bytes(ours) == fastavro_bytes(parsed, edge)
 
 
-def test_runs_of_absent_optional_fields_are_read_at_once_and_checked() -> None:
+def test_runs_of_absent_optional_fields_are_read_and_checked() -> None:
     compiled = CompiledSchema(parse_schema(OPTIONAL_RUNS))
     empty = {"a": None, "b": None, "c": None, "req": 3, "d": None, "e": None, "f": None,
              "g": None}

@@ -126,8 +126,6 @@ class EventSerde:
         self.schema_id = schema_id
         self._by_prefix: dict[bytes, tuple[WriterSchema, int]] = {}
         self._direct = _current_direct_writer()
-        self._decode_own = self.writer.binary.decode
-        self._own_start = len(self.prefix)
 
     def encode(self, session_id: str, event: Event) -> bytes:
         """The framed Avro bytes of one event. Raises CodecError if it cannot be encoded."""
@@ -165,11 +163,6 @@ class EventSerde:
         """(session id, event) from framed bytes of either framing."""
         if type(data) is not bytes:
             data = _as_bytes(data)
-        if data.startswith(self.prefix):  # today's schema in our framing: no lookup at all
-            decoded = self._decode_own(data, self._own_start)
-            if type(decoded) is tuple:
-                return decoded
-            return _from_record(decoded, self.writer)
         # The framing prefix of a record names its writer schema; most records share one.
         # Keys: the 10 bytes of a single-object prefix, the 5 of a Confluent one.
         known = self._by_prefix.get(data[:SINGLE_OBJECT_HEADER_LEN]) or self._by_prefix.get(

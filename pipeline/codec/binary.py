@@ -204,45 +204,15 @@ class _Compiler:
         out.append("    return None")
         out.append(f"def {dec}(data, pos, size):")
         fields = [(field, self.var("v")) for field in record["fields"]]
-        for run in self.null_runs(fields):
-            self.emit_read_run(out, record, run, "    ")
+        for field, v in fields:
+            tag = self.builder is None or not self.builder.untagged(record, field)
+            self.emit_read(out, field["type"], v, "    ", tag)
         tail = self.builder.tail(record, fields) if self.builder is not None else None
         if tail is None:
             items = ", ".join(f"{field['name']!r}: {v}" for field, v in fields)
             tail = [f"    return {{{items}}}, pos"]
         out.extend(tail)
         self.lines.extend(out)
-
-    def emit_read_run(self, out: list[str], record: Mapping[str, Any],
-                      run: list[tuple[Mapping[str, Any], str]], ind: str) -> None:
-        """Read fields; in a run of optional fields (most of them absent, most of the time)
-        one test first takes all the rest at once when they are all null (zero bytes)."""
-        for depth, (field, v) in enumerate(run):
-            rest = run[depth:]
-            if len(rest) > 1:
-                out.append(f"{ind}if data.startswith({bytes(len(rest))!r}, pos):")
-                out.append(f"{ind}    {' = '.join(v for _, v in rest)} = None; "
-                           f"pos += {len(rest)}")
-                out.append(f"{ind}else:")
-                ind += "    "
-            tag = self.builder is None or not self.builder.untagged(record, field)
-            self.emit_read(out, field["type"], v, ind, tag)
-
-    def null_runs(self, fields: list[tuple[Mapping[str, Any], str]]
-                  ) -> list[list[tuple[Mapping[str, Any], str]]]:
-        """The fields in runs: consecutive unions whose first branch is null (written as one
-        zero byte each when null) make a run; every other field is a run of its own."""
-        runs: list[list[tuple[Mapping[str, Any], str]]] = []
-        previous_null_first = False
-        for field, v in fields:
-            schema = self.resolve(field["type"])
-            null_first = isinstance(schema, list) and self.resolve(schema[0]) == "null"
-            if null_first and previous_null_first:
-                runs[-1].append((field, v))
-            else:
-                runs.append([(field, v)])
-            previous_null_first = null_first
-        return runs
 
     # -- writing ---------------------------------------------------------------------------
     def emit_write(self, out: list[str], schema: Any, v: str, ind: str) -> None:

@@ -42,6 +42,14 @@ _MISSING: Final = object()
 
 def write_long(buf: bytearray, n: int) -> None:
     """Append a long; a value outside the Avro long range is Unrepresentable."""
+    if 1 << 34 <= n < 1 << 41:
+        # Six bytes: the millisecond timestamp of every event (1970-07 to 2039-09), in two
+        # halves that fit a machine word (cheaper integer operations than the loop's).
+        low, high = (n << 1) & 0xFFFFFFF, n >> 27
+        buf += bytes(((low & 0x7F) | 0x80, ((low >> 7) & 0x7F) | 0x80,
+                      ((low >> 14) & 0x7F) | 0x80, (low >> 21) | 0x80, (high & 0x7F) | 0x80,
+                      high >> 7))
+        return
     if 0 <= n < 1 << 20:  # up to three bytes: lengths, counts, token numbers
         z = n << 1
         if z < 0x80:
@@ -50,14 +58,6 @@ def write_long(buf: bytearray, n: int) -> None:
             buf += bytes(((z & 0x7F) | 0x80, z >> 7))
         else:
             buf += bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80, z >> 14))
-        return
-    if 1 << 34 <= n < 1 << 41:
-        # Six bytes: the millisecond timestamp of every event (1970-07 to 2039-09), in two
-        # halves that fit a machine word (cheaper integer operations than the loop's).
-        low, high = (n << 1) & 0xFFFFFFF, n >> 27
-        buf += bytes(((low & 0x7F) | 0x80, ((low >> 7) & 0x7F) | 0x80,
-                      ((low >> 14) & 0x7F) | 0x80, (low >> 21) | 0x80, (high & 0x7F) | 0x80,
-                      high >> 7))
         return
     if not LONG_MIN <= n <= LONG_MAX:
         raise Unrepresentable  # the record path carries it in extra, as JSON

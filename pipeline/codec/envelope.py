@@ -9,6 +9,11 @@ goes through :func:`event_from_record`, the reference path fastavro-read records
 
 Every envelope rule is the same on both paths: a negative seq or an empty type is refused,
 ``keyOrder`` may name envelope keys only, ``null`` stays apart from absent.
+
+Encoding: :func:`direct_event_writer` writes an Event's Avro body straight from its fields
+(typed payloads by :mod:`pipeline.codec.payload_writer`), for the envelope of schema v2
+(:data:`ENVELOPE_V2`). It writes exactly what the record path writes or declines, and the
+caller then takes the record path (:class:`pipeline.codec.avro.EventRecords`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
-"""A faust transport that hands the session topic to its agent one fetched batch at a time.
+"""A faust transport that hands chosen topics to their agents one fetched batch at a time.
 
 faust turns every consumed record into a message, an event, a trip through the conductor's
 queues and an ack: about 130 us of CPU per record on the project's machine, which alone caps
 a worker near 7,700 records per CPU-second. Most session records are ``assistant/chunk`` and
 change no table, and the rest are folded by pure code that costs far less than that. So for
-the topics named in ``batched_topics`` (the session topic), :class:`BatchingConsumer` turns
-everything one fetch returned for a partition into ONE faust message whose ``records`` are
-the aiokafka records (offset = the batch's last offset); every other topic (the usage-by-model
-stage, changelogs during recovery) goes through faust unchanged, record by record.
+the topics named in ``batched_topics`` (the session topic and the usage-by-model topic),
+:class:`BatchingConsumer` turns everything one fetch returned for a partition into ONE faust
+message whose ``records`` are the aiokafka records (offset = the batch's last offset); every
+other topic (changelogs: recovery and standbys) goes through faust unchanged, record by
+record. Table writes made while folding a batch go to the changelog partition of the batch's
+partition, as faust does for any event.
 
 **Offsets.** faust commits, per partition, the end of the run of consecutive offsets it has
 seen acked, where "seen" includes offset *gaps* it recorded with ``_add_gap``. For batches

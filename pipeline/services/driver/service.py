@@ -97,6 +97,7 @@ class DriverService:
         self._gc = DriverGc()  # replaced by run()'s policy
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Poll the inbox until ``stop`` is set, under the driver's collector policy."""
         with driver_gc() as self._gc:
             await self._run(stop)
 

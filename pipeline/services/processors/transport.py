@@ -79,6 +79,10 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         # Read by the fetcher that ``start()`` creates; faust passes no way to set it.
         consumer._fetch_max_wait_ms = transport.fetch_max_wait_ms
+        # faust reads committed only under its own exactly-once; the session topic is
+        # written in the drivers' transactions, and an aborted one (a fenced zombie, a crash
+        # mid-batch) must never be folded: its seqs are written again by the next owner.
+        consumer._isolation_level = "read_committed"
         return consumer
 
 

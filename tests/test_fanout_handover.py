@@ -5,7 +5,7 @@ stand-in writer that follows the pointer through ``ProjectionFollow`` exactly as
 worker is to (gate before each record, publish where the gate says) keeps folding while
 ``replay`` rebuilds, holds, hands over, and continues into the new version; events published
 before, during and after the handover all end up in the active version, once. The same with
-the real processors worker is marked xfail until the lead wires ``ProjectionFollow`` in.
+the real processors worker, which follows the pointer through its own ``ProjectionFollow``.
 """
 
 from __future__ import annotations
@@ -216,8 +216,6 @@ def test_a_handover_nobody_answers_is_withdrawn_and_nothing_switches(
 
 
 @pytest.mark.broker
-@pytest.mark.xfail(strict=True, reason="wiring pending: ProjectionFollow is not called by the "
-                   "processors yet, so they keep publishing to version 0 after a switch")
 def test_the_processors_publish_into_the_version_replay_switched_to(
         kafka_bootstrap: str, topic_prefix: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

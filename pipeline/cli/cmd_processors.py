@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ConfigError
-from pipeline.services.processors.app import build_processors
+from pipeline.services.processors.app import build_processors, ensure_internal_topics
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.runner import run_worker
 from pipeline.settings import Settings
@@ -71,5 +71,6 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
     asyncio.run(ensure_topics(settings))
+    asyncio.run(ensure_internal_topics(settings, options))
     processors = build_processors(settings, EventSerde().decode, options, sizes)
     return run_worker(processors, loglevel=args.loglevel.upper())

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from typing import Any
 import faust
 
 from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.core.errors import ConfigError
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.core.usage import WINDOW_SIZES_MS
@@ -47,6 +49,7 @@ from pipeline.services.processors.folding import (
     SessionTables,
 )
 from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.transport import records_of, use_batching_transport
 from pipeline.settings import Settings
 
@@ -117,6 +120,18 @@ def faust_broker_options(settings: Settings) -> dict[str, Any]:
     return result
 
 
+async def ensure_internal_topics(settings: Settings, options: ProcessorsOptions) -> None:
+    """Create the usage-by-model topic before the worker starts, and wait until the
+    metadata shows it.
+
+    faust declares it itself when the agents start, but on a multi-broker cluster the group
+    leader's metadata may not show it yet when it assigns partitions: the topic then gets no
+    partitions until a later rebalance, and ``/usage/models`` stays empty. Kept like the
+    session topic (no retention) when created here; an existing topic is left as it is.
+    """
+    await ensure_topic(settings, options.usage_topic(settings), compact=False)
+
+
 def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
     app = faust.App(
         options.app_id(settings),
@@ -177,24 +192,60 @@ def build_processors(settings: Settings, decode: Decoder,
         await app.producer.send(out.topic, out.key, out.value, out.partition, None,
                                 list(out.headers) or None)
 
-    folder = _wire_sessions(processors, decode, send)
+    follow = _wire_projection_follow(processors)
+    folder = _wire_sessions(processors, decode, send, follow)
 
     async def forget_cached_state(*_args: Any, **_kwargs: Any) -> None:
         folder.forget()  # partitions moved: other workers folded meanwhile
 
+    async def reread_pointer(*_args: Any, **_kwargs: Any) -> None:
+        try:  # a handover may be pending for partitions this worker now owns
+            await follow.refresh()
+        except Exception as exc:  # the follower retries at its next poll
+            log.warning("reading the projection pointer on assignment failed: %s", exc)
+
     app.on_partitions_revoked.connect(forget_cached_state)
     app.on_partitions_assigned.connect(forget_cached_state)
+    app.on_partitions_assigned.connect(reread_pointer)
     _wire_usage(processors, send, sizes)
     from pipeline.services.processors.web import register_views  # after tables exist
     register_views(processors)
     return processors
 
 
-def _wire_sessions(processors: Processors, decode: Decoder, send: Any) -> SessionFolder:
+def worker_id(options: ProcessorsOptions) -> str:
+    """This worker's name among the projection's writers (host and HTTP port: unique)."""
+    return f"{options.app_name}@{socket.gethostname()}:{options.web_port}".replace("/", "_")
+
+
+def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
+    """The worker's follower of the derived-messages versions, started and stopped with it
+    (see :mod:`.projection_follow`)."""
+    topic = processors.settings.topics.session_events
+    follow = ProjectionFollow(processors.settings, worker_id(processors.options),
+                              owned=lambda: processors.active_partitions(topic))
+
+    class FollowingProjection(faust.Service):
+        async def on_start(self) -> None:
+            await follow.start()   # raises (the worker does not start) if unreadable
+
+        async def on_stop(self) -> None:
+            try:
+                await follow.stop()
+            except Exception as exc:  # the writer record stays; replay names it
+                log.warning("withdrawing projection writer %s failed: %s", follow.worker, exc)
+
+    processors.app.service(FollowingProjection)
+    return follow
+
+
+def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
+                   route: ProjectionFollow) -> SessionFolder:
     app, settings = processors.app, processors.settings
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
-                           processors.options.usage_topic(settings), processors.counters)
+                           processors.options.usage_topic(settings), processors.counters,
+                           route)
 
     async def fold_sessions(stream: Any) -> None:
         # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops

@@ -41,7 +41,7 @@ the decoded states, both dropped on every rebalance: the tables stay the truth.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -102,6 +102,14 @@ class Outgoing:
 
 
 Send = Callable[[Outgoing], Awaitable[None]]
+
+
+class DerivedRoute(Protocol):
+    """Which version of the derived messages a record's changes go to (a
+    :class:`.projection_follow.ProjectionFollow` in the worker); None: publish nothing."""
+
+    async def gate(self, partition: int, offset: int) -> str | None: ...
+    def topic_for(self, partition: int, offset: int) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +205,10 @@ class SessionFolder:
     """Folds session-topic records into the session tables."""
 
     def __init__(self, tables: SessionTables, send: Send, decode: Decoder, topics: TopicNames,
-                 usage_topic: str, counters: DeliveryCounters) -> None:
+                 usage_topic: str, counters: DeliveryCounters,
+                 route: DerivedRoute | None = None) -> None:
         self.tables = tables
+        self.route = route  # None: always the derived-messages topic of ``topics``
         self.send = send
         self.decode = decode
         self.topics = topics
@@ -214,8 +224,11 @@ class SessionFolder:
     async def handle(self, record: ConsumedRecord) -> None:
         await self.handle_batch((record,))
 
-    async def handle_batch(self, records: Iterable[ConsumedRecord]) -> None:
-        """Fold records of one partition, in order; tables are written at the end."""
+    async def handle_batch(self, records: Sequence[ConsumedRecord]) -> None:
+        """Fold records of one partition, in order; tables are written at the end. With a
+        route, its gate is passed once per batch (it waits while a handover is pending)."""
+        if self.route is not None and records:
+            await self.route.gate(records[0].partition, records[0].offset)
         batch = _Batch()
         try:
             for record in records:
@@ -315,7 +328,7 @@ class SessionFolder:
             self._stall(batch, session_id, record.partition)
             await self._dead_letter(record, exc)
             return False
-        await self._publish(session_id, plan)
+        await self._publish(session_id, plan, record)
         if plan.changes:
             self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
                                                               "message": plan.message}
@@ -329,12 +342,18 @@ class SessionFolder:
         self.counters.steps_started += event.type == "step/start"
         return True
 
-    async def _publish(self, session_id: str, plan: FoldPlan) -> None:
-        """What must be sent per event: each message change and each usage sample."""
-        for change in plan.changes:
-            await self.send(Outgoing(self.topics.derived_messages, change.key.encode(),
-                                     json_bytes(change.to_json())))
-        self.counters.derived_changes += len(plan.changes)
+    async def _publish(self, session_id: str, plan: FoldPlan, record: ConsumedRecord) -> None:
+        """What must be sent per event: each message change (to the version the route
+        names) and each usage sample."""
+        if plan.changes:
+            topic: str | None = self.topics.derived_messages
+            if self.route is not None:
+                topic = self.route.topic_for(record.partition, record.offset)
+            if topic is not None:
+                for change in plan.changes:
+                    await self.send(Outgoing(topic, change.key.encode(),
+                                             json_bytes(change.to_json())))
+                self.counters.derived_changes += len(plan.changes)
         if plan.sample is not None:
             self.counters.usage_samples += 1
             await self.send(Outgoing(self.usage_topic, plan.sample.model_key.encode(),

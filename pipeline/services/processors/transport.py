@@ -23,19 +23,27 @@ fetch, so the consumer keeps no gaps for them and commits past the run of acked 
 starts at the committed offset (:func:`committable`): once a batch message is acked (the
 agent finished the whole batch, table writes included) the commit moves past it, and not
 before; a batch whose folding failed is never acked, so the commit stops before it.
-faust's commit flushes the producer first, so everything the batch wrote (changelogs,
-outputs) is durable before its offsets are committed.
+**Durable before committed.** faust's commit calls ``producer.flush()`` first, but faust's
+flush can return with writes still unsent: its buffer drain gives up after 0.1 s without a
+send (``ProducerBuffer.flush_atmost``), and a write the buffer task took off the queue is not
+yet in aiokafka's batches when aiokafka's flush looks. A kill -9 right after such a commit
+loses table writes (changelogs) that the committed offset claims: a recovered table behind
+its partition's commit, reported as a gap and never folded past. :class:`FlushingProducer`
+tracks every write put in its buffer and its ``flush`` returns only when all of them are
+acknowledged by the broker (acks=all), or raises, so nothing is committed past a lost write.
 
 The app gets it with :func:`use_batching_transport` before any topic, table or agent exists.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types.tuples import ConsumerMessage
 
@@ -183,10 +191,40 @@ class BatchingConsumer(AIOKafkaConsumer):
                             records=record.records)
 
 
+class FlushingProducer(AIOKafkaProducer):
+    """faust's aiokafka producer whose ``flush`` waits for every write put in its buffer
+    (table changelogs go through ``send_soon``) to be acknowledged, not only for the ones
+    aiokafka holds at that moment (see the module doc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unacknowledged: set[asyncio.Future[Any]] = set()
+
+    def send_soon(self, fut: Any) -> None:
+        self._unacknowledged.add(fut)
+        fut.add_done_callback(self._acknowledged)
+        super().send_soon(fut)
+
+    def _acknowledged(self, fut: asyncio.Future[Any]) -> None:
+        # A failed write stays, so that every later flush (and commit) raises.
+        if fut.cancelled() or fut.exception() is None:
+            self._unacknowledged.discard(fut)
+
+    async def flush(self) -> None:
+        await super().flush()
+        while self._unacknowledged:
+            # gather raises the first failed write; writes made meanwhile (other agents)
+            # are sent by the next flush and awaited by the next turn.
+            await asyncio.gather(*list(self._unacknowledged))
+            await super().flush()
+
+
 class BatchingTransport(AIOKafkaTransport):
-    """faust's aiokafka transport with :class:`BatchingConsumer`."""
+    """faust's aiokafka transport with :class:`BatchingConsumer` and
+    :class:`FlushingProducer`."""
 
     Consumer = BatchingConsumer
+    Producer = FlushingProducer
 
     def __init__(self, url: Any, app: Any, batched_topics: Iterable[str] = (),
                  fetch_max_wait_ms: int = 1500, **kwargs: Any) -> None:

@@ -107,11 +107,7 @@ class PartitionProducer:
         producer = self._producer
         await producer.begin_transaction()
         try:
-            futures = [
-                await producer.send(r.topic, r.value, key=r.key, partition=r.partition,
-                                    headers=list(r.headers) or None)
-                for r in records
-            ]
+            futures = await _send_all(producer, records)
             if futures:
                 await asyncio.gather(*futures)
             if inbox_offsets:
@@ -159,3 +155,39 @@ class PartitionProducer:
             await asyncio.wait_for(producer.stop(), self._request_timeout_s)
         except (KafkaError, TimeoutError, AssertionError) as exc:
             log.debug("stop of %s failed: %r", self.transactional_id, exc)
+
+
+async def _send_all(producer: Any, records: Sequence[OutRecord]) -> list[Any]:
+    """Queue ``records`` in order; one delivery future per batch or per record.
+
+    Records with a partition go into one batch per (topic, partition), built here and
+    handed over whole: a transaction of a step's events (hundreds of chunks) would
+    otherwise pay aiokafka's per-``send`` bookkeeping for each record and hold the event
+    loop while it does. Records without a partition (the default partitioner) are sent one
+    by one. Order within a partition is kept: a partition's records are either all in
+    batches or all sent singly, since the driver names the partition of every event.
+    """
+    futures: list[Any] = []
+    builders: dict[tuple[str, int], Any] = {}
+    for record in records:
+        if record.partition is None:
+            futures.append(await producer.send(record.topic, record.value, key=record.key,
+                                               headers=list(record.headers) or None))
+            continue
+        where = (record.topic, record.partition)
+        builder = builders.get(where)
+        if builder is None or not _append(builder, record):
+            if builder is not None:  # full: hand it over, start the next one
+                futures.append(await producer.send_batch(builder, where[0],
+                                                         partition=where[1]))
+            builder = builders[where] = producer.create_batch()
+            _append(builder, record)  # an empty batch takes any one record
+    for (topic, partition), builder in builders.items():
+        futures.append(await producer.send_batch(builder, topic, partition=partition))
+    return futures
+
+
+def _append(builder: Any, record: OutRecord) -> bool:
+    """Add ``record`` to ``builder``; False when the batch is full."""
+    return builder.append(timestamp=None, key=record.key, value=record.value,
+                          headers=list(record.headers)) is not None

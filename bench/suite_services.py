@@ -130,7 +130,8 @@ def bench_driver(ctx: Context) -> list[Figure]:
         p50.ours.append(percentile(solo.step_ms, 0.50))
         p99.ours.append(percentile(solo.step_ms, 0.99))
     note = ("scripted provider answering at once, echo tool; wall time of step/start -> "
-            "step/end publication (bench/bench_runner.py)")
+            "step/end publication, under the driver's collector policy; the solo run comes "
+            "after the fleet run, so its heap is large (bench/bench_runner.py)")
     steps.note = p50.note = p99.note = note
     loaded.note = ("every session's step/start -> step/end while all sessions run at once "
                    "on one event loop: mostly waiting for the others, not overhead")
@@ -152,6 +153,8 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
         steps.ours.append(result["steps_per_s"])
         visible.ours.append(result["visible_ms_p99"])
     steps.note = visible.note = ("transactional producer per inbox partition, linger 25 ms, "
-                                 "6 partitions; a two-step tool turn per session "
+                                 "6 partitions; a two-step tool turn per session; the "
+                                 "reader counts turn/end by header and decodes and "
+                                 "validates every log after the timed part "
                                  "(bench/bench_driver_kafka.py)")
     return [steps, visible]

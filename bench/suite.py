@@ -28,6 +28,7 @@ from suite_core import CHECKOUT, Context, Figure, load_average
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory
 from suite_report import render
+from suite_scale import bench_scale
 from suite_services import bench_driver, bench_processors_worker
 from suite_tools import tools_lib
 
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "processors": (bench_processors_worker, True),
     "driver": (bench_driver, True),
     "replay": (bench_replay, True),
+    "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 
 

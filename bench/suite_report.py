@@ -14,11 +14,13 @@ TITLES = {
     "processors": "Processors worker and end-to-end latency",
     "driver": "Driver (issue 4)",
     "replay": "Replay",
+    "scaleout": "Scale-out on a 3-broker cluster (issue 9)",
 }
 
 NOT_MEASURED = """\
-- **Two processors workers**: one worker only; a second worker on this 2-core machine would
-  share the cores with the first and the broker, so it would not say how the workers scale.
+- **Scaling beyond one machine**: two processors workers, and 1-3 drivers in the scale-out
+  run, share these 2 cores with each other and with the brokers, so their figures say that the
+  work moves and stays correct, not how far it would scale on machines of their own.
 - **The driver's memory while turns run**: the figure is the state of idle (recovered)
   sessions; a running turn adds its stream buffers for the duration of a step.
 - **The processors' memory inside the faust worker**: the tables are measured as the dicts

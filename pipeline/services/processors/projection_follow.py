@@ -27,8 +27,8 @@ Wiring (in ``app.py``/``folding.py``; this module imports nothing of theirs):
     #   and for each record: topic = follow.topic_for(record.partition, record.offset);
     #   its derived changes go to ``topic`` (none when it is None); usage and fleet as before
 
-Services never import each other, so the pointer topic's I/O is written here again (a few
-lines over the adapters) rather than imported from replay.
+The pointer topic's I/O is :mod:`pipeline.adapters.kafka.projection_pointer`, shared with
+replay (services never import each other).
 """
 
 from __future__ import annotations
@@ -39,14 +39,18 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Final
 
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
+from pipeline.adapters.kafka.projection_pointer import (
+    DERIVED_MESSAGES,
+    pointer_topic,
+    read_pointer_state,
+    write_pointer_records,
+)
 from pipeline.core.errors import BrokerError
-from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.events import JsonValue
 from pipeline.core.projection import (
     ActivePointer,
     HeldBy,
     PointerState,
-    fold_pointer_records,
     held_key,
     publish_topic,
     writer_key,
@@ -55,30 +59,15 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PROJECTION: Final = "derived-messages"
+PROJECTION: Final = DERIVED_MESSAGES
 # Each read of the pointer topic starts a consumer (about 60 ms of CPU): every 5 s is about
 # 1% of a core; while holding, the activation is awaited more often, so the hold is short.
 POLL_S: Final = 5.0
 HOLDING_POLL_S: Final = 0.5
 
 
-def pointer_topic(settings: Settings) -> str:
-    return f"{settings.topic_prefix}projection-versions"
-
-
-async def read_pointer_state(settings: Settings) -> PointerState:
-    records: list[tuple[bytes | None, bytes | None]] = []
-    async with TopicScan(settings, pointer_topic(settings)) as scan:
-        async for batch in scan.batches():
-            records.extend((r.key, r.value) for r in batch)
-    return fold_pointer_records(PROJECTION, records)
-
-
 async def write_pointer_record(settings: Settings, key: str, value: JsonValue | None) -> None:
-    await ensure_topic(settings, pointer_topic(settings), compact=True)
-    async with BulkProducer(settings) as producer:
-        await producer.send(pointer_topic(settings), key.encode("utf-8"),
-                            None if value is None else dumps_json(value).encode("utf-8"))
+    await write_pointer_records(settings, {key: value})
 
 
 class ProjectionFollow:

@@ -71,25 +71,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
+from pipeline.adapters.kafka.projection_pointer import (
+    DERIVED_MESSAGES,
+    read_pointer_state,
+    write_pointer_records,
+)
+from pipeline.adapters.kafka.topic_scan import topic_exists
 from pipeline.core.errors import BrokerError
-from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.events import JsonValue
 from pipeline.core.projection import (
     ActivePointer,
     HandoverRequest,
     PointerState,
-    fold_pointer_records,
     handover_key,
 )
 from pipeline.settings import Settings
 
-PROJECTION: Final = "derived-messages"
+PROJECTION: Final = DERIVED_MESSAGES
 HANDOVER_TIMEOUT_S: Final = 60.0
 _POLL_S: Final = 0.5
-
-
-def pointer_topic(settings: Settings) -> str:
-    return f"{settings.topic_prefix}projection-versions"
 
 
 def version_topic(settings: Settings, version: int) -> str:
@@ -105,11 +105,7 @@ class ActiveVersion:
 
 async def read_pointer(settings: Settings) -> PointerState:
     """The pointer topic folded (an empty state when the topic does not exist yet)."""
-    records: list[tuple[bytes | None, bytes | None]] = []
-    async with TopicScan(settings, pointer_topic(settings)) as scan:
-        async for batch in scan.batches():
-            records.extend((r.key, r.value) for r in batch)
-    return fold_pointer_records(PROJECTION, records)
+    return await read_pointer_state(settings, PROJECTION)
 
 
 async def active_version(settings: Settings) -> ActiveVersion:
@@ -122,11 +118,7 @@ async def active_version(settings: Settings) -> ActiveVersion:
 
 async def write_pointer(settings: Settings, records: Mapping[str, JsonValue | None]) -> None:
     """Write pointer records in order and wait for them (a None value: a tombstone)."""
-    await ensure_topic(settings, pointer_topic(settings), compact=True)
-    async with BulkProducer(settings) as producer:
-        for key, value in records.items():
-            await producer.send(pointer_topic(settings), key.encode("utf-8"),
-                                None if value is None else dumps_json(value).encode("utf-8"))
+    await write_pointer_records(settings, records)
 
 
 async def next_version(settings: Settings, active: ActiveVersion) -> int:

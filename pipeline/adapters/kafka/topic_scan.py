@@ -3,7 +3,8 @@
 - :class:`TopicScan` reads every partition of a topic from the beginning up to the end offsets
   taken when it starts (read committed: the last stable offsets), in batches of
   :class:`~pipeline.adapters.kafka.records.InboxRecord`; ``total`` is known up front, so callers
-  can show progress and an ETA.
+  can show progress and an ETA. :meth:`TopicScan.client_batches` yields the client's own
+  records instead (no copy: about 40% of a scan's CPU), typed by :class:`ScanRecord`.
 - :func:`last_seqs` is the shipper's checkpoint: the highest ``dsh.seq`` per session key,
   from headers only (nothing is decoded).
 - :func:`ensure_topic` creates one topic (e.g. a versioned projection) if it is missing.
@@ -14,9 +15,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -30,7 +31,31 @@ from pipeline.settings import Settings
 
 ADMIN_TIMEOUT_MS: Final = 30_000
 _FETCH_BYTES: Final = 8 * 1024 * 1024  # per partition and fetch: fewer round trips in a scan
+# per fetch response (all partitions; the client's default is 50 MiB): at least
+# 6 partitions' worth of _FETCH_BYTES, so a 6-partition scan is never cut short by it
+_FETCH_MAX_BYTES: Final = 64 * 1024 * 1024
 _IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+
+
+class ScanRecord(Protocol):
+    """A record as the Kafka client yields it (read-only), for readers that skip the copy
+    into :class:`InboxRecord`. A header value may be None (a foreign producer's): treat it
+    as an absent header."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+    @property
+    def timestamp(self) -> int: ...
 
 
 class TopicScan:
@@ -57,6 +82,7 @@ class TopicScan:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                     auto_offset_reset="earliest",
                                     max_partition_fetch_bytes=_FETCH_BYTES,
+                                    fetch_max_bytes=_FETCH_MAX_BYTES,
                                     **client_options(self._settings))
         self._consumer = consumer
         with broker_errors(f"scan {self.topic!r}"):
@@ -81,6 +107,21 @@ class TopicScan:
 
     async def batches(self) -> AsyncIterator[list[InboxRecord]]:
         """Batches of records, each partition in offset order, until every end is reached."""
+        async for runs in self._rounds():
+            out = [_record(raw) for run in runs for raw in run]
+            if out:
+                yield out
+
+    async def client_batches(self) -> AsyncIterator[Sequence[ScanRecord]]:
+        """The records as the client returns them, not copied: runs of one partition's
+        records in offset order (up to ``batch`` records per fetch round in all), until
+        every end is reached. Read them; keep no more of them than needed."""
+        async for runs in self._rounds():
+            for run in runs:
+                yield run
+
+    async def _rounds(self) -> AsyncIterator[list[Sequence[ScanRecord]]]:
+        """One fetch round after another: its non-empty runs, each cut at its partition's end."""
         consumer = self._consumer
         if consumer is None:
             raise BrokerError("TopicScan used before start()")
@@ -94,15 +135,21 @@ class TopicScan:
                     return
                 fetched = await consumer.getmany(*remaining, timeout_ms=500,
                                                  max_records=self._batch)
-            out: list[InboxRecord] = []
-            for tp, raws in fetched.items():
-                end = remaining.get(tp)
-                out.extend(_record(raw) for raw in raws if end is not None and raw.offset < end)
-            if out:
-                yield out
+            runs = [_before(raws, remaining.get(tp)) for tp, raws in fetched.items()]
+            yield [run for run in runs if run]
 
 
-def _record(raw: Any) -> InboxRecord:
+def _before(raws: list[Any], end: int | None) -> Sequence[ScanRecord]:
+    """``raws`` (one partition, offset order) cut at ``end``: the list itself when it all
+    comes before (the common case: no copy)."""
+    if end is None or not raws:
+        return []
+    if raws[-1].offset < end:
+        return raws
+    return [raw for raw in raws if raw.offset < end]
+
+
+def _record(raw: Any) -> InboxRecord:  # the client's ConsumerRecord
     # Header pairs are taken as they are (normalising each value costs a sixth of a scan):
     # a foreign producer's header may have a None value, which every reader here treats as
     # an absent header.

@@ -8,7 +8,8 @@ Sessions are synthetic (``pipeline.core.synth``: the fixtures' mix, ~87% chunks)
 as packed ``session.jsonl`` files, shipped with 5000-event transactions, then rebuilt.
 
 What the replay figure measures: one ``Rebuilder`` run in this process, from the ``TopicScan``
-of the whole session topic (read committed, from offset 0 to the end) to the last record of
+of the whole session topic (read committed, from offset 0 to the end; the client's records
+as they are, ``TopicScan.client_batches``, not copied into InboxRecords) to the last record of
 the new version acknowledged (acks=all): wall-clock events/s, and events per CPU-second of
 this process (``time.process_time``, all threads; the broker is another process and is not
 counted). The rebuild coalesces changes by slot key before writing, so it reports both the

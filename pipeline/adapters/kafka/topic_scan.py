@@ -30,10 +30,10 @@ from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
 
 ADMIN_TIMEOUT_MS: Final = 30_000
-_FETCH_BYTES: Final = 8 * 1024 * 1024  # per partition and fetch: fewer round trips in a scan
-# per fetch response (all partitions; the client's default is 50 MiB): at least
-# 6 partitions' worth of _FETCH_BYTES, so a 6-partition scan is never cut short by it
-_FETCH_MAX_BYTES: Final = 64 * 1024 * 1024
+# Per partition and fetch: fewer round trips in a scan. A fetch response is capped at the
+# client's fetch_max_bytes (default 50 MiB) and the broker's fetch.max.bytes (default 55 MiB),
+# which 6 partitions' worth (48 MiB) fits; raising the client's alone would not lift the cap.
+_FETCH_BYTES: Final = 8 * 1024 * 1024
 _IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
 
 
@@ -82,7 +82,6 @@ class TopicScan:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                     auto_offset_reset="earliest",
                                     max_partition_fetch_bytes=_FETCH_BYTES,
-                                    fetch_max_bytes=_FETCH_MAX_BYTES,
                                     **client_options(self._settings))
         self._consumer = consumer
         with broker_errors(f"scan {self.topic!r}"):

@@ -379,3 +379,37 @@ async def test_what_http_views_read_never_runs_ahead_of_the_tables_mid_batch() -
         await harness.feed_batch(part)
     assert seen and all(shown == persisted for shown, persisted in seen)
     assert next_expected(harness.tables, sid) == len(events)
+
+
+class CoveredUpTo:
+    """A route as after a switch: offsets below ``covered`` were published by the rebuild."""
+
+    def __init__(self, topic: str, covered: int) -> None:
+        self.topic, self.covered = topic, covered
+        self.gates: list[tuple[int, int]] = []
+
+    async def gate(self, partition: int, offset: int) -> str | None:
+        self.gates.append((partition, offset))
+        return self.topic_for(partition, offset)
+
+    def topic_for(self, partition: int, offset: int) -> str | None:
+        return None if offset < self.covered else self.topic
+
+
+async def test_a_route_sends_derived_changes_to_its_version_and_none_below_covered() -> None:
+    harness = Harness()
+    logs = sessions(count=1)
+    [(sid, events)] = logs.items()
+    records = [harness.record(sid, e) for e in events]
+    covered = records[len(records) // 2].offset
+    route = CoveredUpTo("t.derived-messages.v1", covered)
+    harness.folder.route = route
+    await harness.feed_batch(records[:10])
+    await harness.feed_batch(records[10:])
+    assert route.gates == [(0, records[0].offset), (0, records[10].offset)]  # once a batch
+    assert harness.sent_to(TOPICS.derived_messages) == []
+    published = harness.sent_to("t.derived-messages.v1")
+    surface_after = [r for r in records[len(records) // 2:]
+                     if SERDE.decode(r.value or b"")[1].surface_op is not None]
+    assert published and len(published) >= len(surface_after) > 0
+    assert harness.messages(sid) == list(derive_messages(events))  # folded all the same

@@ -20,6 +20,9 @@ Compacted output topics (JSON values):
   ``{"session","slot","seq","changeSeq","op":"append"|"replace","message"}``, or a tombstone
   for a slot a replace emptied (see :mod:`pipeline.core.projection`). Rebuild a conversation:
   the live slots of the session in key order, ``message`` of each (null: nothing to show).
+  Once ``replay`` switched the projection to a rebuilt version, the workers publish there
+  instead (each follows the pointer topic ``<prefix>projection-versions`` and holds while a
+  handover is pending: :mod:`.projection_follow`).
 * ``<prefix>usage``: keys ``session/<id>``, ``model/<provider>/<model>``,
   ``window/<granularity>/<startMs>/<provider>/<model>`` (``closed: true`` once final);
   OpenTelemetry GenAI names beside dsh's disjoint counts (see :mod:`pipeline.core.usage`).
@@ -32,7 +35,8 @@ and ``dsh.original.*`` headers.
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
 (session stage), :mod:`.aggregation` (per-model stage), :mod:`.transport` (the session and
 per-model topics delivered one fetched batch per faust event), :mod:`.web`, :mod:`.runner`,
-:mod:`.verify` (the checks ``demo`` runs), :mod:`.options`, :mod:`.counters`.
+:mod:`.verify` (the checks ``demo`` runs), :mod:`.projection_follow` (which derived-messages
+version to publish to), :mod:`.options`, :mod:`.counters`.
 
 Speed (``bench/bench_processors.py``): chunks are skipped by header inside each batch, tables
 are written once per session per batch, so faust's per-record cost is paid per batch.

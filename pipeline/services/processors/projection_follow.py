@@ -16,7 +16,7 @@ through one :class:`ProjectionFollow`:
   as soon as it sees it, also when no record arrives. A record that passed the gate before
   the request published to the old version: harmless, the rebuild covers it.
 
-Wiring (in ``app.py``/``folding.py``; this module imports nothing of theirs):
+Wiring (done in ``app.py``/``folding.py``; this module imports nothing of theirs):
 
     follow = ProjectionFollow(settings, worker_id,
                               owned=lambda: processors.active_partitions(session_events))

@@ -7,7 +7,7 @@ unanswered call, and the surviving worker's tables and its derived-messages topi
 replay of the session topic.
 
 One run (module fixture), two tests: what the drivers and the log guarantee, and what the
-processors guarantee (see that test's xfail reason).
+processors guarantee.
 """
 
 from __future__ import annotations
@@ -53,13 +53,6 @@ def test_sessions_move_and_every_log_stays_valid(run: dict[str, Any]) -> None:
     assert run["replay_log_problems"] == 0 and run["replay_conversations"] == PLAN.sessions
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "processors after a worker's SIGKILL (2026-11-30, see the scale-out report): the "
-    "survivor's recovered table can be behind the group's committed offset (gap 'expected "
-    "seq 0, found 21', never folded past), a rebalance can skip records of a kept partition; "
-    "and on a 3-node cluster faust's internal topics can be missing from the metadata at "
-    "start: usage-by-model ignored (/usage/models empty), PartitionsMismatch on a changelog "
-    "('0 partitions'), routed GETs failing with HTTP 500 (partitions_for_topic is None)"))
 def test_processors_tables_and_topic_equal_the_replay(run: dict[str, Any]) -> None:
     assert (run["derived_mismatches"], run["usage_mismatches"], run["model_mismatches"]) \
         == (0, 0, 0), (run["table_problems"], run.get("diagnosis"))

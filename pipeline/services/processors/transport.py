@@ -38,14 +38,18 @@ The app gets it with :func:`use_batching_transport` before any topic, table or a
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types.tuples import ConsumerMessage
+
+log = logging.getLogger(__name__)
 
 
 class RecordBatch:
@@ -191,6 +195,10 @@ class BatchingConsumer(AIOKafkaConsumer):
                             records=record.records)
 
 
+FLUSH_SLICE_S: Final = 1.0
+FLUSH_WARN_EVERY_S: Final = 30.0
+
+
 class FlushingProducer(AIOKafkaProducer):
     """faust's aiokafka producer whose ``flush`` waits for every write put in its buffer
     (table changelogs go through ``send_soon``) to be acknowledged, not only for the ones
@@ -212,10 +220,21 @@ class FlushingProducer(AIOKafkaProducer):
 
     async def flush(self) -> None:
         await super().flush()
+        started = last_warning = time.monotonic()
         while self._unacknowledged:
-            # gather raises the first failed write; writes made meanwhile (other agents)
-            # are sent by the next flush and awaited by the next turn.
-            await asyncio.gather(*list(self._unacknowledged))
+            # Wait in slices and flush again between them: faust's buffer drain gives up
+            # after 0.1 s, so writes buffered meanwhile (other agents) would otherwise wait
+            # for a drain nobody starts. A failed write raises; a slow broker is logged.
+            done, _pending = await asyncio.wait(list(self._unacknowledged),
+                                                timeout=FLUSH_SLICE_S)
+            for fut in done:
+                if not fut.cancelled() and fut.exception() is not None:
+                    raise fut.exception()  # type: ignore[misc]
+            if time.monotonic() - last_warning > FLUSH_WARN_EVERY_S:
+                last_warning = time.monotonic()
+                log.warning("%d table/output writes unacknowledged for %.0f s; offsets are "
+                            "not committed until they are", len(self._unacknowledged),
+                            last_warning - started)
             await super().flush()
 
 

@@ -217,12 +217,19 @@ def _wanted_key(raw: bytes | None) -> tuple[str, int] | None:
     return (value["session"], value["changeSeq"]) if value["seq"] == value["changeSeq"] else None
 
 
+def latency_prefix(seed: int) -> str:
+    """Session ids of one latency run: a second run on the same topics (another rate) must
+    not reuse the first one's ids, or its events are duplicates the worker rightly ignores."""
+    return f"lat{seed}"
+
+
 def _append_child(bootstrap: str, topic_prefix: str, seed: int, events: int, rate: float,
                   out: str) -> None:
     """Child process of :func:`readable_latencies`: paced appends, stamps written to ``out``."""
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=topic_prefix,
                                  partitions=PARTITIONS)
-    sent = asyncio.run(paced_append(settings, make_sessions(seed, events, "lat"), rate))
+    sessions = make_sessions(seed, events, latency_prefix(seed))
+    sent = asyncio.run(paced_append(settings, sessions, rate))
     Path(out).write_text(json.dumps([[sid, seq, stamp] for (sid, seq), stamp in sent.items()]))
 
 
@@ -245,8 +252,8 @@ async def readable_latencies(settings: Settings, seed: int, events: int, rate: f
     await consumer.seek_to_end(*parts)
     for tp in parts:
         await consumer.position(tp)   # resolve "end" now, before anything is appended
-    expected = sum(1 for es in make_sessions(seed, events, "lat").values() for e in es
-                   if e.surface_op is not None)
+    sessions = make_sessions(seed, events, latency_prefix(seed))
+    expected = sum(1 for es in sessions.values() for e in es if e.surface_op is not None)
     read_at: dict[tuple[str, int], float] = {}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         child = multiprocessing.get_context("spawn").Process(

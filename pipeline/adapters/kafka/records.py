@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -21,6 +22,25 @@ class OutRecord:
     value: bytes
     headers: Headers = ()
     partition: int | None = None
+
+
+class ConsumedRecord(Protocol):
+    """What readers of consumed records use: an :class:`InboxRecord`, or the Kafka client's
+    own record (read as it is, without the copy). A header value may be None (a foreign
+    producer's): treat it as an absent header."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
 @dataclass(frozen=True, slots=True)

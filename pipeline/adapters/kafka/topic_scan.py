@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from pipeline.adapters.kafka.options import broker_errors, client_options
-from pipeline.adapters.kafka.records import Headers, InboxRecord
+from pipeline.adapters.kafka.records import ConsumedRecord, Headers, InboxRecord
 from pipeline.codec.records import read_headers
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
@@ -37,23 +37,10 @@ _FETCH_BYTES: Final = 8 * 1024 * 1024
 _IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
 
 
-class ScanRecord(Protocol):
+class ScanRecord(ConsumedRecord, Protocol):
     """A record as the Kafka client yields it (read-only), for readers that skip the copy
-    into :class:`InboxRecord`. A header value may be None (a foreign producer's): treat it
-    as an absent header."""
+    into :class:`InboxRecord`."""
 
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
     @property
     def timestamp(self) -> int: ...
 

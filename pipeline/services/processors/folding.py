@@ -46,7 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pipeline.adapters.kafka.dlq import dead_letter
-from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord, headers_of
+from pipeline.adapters.kafka.records import (
+    ConsumedRecord,
+    Headers,
+    InboxRecord,
+    OutRecord,
+    headers_of,
+)
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import CodecError, EventError, SequenceError
@@ -67,23 +73,6 @@ STATE_CACHE_MAX: Final = 50_000  # decoded session states kept between batches
 
 Decoder = Callable[[bytes], tuple[str, Event]]
 Table = MutableMapping[str, Any]
-
-
-class ConsumedRecord(Protocol):
-    """What the folder reads of a record: an aiokafka record or an ``InboxRecord``."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,9 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
+from pipeline.adapters.kafka.records import ConsumedRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.errors import BrokerError, CodecError, EventError
@@ -60,25 +61,6 @@ _SURFACE_TYPE_BYTES: Final = frozenset(t.encode() for t in SURFACE_TYPES)
 SETTLE_S: Final = 1.0
 _SCAN_BATCH: Final = 20_000  # records per fetch round: fewer per-batch costs
 Progress = Callable[[str], None]
-
-
-class ScannedRecord(Protocol):
-    """What the rebuild reads of a record: an InboxRecord, or any record with these fields.
-    The rebuild reads the client's own records (:meth:`TopicScan.client_batches`): copying
-    each into an InboxRecord cost about 40% of the scan's CPU."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
 __all__ = ["RebuildResult", "Rebuilder", "ReplayOutcome", "differences", "hand_over",
@@ -187,7 +169,7 @@ class Rebuilder:
                 last_report = time.monotonic()
                 self.progress(_progress_line(self.result.events, scan.total, started))
 
-    def _note_offsets(self, batch: Sequence[ScannedRecord]) -> None:
+    def _note_offsets(self, batch: Sequence[ConsumedRecord]) -> None:
         # A batch holds runs of one partition in offset order: the last record of each run
         # is enough, so this costs a comparison per record, not a dict write.
         ends = self._next_offsets
@@ -199,7 +181,7 @@ class Rebuilder:
         if previous is not None:
             ends[previous.partition] = previous.offset + 1
 
-    def _fold_batch(self, batch: Sequence[ScannedRecord]) -> None:
+    def _fold_batch(self, batch: Sequence[ConsumedRecord]) -> None:
         # The hot loop (about 96% of the records are not surface events): a record whose
         # first two headers are dsh.type (not a surface type) and dsh.seq (digits) only
         # advances its session's seq; anything else takes the general path.
@@ -224,7 +206,7 @@ class Rebuilder:
                     continue
             self._fold_general(record)
 
-    def _fold_general(self, record: ScannedRecord) -> None:
+    def _fold_general(self, record: ConsumedRecord) -> None:
         """Any record: headers read by name, the value decoded unless not a surface type."""
         try:
             state = self._by_key.get(record.key) or self._session_of(record.key)
@@ -254,7 +236,7 @@ class Rebuilder:
     def _core(self) -> SurfaceFold | None:
         return SurfaceFold() if self.with_core else None
 
-    def _advance(self, state: _Session, seq: int, record: ScannedRecord) -> bool:
+    def _advance(self, state: _Session, seq: int, record: ConsumedRecord) -> bool:
         """True when ``seq`` is the next one (it is then consumed)."""
         if seq < state.next_seq:
             return False  # a duplicate: folded already
@@ -267,7 +249,7 @@ class Rebuilder:
         state.next_seq += 1
         return True
 
-    def _apply(self, state: _Session, event: Event, record: ScannedRecord) -> None:
+    def _apply(self, state: _Session, event: Event, record: ConsumedRecord) -> None:
         if event.type not in SURFACE_TYPES:
             return
         try:
@@ -319,7 +301,7 @@ class Rebuilder:
                                 if s.core is not None and len(s.core)}
 
 
-def _where(record: ScannedRecord) -> str:
+def _where(record: ConsumedRecord) -> str:
     return f"{record.topic}[{record.partition}]@{record.offset}"
 
 

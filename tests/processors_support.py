@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ def event_records(settings: Settings, session_id: str, events: Iterable[Event],
     topic = settings.topics.session_events
     return [OutRecord(topic, record_key(session_id), serde.encode(session_id, e),
                       tuple(event_headers(e))) for e in events]
+
+
+def fresh_settings(bootstrap: str, partitions: int = 3) -> Settings:
+    """Settings on topics and a group of their own (a unique prefix), replication 1."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    return Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
+                             partitions=partitions, replication_factor=1,
+                             group_id_prefix=f"{prefix}g-")
 
 
 def worker_env(settings: Settings, state_dir: Path) -> dict[str, str]:

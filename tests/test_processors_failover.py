@@ -10,24 +10,17 @@ The worker's producer (:class:`FlushingProducer`) must wait for every such write
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import faust
 import pytest
+from processors_support import fresh_settings
 
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.services.processors.transport import FlushingProducer, use_batching_transport
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
-
-
-def _settings(kafka_bootstrap: str) -> Settings:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    return Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
-                             partitions=3, replication_factor=1,
-                             group_id_prefix=f"{prefix}g-")
 
 
 async def _flush_while_writes_cannot_go_out_yet(settings: Settings) -> tuple[int, list[Any]]:
@@ -61,7 +54,7 @@ async def _flush_while_writes_cannot_go_out_yet(settings: Settings) -> tuple[int
 def test_flush_returns_only_once_every_buffered_table_write_is_acknowledged(
         kafka_bootstrap: str) -> None:
     unsent, writes = asyncio.run(
-        _flush_while_writes_cannot_go_out_yet(_settings(kafka_bootstrap)))
+        _flush_while_writes_cannot_go_out_yet(fresh_settings(kafka_bootstrap)))
     assert unsent == 0, f"flush returned with {unsent} of {len(writes)} writes unsent"
     offsets = [w.result().offset for w in writes]
     assert offsets == sorted(offsets) and len(set(offsets)) == len(writes)

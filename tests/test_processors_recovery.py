@@ -5,11 +5,17 @@ over all of them when the first stops."""
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from processors_support import Worker, event_records, free_port, generated_sessions, read_topic
+from processors_support import (
+    Worker,
+    event_records,
+    free_port,
+    fresh_settings,
+    generated_sessions,
+    read_topic,
+)
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -18,16 +24,8 @@ from pipeline.core.log import derive_messages
 from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageScan
 from pipeline.services.processors.verify import counts_of_record, verify_processors
-from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
-
-
-def _settings(kafka_bootstrap: str) -> Settings:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    return Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
-                             partitions=3, replication_factor=1,
-                             group_id_prefix=f"{prefix}g-")
 
 
 async def _assert_equals_replay(worker: Worker, sessions: dict[str, list[Event]],
@@ -71,7 +69,7 @@ def _partitions(worker: Worker) -> list[int]:
     "of 2,000 sessions)"))
 async def test_kill9_mid_stream_then_restart_equals_full_replay_and_takeover(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    settings = _settings(kafka_bootstrap)
+    settings = fresh_settings(kafka_bootstrap)
     await ensure_topics(settings)
     sessions = generated_sessions(21, 30, "rec", ["m1", "m2", "m3"], int(time.time() * 1000),
                                   max_chunks=30)

@@ -19,7 +19,8 @@ from pipeline.core.errors import ProviderError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import SessionLog
-from pipeline.core.turn_effects import HookDecision, RunTools
+from pipeline.core.turn_config import CONFIG_TYPE, config_disagreements
+from pipeline.core.turn_effects import HookDecision, RunTools, SessionConfig
 
 TEXT = ({"type": "text", "text": "x"},)
 
@@ -60,7 +61,9 @@ def commands(draw: st.DrawFn) -> list[InboxCommand]:
         elif kind == "cancel":
             out.append(Cancel("s1", f"x{n}", keep_queue=draw(st.booleans())))
         else:
-            out.append(Configure("s1", f"c{n}", max_tokens=draw(st.integers(1, 9))))
+            out.append(Configure("s1", f"c{n}", max_tokens=draw(st.integers(1, 9)),
+                                 model=draw(st.sampled_from([None, "m-a", "m-b"])),
+                                 system=draw(st.sampled_from([None, "sys"]))))
     return out
 
 
@@ -103,6 +106,12 @@ def test_any_scenario_ends_idle_with_a_valid_closed_log(
     harness.run()
     check_closed_and_valid(machine.log.events)  # (each request was checked when made)
     assert not machine.inbox.wakes
+    # the log alone gives the configuration back, and no header contradicts a configure
+    assert config_disagreements(machine.log.events) == []
+    other = SessionConfig("other-provider", "other-model")
+    rebuilt = new_machine(SessionLog.from_events("s1", machine.log.events), config=other)
+    logged = any(e.type in ("request/header", CONFIG_TYPE) for e in machine.log.events)
+    assert rebuilt.config == (machine.config if logged else other)  # else: only a default
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

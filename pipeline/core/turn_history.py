@@ -1,9 +1,11 @@
 """What a turn machine needs to know of a session's past, read from its log.
 
 A driver that takes over a session (restart, rebalance) has nothing but the log: the last turn
-number, the last logged request header, the inbox lists (every change of them is an
-``agent/inbox/spliced`` event) and the ids of the messages that already entered the inbox
-(so a redelivered inbox record is not queued twice).
+number, the last logged request header, the last applied configuration (a
+``dsh-pipeline/config`` event, :mod:`pipeline.core.turn_config`) and whether a header stated
+it since, the inbox lists (every change of them is an ``agent/inbox/spliced`` event) and the
+ids of the messages and configure commands that already entered the session (so a
+redelivered inbox record is not applied twice).
 
 A splice this driver cannot apply (another writer's shape, indices that do not fit the lists)
 is skipped: a session must stay runnable whatever plugins wrote into its log.
@@ -14,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pipeline.core.errors import EventError, TurnError
+from pipeline.core.errors import EventError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
-from pipeline.core.turn_effects import SessionConfig
+from pipeline.core.turn_config import CONFIG_TYPE, configured_header
 
 
 @dataclass(slots=True)
@@ -26,6 +28,9 @@ class History:
     header: dict[str, JsonValue] | None = None
     inbox: InboxLists = field(default_factory=InboxLists)
     message_ids: set[str] = field(default_factory=set)
+    configured: dict[str, JsonValue] | None = None  # header of the last config event
+    configured_last: bool = False  # ... and no request/header came after it
+    configure_ids: set[str] = field(default_factory=set)
 
 
 def scan_history(events: Iterable[Event]) -> History:
@@ -41,6 +46,12 @@ def scan_history(events: Iterable[Event]) -> History:
             header = data.get("header")
             if isinstance(header, dict):
                 history.header = header
+                history.configured_last = False
+        elif event.type == CONFIG_TYPE:
+            found = configured_header(data)
+            if found is not None:
+                history.configure_ids.add(found[0])
+                history.configured, history.configured_last = found[1], True
         elif event.type == SPLICE_TYPE:
             try:
                 history.inbox.apply_splice(data, seq=event.seq)
@@ -50,25 +61,3 @@ def scan_history(events: Iterable[Event]) -> History:
                 if isinstance(message, Mapping) and isinstance(message.get("id"), str):
                     history.message_ids.add(message["id"])
     return history
-
-
-def config_from_header(header: Mapping[str, JsonValue]) -> SessionConfig:
-    """The configuration a logged ``request/header`` states.
-
-    A ``tools`` value that is not a list (the fixtures' ``"{{tools}}"`` placeholder) is not a
-    set of definitions: it maps to None, so the next request logs a header of its own.
-    """
-    config = header.get("config")
-    if not isinstance(config, Mapping) or not isinstance(config.get("provider"), str) \
-            or not isinstance(config.get("model"), str):
-        raise TurnError("request/header has no config.provider/config.model strings")
-    system = header.get("system")
-    tools = header.get("tools")
-    effort = config.get("reasoningEffort")
-    max_tokens = config.get("maxTokens")
-    return SessionConfig(
-        provider=config["provider"], model=config["model"],
-        system=system if isinstance(system, str) else None,
-        tools=tuple(tools) if isinstance(tools, list) else None,
-        reasoning_effort=effort if isinstance(effort, str) else None,
-        max_tokens=max_tokens if isinstance(max_tokens, int) else None)

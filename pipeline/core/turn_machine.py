@@ -13,6 +13,9 @@ the caller's time): an event that breaks a rule is refused before anything is pu
 takes the appended events with :meth:`take_events` and publishes them; nothing else may append
 to the log while a machine drives it.
 
+**Configuration**: an applied ``configure`` appends a ``dsh-pipeline/config`` event
+(ignorable) at once, so the log alone restores it (:mod:`pipeline.core.turn_config`).
+
 **Lifecycle** (DESIGN.md section 1, the fixtures event for event): at a turn boundary
 ``turn/start``, the claim of every next-step item then of one next-turn item (each an
 ``agent/inbox/spliced``), the pre-step hooks, ``step/start``, one ``user/message`` per entering
@@ -52,6 +55,7 @@ from pipeline.core.model import (
     error_finish,
     failure_of,
 )
+from pipeline.core.turn_config import CONFIG_TYPE, ConfigState
 from pipeline.core.turn_effects import (
     TOOL_CANCELED,
     TOOL_NOT_STARTED,
@@ -66,7 +70,7 @@ from pipeline.core.turn_effects import (
     StepBoundary,
     ToolOutcome,
 )
-from pipeline.core.turn_history import History, config_from_header, scan_history
+from pipeline.core.turn_history import History, scan_history
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
 from pipeline.core.turn_tools import DueResult, ToolRound, calls_of, tool_result_data
 from pipeline.core.turns import repair_closers
@@ -102,11 +106,10 @@ class TurnMachine:
         self.inbox: InboxLists = history.inbox
         self._seen_ids: set[str] = history.message_ids
         self._turn = history.last_turn
-        self._header: dict[str, JsonValue] | None = history.header
-        self._header_config: tuple[dict[str, JsonValue], SessionConfig] | None = None
-        # a session's own logged header wins over the caller's default configuration
-        self._config = _logged_config(history.header) or config
-        self._header_reason = "initial" if history.header is None else "resume"
+        # a session's own logged configuration wins over the caller's default
+        self._config = ConfigState(header=history.header, configured=history.configured,
+                                   configured_last=history.configured_last,
+                                   message_ids=history.configure_ids, default=config)
         self._outbox: list[Event] = []
         self._repaired = False
         self.phase = Phase.IDLE
@@ -132,9 +135,9 @@ class TurnMachine:
         self._asked: tuple[str, str] = ("", "")
 
     def _append(self, type_: str, data: JsonValue, now: int, *, surface: bool = False,
-                sources: Iterable[int] | None = None) -> int:
+                sources: Iterable[int] | None = None, ignorable: bool | None = None) -> int:
         event = Event(type_, self.log.next_seq, now, data, APPEND if surface else None,
-                      None if sources is None else tuple(sources))
+                      None if sources is None else tuple(sources), ignorable)
         self.log.append(event)
         self._outbox.append(event)
         return event.seq
@@ -150,7 +153,7 @@ class TurnMachine:
 
     @property
     def config(self) -> SessionConfig | None:
-        return self._config
+        return self._config.config
 
     @property
     def busy(self) -> bool:
@@ -182,6 +185,12 @@ class TurnMachine:
                tools: tuple[JsonValue, ...] | None = None) -> bool:
         """Take one inbox command; False if it was a duplicate (already in the log).
 
+        A configure is logged at once as a ``dsh-pipeline/config`` event (ignorable), also in
+        the middle of a turn: the machine applies it at once (the next model request uses
+        it, the one in flight does not), and the driver commits its inbox offset with the
+        events logged so far, so the log must hold it from this seq on for a rebuild at any
+        later point (crash repair included) to restore the same configuration.
+
         ``tools`` are the resolved definitions of a :class:`Configure`'s tool names.
         """
         self.recover(now)
@@ -197,16 +206,11 @@ class TurnMachine:
                     self._append(SPLICE_TYPE, splice, now)
             self.abort("user")
         elif isinstance(command, Configure):
-            self._configure(command, tools)
+            if command.message_id in self._config.message_ids:
+                return False
+            self._append(CONFIG_TYPE, self._config.configure(command, tools), now,
+                         ignorable=True)
         return True
-
-    def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None) -> None:
-        if command.tools is not None and (tools is None or len(tools) != len(command.tools)):
-            raise TurnError(f"configure {command.message_id!r} names tools "
-                            f"{list(command.tools)}: pass their resolved definitions")
-        self._config = SessionConfig.configured(self._config, command, tools)
-        if self._header is not None:
-            self._header_reason = "change"
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -271,7 +275,7 @@ class TurnMachine:
         self._append("step/start", {"turn": self._turn, "step": self._step}, now)
         for message in decision.messages:
             self._append("user/message", message, now, surface=True)
-        if self._config is None:
+        if self._config.config is None:
             self._close_step(now)
             self._end_turn(error_reason("no provider/model configured for this session; "
                                          "send a configure command first", NO_MODEL), now)
@@ -287,26 +291,20 @@ class TurnMachine:
                                  APPEND), mode=self.log.mode)
 
     def _log_header_if_changed(self, now: int) -> None:
-        assert self._config is not None
-        header = self._config.header()
-        if header == self._header:
+        due = self._config.header_due()
+        if due is None:
             return
-        self._append("request/header", {"header": header, "reason": self._header_reason}, now)
-        self._append("request/context", {"provider": self._config.provider,
-                                         "model": self._config.model}, now)
-        self._header = header
-        self._header_reason = "change"
+        header, reason = due
+        config = self._config.request_config()
+        self._append("request/header", {"header": header, "reason": reason}, now)
+        self._append("request/context", {"provider": config.provider, "model": config.model},
+                     now)
 
     # -- the model call -------------------------------------------------------------------
 
     def expected_request(self) -> ModelRequest:
         """The only request the log allows now: derived messages + last logged header."""
-        if self._header is None:
-            raise TurnError("no request/header has been logged yet")
-        # what the logged header states, read once per header (it is never mutated)
-        if self._header_config is None or self._header_config[0] is not self._header:
-            self._header_config = (self._header, config_from_header(self._header))
-        config = self._header_config[1]
+        config = self._config.request_config()  # what the last logged header states
         return ModelRequest(
             provider=config.provider, model=config.model,
             messages=tuple(self.log.messages()), system=config.system, tools=config.tools,
@@ -493,11 +491,3 @@ class TurnMachine:
         if self.phase is not phase:
             raise TurnError(f"{what} called in phase {self.phase.name}, expected {phase.name}")
 
-
-def _logged_config(header: Mapping[str, JsonValue] | None) -> SessionConfig | None:
-    if header is None:
-        return None
-    try:
-        return config_from_header(header)
-    except TurnError:  # a header without provider/model strings: not a usable config
-        return None

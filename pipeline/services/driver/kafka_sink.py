@@ -33,16 +33,18 @@ from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import event_headers
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
+from pipeline.core.turn_config import CONFIG_TYPE
 
 log = logging.getLogger(__name__)
 
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
-_LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message"})  # see logged_message_ids
+_LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
 
 def logged_message_ids(event: Event) -> Iterator[str]:
-    """Message ids an event records as having entered the session (splice or user message)."""
+    """Command ids an event records as applied to the session: a message that entered it
+    (splice or user message) or a configure (its ``dsh-pipeline/config`` event)."""
     data = event.data
     if not isinstance(data, Mapping):
         return
@@ -53,6 +55,8 @@ def logged_message_ids(event: Event) -> Iterator[str]:
                 yield item["id"]
     elif event.type == "user/message" and isinstance(data.get("id"), str):
         yield data["id"]
+    elif event.type == CONFIG_TYPE and isinstance(data.get("messageId"), str):
+        yield data["messageId"]
 
 
 @dataclass(slots=True)
@@ -62,10 +66,11 @@ class InboxOffsets:
     Offsets are not contiguous (transaction markers take offsets), so the commit point is
     the first dispatched offset not yet done, or one past the last one seen.
 
-    Cancel and configure leave no message id in the log, so a re-delivery could not be
-    recognised there: the message ids of those applied *beyond* the commit point travel in
-    the commit's metadata (``{"applied":[ids]}``), atomically with the events, and the next
-    owner skips them (:meth:`already_applied`).
+    A cancel leaves no message id in the log, so a re-delivery could not be recognised
+    there: the message ids of those applied *beyond* the commit point travel in the commit's
+    metadata (``{"applied":[ids]}``), atomically with the events, and the next owner skips
+    them (:meth:`already_applied`). A configure is recognised by its ``dsh-pipeline/config``
+    event, like a message by its splice; ids in the metadata of older drivers still count.
     """
 
     committed: int

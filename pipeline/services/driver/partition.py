@@ -8,8 +8,10 @@ partition of the session topic read_committed up to its end, rebuild each sessio
 dispatched to the session's runner; each session's turns run in one task, off the poll loop.
 
 Idempotency after a crash or takeover: every message command (followup, steer, inject)
-enters the log as an ``agent/inbox/spliced`` record carrying its message id; a re-delivered
-command whose id is already in the log is skipped and its offset marked done.
+enters the log as an ``agent/inbox/spliced`` record carrying its message id, and every
+configure as a ``dsh-pipeline/config`` record carrying its id; a re-delivered command whose id
+is already in the log is skipped and its offset marked done. A cancel's id travels in the
+inbox commit's metadata instead (:class:`InboxOffsets`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pipeline.adapters.kafka.session_reader import Decoder, read_session_partiti
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.core.errors import CodecError, DshError, EventError
 from pipeline.core.events import Event
-from pipeline.core.inbox import FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.services.driver.kafka_sink import (
     EventEncoder,
@@ -215,11 +217,13 @@ class OwnedPartition:
     def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:
         assert slot.runner is not None
         offsets = self.sink.offsets
-        is_message = isinstance(command, FollowUp | Steer | Inject)
-        if (command.message_id in slot.message_ids if is_message
-                else offsets.already_applied(command.message_id)):
+        # logged: the command's id enters the log with it (see logged_message_ids)
+        logged = isinstance(command, FollowUp | Steer | Inject | Configure)
+        if ((logged and command.message_id in slot.message_ids)
+                or (not isinstance(command, FollowUp | Steer | Inject)
+                    and offsets.already_applied(command.message_id))):
             self.ctx.metrics.duplicates += 1
-            if not is_message:
+            if not logged:
                 offsets.applied_control(record.offset, command.message_id)
             offsets.done(record.offset)
             self.sink.wake()
@@ -229,7 +233,7 @@ class OwnedPartition:
         except DshError as exc:
             self._dead_letter(record, exc)
             return
-        if is_message:
+        if logged:
             slot.awaiting[command.message_id] = record.offset
         else:
             offsets.applied_control(record.offset, command.message_id)

@@ -52,10 +52,12 @@ from processors_support import Worker, event_records, free_port, generated_sessi
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
+from pipeline.codec.outputs import OutputDecoder
 from pipeline.core.events import Event
 from pipeline.settings import Settings
 
 PARTITIONS = 3
+_OUTPUTS = OutputDecoder()  # derived-messages values are Avro records
 
 
 def make_sessions(seed: int, events: int, prefix: str) -> dict[str, list[Event]]:
@@ -213,7 +215,7 @@ def _wanted_key(raw: bytes | None) -> tuple[str, int] | None:
     """(session, seq) of a derived change that an event appended or replaced into a slot."""
     if raw is None:
         return None
-    value: Any = json.loads(raw)
+    value: Any = _OUTPUTS.decode(raw)
     return (value["session"], value["changeSeq"]) if value["seq"] == value["changeSeq"] else None
 
 

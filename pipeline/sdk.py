@@ -36,6 +36,15 @@ processors keep publishing into the active one)::
 
     conversations = await derived_conversations(settings)   # {session id: [message, ...]}
 
+The derived output topics (``derived-messages``, ``usage``, ``fleet``) hold Avro records
+(``schemas/dsh.DerivedMessageChange.avsc``, ``dsh.UsageRecord``, ``dsh.FleetStatus``);
+:class:`OutputDecoder` turns a record value back into the JSON object the HTTP API serves
+(usage with the dotted OpenTelemetry names), ``None`` for a tombstone, and raises
+:class:`CodecError` for anything else::
+
+    decoder = OutputDecoder()                  # OutputDecoder(OutputSchemaTable(lookup)) to
+    status = decoder.decode(record.value)      # resolve registry ids (Confluent framing)
+
 To keep your own dedup state across restarts, use :class:`SeqTracker` (``check`` ->
 :class:`Delivery` APPLY/DUPLICATE/GAP, then ``applied``) and persist its last seqs with
 your results.
@@ -57,7 +66,9 @@ from pipeline.adapters.kafka.event_stream import (
     session_records,
 )
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.outputs import OutputDecoder, OutputSchemaTable
 from pipeline.core.dedup import Delivery, SeqTracker
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 from pipeline.core.events import JsonValue as JsonValue
 from pipeline.services.replay.compare import read_conversations
@@ -65,10 +76,11 @@ from pipeline.services.replay.versions import ActiveVersion, active_version
 from pipeline.settings import Settings
 
 __all__ = [
-    "ActiveVersion", "At", "Delivery", "Event", "EventRecord", "EventSerde", "EventStream",
-    "SeqTracker", "SessionGap", "Settings", "Start", "active_version", "catch_up",
-    "derived_conversations", "open_stream", "partition_for", "process_at_least_once",
-    "session_events", "session_records",
+    "ActiveVersion", "At", "CodecError", "Delivery", "Event", "EventRecord", "EventSerde",
+    "EventStream", "OutputDecoder", "OutputSchemaTable", "SeqTracker", "SessionGap",
+    "Settings", "Start", "active_version", "catch_up", "derived_conversations",
+    "open_stream", "partition_for", "process_at_least_once", "session_events",
+    "session_records",
 ]
 
 _DEFAULT_SERDE: EventSerde | None = None

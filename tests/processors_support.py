@@ -17,12 +17,15 @@ from typing import Any
 
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.outputs import OutputDecoder
 from pipeline.codec.records import event_headers, record_key
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_READY_S = 90.0
+_OUTPUTS = OutputDecoder()  # values of the derived output topics (Avro)
 
 
 def event_records(settings: Settings, session_id: str, events: Iterable[Event],
@@ -248,8 +251,14 @@ async def _partitions(consumer: Any, topic: str) -> set[int]:
 
 
 def _value(raw: bytes | None) -> Any:
+    """A derived output record decoded (Avro), else JSON, else the raw bytes (e.g. a dead
+    letter's original Avro session event)."""
     if raw is None:
         return None
+    try:
+        return _OUTPUTS.decode(raw)
+    except CodecError:
+        pass
     try:
         return json.loads(raw)
     except ValueError:

@@ -16,6 +16,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.cli.main import main
+from pipeline.codec.outputs import default_output_codecs
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.projection import slot_key
 from pipeline.core.synth import synth_session
@@ -65,7 +66,8 @@ def test_replay_builds_verifies_switches_and_reports_a_corrupted_version(
               "message": {"role": "user", "content": [{"type": "text", "text": "forged"}]}}
     first_slot = _first_slot(settings, live, "text-turn")
     asyncio.run(send_records(settings, [OutRecord(
-        live, slot_key("text-turn", first_slot).encode(), json.dumps(forged).encode())]))
+        live, slot_key("text-turn", first_slot).encode(),
+        default_output_codecs().derived.encode(forged) or b"")]))
 
     assert main(["replay"]) == 1  # differs from the live version: reported, not switched
     out = capsys.readouterr()

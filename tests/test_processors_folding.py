@@ -16,10 +16,12 @@ from processors_support import generated_sessions
 
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.outputs import OUTPUT_SCHEMAS, OutputCodecs, OutputDecoder
 from pipeline.codec.records import event_headers, record_key
 from pipeline.core.events import Event, Replace
 from pipeline.core.log import derive_messages
-from pipeline.core.usage import TokenCounts, UsageSample, UsageScan
+from pipeline.core.projection import rebuild_conversations
+from pipeline.core.usage import TokenCounts, UsageSample, UsageScan, session_record
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import (
@@ -33,6 +35,7 @@ from pipeline.settings import TopicNames
 
 TOPICS = TopicNames("t.")
 SERDE = EventSerde()
+OUTPUTS = OutputDecoder()
 
 
 class Harness:
@@ -293,7 +296,7 @@ class AggHarness:
         self.sent.append(out)
 
     def published(self) -> dict[str, Any]:
-        return {o.key.decode(): json.loads(o.value) for o in self.sent if o.key and o.value}
+        return {o.key.decode(): OUTPUTS.decode(o.value) for o in self.sent if o.key and o.value}
 
 
 def sample(session: str, seq: int, time: int, tokens: int, model: str = "m") -> dict[str, Any]:
@@ -418,3 +421,33 @@ async def test_a_route_sends_derived_changes_to_its_version_and_none_below_cover
             expected += len(unrouted.sent_to(TOPICS.derived_messages)) - before
     assert 0 < len(published) == expected
     assert harness.messages(sid) == list(derive_messages(events))  # folded all the same
+
+
+@pytest.mark.parametrize("registry", [False, True])
+async def test_outputs_are_avro_records_that_decode_to_core_folds(registry: bool) -> None:
+    """Every derived output value is Avro (single-object, or Confluent with registry ids);
+    decoded, the derived messages are core's derivation, fleet status the table's, and the
+    session usage a full scan's."""
+    harness = Harness()
+    if registry:
+        ids = {name: 40 + i for i, name in enumerate(OUTPUT_SCHEMAS)}
+        harness.folder.outputs = OutputCodecs.confluent(ids, lookup=None)
+    logs = sessions(5, 4)
+    for sid, events in logs.items():
+        await harness.feed_batch([harness.record(sid, e) for e in events])
+    reader = OutputDecoder(harness.folder.outputs.derived.table)
+    outputs = [o for o in harness.sent
+               if o.topic in (TOPICS.derived_messages, TOPICS.usage, TOPICS.fleet)]
+    framing = b"\x00\x00\x00\x00" if registry else b"\xc3\x01"
+    assert outputs and all(o.value is None or o.value.startswith(framing) for o in outputs)
+    last = {(o.topic, (o.key or b"").decode()): reader.decode(o.value) for o in outputs}
+    derived = [(o.key.decode(), reader.decode(o.value))
+               for o in harness.sent_to(TOPICS.derived_messages) if o.key]
+    scan = UsageScan()
+    for sid, events in logs.items():
+        assert rebuild_conversations(derived)[sid] == list(derive_messages(events))
+        state = SessionState.from_json(sid, harness.tables.sessions[sid])
+        assert last[(TOPICS.fleet, sid)] == (state.fleet.to_json() if state.fleet else None)
+        scan.add_log(sid, events)
+        assert last[(TOPICS.usage, f"session/{sid}")] == session_record(
+            sid, scan.by_session[sid])

@@ -189,6 +189,8 @@ async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
     result = outcome.result
     for line in result.problems[:_MAX_LISTED]:
         _progress(f"log problem: {line}")
+    for line in outcome.live_problems[:_MAX_LISTED]:
+        _progress(f"active version: {line}")
     if outcome.moved:
         _progress(f"{len(outcome.moved)} sessions changed during the rebuild, not compared: "
                   + ", ".join(outcome.moved[:20]) + (" ..." if len(outcome.moved) > 20 else ""))
@@ -204,6 +206,7 @@ async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
                       "compared_with": outcome.compared_with,
                       "differences": len(outcome.differences),
                       "moved_sessions": len(outcome.moved),
+                      "active_undecodable": outcome.live_undecodable,
                       "log_problems": len(result.problems), "switched": outcome.switched,
                       "processors_held": outcome.held}),
           flush=True)

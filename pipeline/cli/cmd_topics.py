@@ -3,7 +3,8 @@
 ``topics ensure`` is what deployments run once before the services (the compose ``topics``
 service, the Kubernetes Job): it creates every missing topic with its configuration
 (DESIGN.md section 2), refuses existing ones that do not match, and, unless
-``--no-registry``, registers today's value schemas (session events, inbox commands) under
+``--no-registry``, registers today's value schemas (session events, inbox commands and the
+derived outputs: derived-message changes, usage records, fleet status) under
 ``<topic>-value`` with compatibility BACKWARD_TRANSITIVE set explicitly.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.registry.outputs import register_output_schemas
 from pipeline.cli.cmd_driver import registry_codecs
 from pipeline.settings import Settings
 
@@ -40,6 +42,7 @@ def run_ensure(args: argparse.Namespace, settings: Settings) -> int:
     if not args.no_registry:
         with RegistryClient.from_settings(settings) as client:
             registry_codecs(settings, client)  # registers both subjects, rule set explicitly
+            register_output_schemas(client, settings.topics)  # derived-messages, usage, fleet
         summary["registry"] = settings.registry_url
     print(json.dumps(summary), flush=True)
     return 0

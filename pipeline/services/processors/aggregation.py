@@ -4,7 +4,9 @@ Sessions of one model live in every partition of the session topic, so per-model
 cannot be table entries of the session stage (a key written from two partitions would land in
 two changelog partitions). The session stage therefore sends each usage sample to an internal
 topic keyed by ``provider/model``; this stage owns every model key of its partitions, with
-changelogs co-partitioned with that topic.
+changelogs co-partitioned with that topic. That internal topic carries samples and ticks as
+JSON (only this stage reads it); the exported records on the usage topic are Avro
+(``dsh.UsageRecord``, :mod:`pipeline.codec.outputs`).
 
 **State.** One table record per (model, session), ``contrib/<provider>/<model>/<session>``:
 the last seq applied (dedup), the session's total for the model and its share of each open
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.core.events import JsonValue
 from pipeline.core.usage import (
     TokenCounts,
@@ -78,8 +81,10 @@ class UsageAggregator:
     def __init__(self, table: Table, send: Send, export_topic: str,
                  counters: DeliveryCounters, owned: Callable[[], Iterable[int]], *,
                  grace_ms: int, sizes: Mapping[str, int],
-                 settled: Callable[[], bool] = lambda: True) -> None:
+                 settled: Callable[[], bool] = lambda: True,
+                 outputs: OutputCodecs | None = None) -> None:
         self.table = table
+        self.outputs = outputs or default_output_codecs()  # the export topic is Avro
         self.send = send
         self.export_topic = export_topic
         self.counters = counters
@@ -188,4 +193,5 @@ class UsageAggregator:
                 for key, counts in sorted(sums.models.items())]
 
     async def _publish(self, key: str, value: dict[str, JsonValue]) -> None:
-        await self.send(Outgoing(self.export_topic, key.encode(), json_bytes(value)))
+        await self.send(Outgoing(self.export_topic, key.encode(),
+                                 self.outputs.usage.encode(value)))

@@ -23,7 +23,9 @@ none, and redelivery from the committed offset skips what it holds and applies t
 idempotent. Outputs are sent before the state is written, so a crash can only repeat them
 (same key and value on the compacted topics; the per-model stage drops a repeated sample by
 seq). Fleet status and session usage are published once per session per batch (their last
-value: the topics are compacted); derived-message changes one record per change.
+value: the topics are compacted); derived-message changes one record per change. Output
+values are Avro (:mod:`pipeline.codec.outputs`); usage samples to the internal per-model
+topic stay JSON.
 
 **Chunks and gaps after a kill -9.** Chunks (about 80% of the records) change no table but
 move the session's cursor. At the end of every batch the cursor of each session it moved is
@@ -53,6 +55,7 @@ from pipeline.adapters.kafka.records import (
     OutRecord,
     headers_of,
 )
+from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import CodecError, EventError, SequenceError
@@ -195,8 +198,12 @@ class SessionFolder:
 
     def __init__(self, tables: SessionTables, send: Send, decode: Decoder, topics: TopicNames,
                  usage_topic: str, counters: DeliveryCounters,
-                 route: DerivedRoute | None = None) -> None:
+                 route: DerivedRoute | None = None, *,
+                 outputs: OutputCodecs | None = None) -> None:
         self.tables = tables
+        # Avro encoders of the output topics (single-object encoding unless given ones
+        # with registry ids); the internal usage-by-model topic stays JSON.
+        self.outputs = outputs or default_output_codecs()
         self.route = route  # None: always the derived-messages topic of ``topics``
         self.send = send
         self.decode = decode
@@ -339,9 +346,9 @@ class SessionFolder:
             if self.route is not None:
                 topic = self.route.topic_for(record.partition, record.offset)
             if topic is not None:
+                encode = self.outputs.derived.encode_change
                 for change in plan.changes:
-                    await self.send(Outgoing(topic, change.key.encode(),
-                                             json_bytes(change.to_json())))
+                    await self.send(Outgoing(topic, change.key.encode(), encode(change)))
                 self.counters.derived_changes += len(plan.changes)
         if plan.sample is not None:
             self.counters.usage_samples += 1
@@ -354,11 +361,12 @@ class SessionFolder:
             fleet = batch.states[session_id].fleet
             if fleet is not None:
                 await self.send(Outgoing(self.topics.fleet, session_id.encode(),
-                                         json_bytes(fleet.to_json())))
+                                         self.outputs.fleet.encode(fleet.to_json())))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
             await self.send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
-                                     json_bytes(session_record(session_id, totals))))
+                                     self.outputs.usage.encode(session_record(session_id,
+                                                                              totals))))
         for session_id, started in batch.started.items():
             cursor = batch.cursors[session_id]
             if session_id in batch.dirty:

@@ -7,20 +7,29 @@ session must be equal message for message; each difference is one line. The last
 of a session on a compacted topic is the largest ``changeSeq`` left: every surface event
 that changes anything writes at least one non-tombstone record carrying its seq (an append
 its own slot, a replace the slot it keeps).
+
+Values are ``dsh.DerivedMessageChange`` Avro records (either framing; JSON objects written
+before the outputs were Avro are read too, :class:`pipeline.codec.outputs.OutputDecoder`).
+A record that does not decode, or whose key is not ``<session>/<slot>``, is skipped and
+listed in :attr:`VersionContent.problems` (never a crash, never silently).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
+from pipeline.adapters.kafka.records import ConsumedRecord
 from pipeline.adapters.kafka.topic_scan import TopicScan
+from pipeline.codec.outputs import DERIVED_MESSAGE_CHANGE, OutputDecoder
+from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.projection import parse_slot_key, rebuild_conversations
 from pipeline.settings import Settings
 
 Conversations = dict[str, list[JsonValue]]
+MAX_PROBLEMS: Final = 1000  # lines kept; ``undecodable`` counts them all
 
 
 @dataclass(slots=True)
@@ -29,18 +38,25 @@ class VersionContent:
 
     conversations: Conversations = field(default_factory=dict)
     last_change: dict[str, int] = field(default_factory=dict)  # session -> max changeSeq
+    undecodable: int = 0  # records skipped: value or key not a derived-message change
+    problems: list[str] = field(default_factory=list)  # one line per skipped record
 
 
-async def read_version(settings: Settings, topic: str) -> VersionContent | None:
+async def read_version(settings: Settings, topic: str, decoder: OutputDecoder | None = None
+                       ) -> VersionContent | None:
     """What a compacted derived-messages topic holds (None: no such topic)."""
+    decoder = decoder or OutputDecoder()
+    content = VersionContent()
     pairs: list[tuple[str, JsonValue | None]] = []
     async with TopicScan(settings, topic) as scan:
         if not scan.exists:
             return None
         async for batch in scan.batches():
-            pairs.extend((r.key.decode("utf-8") if r.key else "",
-                          json.loads(r.value) if r.value is not None else None) for r in batch)
-    content = VersionContent({sid: list(m) for sid, m in rebuild_conversations(pairs).items()})
+            for record in batch:
+                pair = _decoded(record, decoder, content)
+                if pair is not None:
+                    pairs.append(pair)
+    content.conversations = {sid: list(m) for sid, m in rebuild_conversations(pairs).items()}
     live: dict[str, JsonValue | None] = {}
     for key, value in pairs:
         live[key] = value
@@ -50,6 +66,21 @@ async def read_version(settings: Settings, topic: str) -> VersionContent | None:
             seq = int(value["changeSeq"])
             content.last_change[session_id] = max(seq, content.last_change.get(session_id, -1))
     return content
+
+
+def _decoded(record: ConsumedRecord, decoder: OutputDecoder, content: VersionContent
+             ) -> tuple[str, JsonValue | None] | None:
+    """(slot key, change or None for a tombstone); None when the record is skipped."""
+    try:
+        key = record.key.decode("utf-8") if record.key else ""
+        parse_slot_key(key)
+        return key, decoder.decode(record.value, DERIVED_MESSAGE_CHANGE)
+    except (CodecError, EventError, UnicodeDecodeError) as exc:
+        content.undecodable += 1
+        if len(content.problems) < MAX_PROBLEMS:
+            content.problems.append(f"{record.topic}[{record.partition}]@{record.offset}: "
+                                    f"skipped, not a derived-message change: {exc}")
+        return None
 
 
 async def read_conversations(settings: Settings, topic: str) -> Conversations | None:

@@ -27,9 +27,10 @@ from typing import Final
 
 from pipeline.adapters.kafka.records import ConsumedRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
+from pipeline.codec.outputs import DerivedChangeSerde, default_output_codecs
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.errors import BrokerError, CodecError, EventError
-from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
 from pipeline.core.projection import (
     ActivePointer,
     MessageChange,
@@ -100,14 +101,17 @@ class Rebuilder:
     ``scan_batch`` records once ``coalesce_keys`` keys are pending. A slot removed before it
     was ever written needs no tombstone. The topic then holds, record for record, what
     compaction would have left of the processors' change stream (the synthetic mix writes
-    about one record per 12 changes).
+    about one record per 12 changes). Values are ``dsh.DerivedMessageChange`` Avro records
+    written by ``encoder`` (single-object encoding unless given one with a registry id).
     """
 
     def __init__(self, settings: Settings, decode: Decoder, version: int, *,
                  with_core: bool = False, progress: Progress | None = None,
-                 coalesce_keys: int = 200_000, scan_batch: int = _SCAN_BATCH) -> None:
+                 coalesce_keys: int = 200_000, scan_batch: int = _SCAN_BATCH,
+                 encoder: DerivedChangeSerde | None = None) -> None:
         self.settings = settings
         self.decode = decode
+        self.encoder = encoder or default_output_codecs().derived
         self.result = RebuildResult(version, version_topic(settings, version))
         self.with_core = with_core
         self.progress = progress or (lambda _line: None)
@@ -278,6 +282,7 @@ class Rebuilder:
         for a key the topic holds)."""
         pending, self._pending = self._pending, {}
         topic, written = self.result.topic, self._written
+        encode = self.encoder.encode_change
         for key, change in pending.items():
             if change.kind == "remove":
                 if key not in written:
@@ -286,7 +291,7 @@ class Rebuilder:
                 await out.send(topic, key.encode(), None)
             else:
                 written.add(key)
-                await out.send(topic, key.encode(), dumps_json(change.to_json()).encode())
+                await out.send(topic, key.encode(), encode(change))
             self.result.records_written += 1
         await out.flush()
 
@@ -323,18 +328,22 @@ class ReplayOutcome:
     switched: bool
     held: bool = False  # live processors held for the handover
     moved: list[str] = field(default_factory=list)  # changed during the rebuild: not compared
+    live_undecodable: int = 0  # records of the active version skipped (not compared)
+    live_problems: list[str] = field(default_factory=list)  # one line per skipped record
 
 
 async def replay_projection(settings: Settings, decode: Decoder, *, force: bool = False,
                             progress: Progress | None = None,
-                            handover_timeout_s: float = HANDOVER_TIMEOUT_S) -> ReplayOutcome:
+                            handover_timeout_s: float = HANDOVER_TIMEOUT_S,
+                            encoder: DerivedChangeSerde | None = None) -> ReplayOutcome:
     """Rebuild into a new version, verify it, and when it verified (or ``force``) hand it
-    over from the live processors and switch readers to it (see ``versions``)."""
+    over from the live processors and switch readers to it (see ``versions``). ``encoder``
+    writes the new version's records (default: single-object encoding)."""
     active = await active_version(settings)
     live = await read_version(settings, active.topic)
     version = await next_version(settings, active)
     rebuilder = Rebuilder(settings, decode, version, with_core=not (live and live.conversations),
-                          progress=progress)
+                          progress=progress, encoder=encoder)
     result = await rebuilder.run()
     moved: set[str] = set()
     if live and live.conversations:
@@ -346,7 +355,9 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
         compared_with = "core's derivation of the log (no live version yet)"
         found = differences(result.core or {}, result.conversations, "core")
     outcome = ReplayOutcome(result, compared_with, found, switched=force or not found,
-                            moved=sorted(moved))
+                            moved=sorted(moved),
+                            live_undecodable=live.undecodable if live else 0,
+                            live_problems=list(live.problems) if live else [])
     if outcome.switched:
         outcome.held = await hand_over(settings, rebuilder, timeout_s=handover_timeout_s)
     return outcome

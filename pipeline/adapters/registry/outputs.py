@@ -1,0 +1,57 @@
+"""Registering the derived outputs' value schemas (one subject per output topic).
+
+``derived-messages`` -> ``dsh.DerivedMessageChange``, ``usage`` -> ``dsh.UsageRecord``,
+``fleet`` -> ``dsh.FleetStatus``, each under ``<topic>-value`` (TopicNameStrategy) with
+compatibility BACKWARD_TRANSITIVE set explicitly, as the session-event and inbox subjects.
+Synchronous (start-up only); :func:`output_codecs_for_topics_async` runs it off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.adapters.registry.client import BACKWARD_TRANSITIVE, RegistryClient, value_subject
+from pipeline.codec.outputs import (
+    DERIVED_MESSAGE_CHANGE,
+    FLEET_STATUS,
+    USAGE_RECORD,
+    OutputCodecs,
+    current_output_schema,
+)
+from pipeline.settings import TopicNames
+
+
+def output_topics(topics: TopicNames, derived_topic: str | None = None) -> dict[str, str]:
+    """Output schema name -> the topic its records go to (``derived_topic``: a rebuilt
+    version of the derived messages instead of the base topic)."""
+    return {DERIVED_MESSAGE_CHANGE: derived_topic or topics.derived_messages,
+            USAGE_RECORD: topics.usage, FLEET_STATUS: topics.fleet}
+
+
+def register_output_schemas(client: RegistryClient, topics: TopicNames, *,
+                            derived_topic: str | None = None,
+                            compatibility: str = BACKWARD_TRANSITIVE) -> dict[str, int]:
+    """Register today's output schemas, one subject per topic, the rule set explicitly
+    (after the first registration: Apicurio wants the subject to exist); the registry ids
+    by schema name. Idempotent."""
+    ids: dict[str, int] = {}
+    for name, topic in output_topics(topics, derived_topic).items():
+        subject = value_subject(topic)
+        ids[name] = client.register(subject, current_output_schema(name).text())
+        client.set_compatibility(compatibility, subject)
+    return ids
+
+
+def output_codecs_for_topics(client: RegistryClient, topics: TopicNames, *,
+                             derived_topic: str | None = None) -> OutputCodecs:
+    """Output serdes writing the Confluent framing with the registered ids, reading any id
+    through the registry (once per id)."""
+    ids = register_output_schemas(client, topics, derived_topic=derived_topic)
+    return OutputCodecs.confluent(ids, client.get_schema)
+
+
+async def output_codecs_for_topics_async(client: RegistryClient, topics: TopicNames, *,
+                                         derived_topic: str | None = None) -> OutputCodecs:
+    """:func:`output_codecs_for_topics` off the event loop (registration blocks on HTTP)."""
+    return await asyncio.to_thread(output_codecs_for_topics, client, topics,
+                                   derived_topic=derived_topic)

@@ -53,12 +53,13 @@ def driver_env(settings: Settings) -> dict[str, str]:
             "DSH_REPLICATION_FACTOR": "1", "DSH_GROUP_ID_PREFIX": settings.group_id_prefix}
 
 
-async def start_driver(settings: Settings) -> asyncio.subprocess.Process:
+async def start_driver(settings: Settings, extra_env: dict[str, str] | None = None
+                       ) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipeline.cli.main", "driver", "--instance-id", "crash-test",
         "--session-timeout-ms", "6000", "--script-chunk-delay-ms", "60", "--grace", "1",
         "--metrics-port", "-1",
-        env=driver_env(settings), stdout=asyncio.subprocess.PIPE,
+        env={**driver_env(settings), **(extra_env or {})}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     assert process.stdout is not None
     try:

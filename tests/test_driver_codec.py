@@ -17,6 +17,7 @@ from pipeline.codec.records import event_headers
 from pipeline.core.errors import CodecError, ConfigError, SchemaError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.driver.kafka_sink import (
     InboxOffsets,
     applied_from_metadata,
@@ -128,7 +129,7 @@ def test_dead_letter_keeps_key_bytes_and_headers_and_says_why() -> None:
     assert header_value(letter.headers, "dsh.original.offset") == b"77"
 
 
-def test_logged_message_ids_come_from_splices_and_user_messages() -> None:
+def test_logged_message_ids_come_from_splices_user_messages_and_config_events() -> None:
     splice = Event("agent/inbox/spliced", 0, 1, {"target": "next-turn", "start": 0,
                                                  "inserted": [{"id": "m-1", "role": "user"}]})
     claim = Event("agent/inbox/spliced", 2, 1, {"target": "next-turn", "start": 0,
@@ -137,6 +138,9 @@ def test_logged_message_ids_come_from_splices_and_user_messages() -> None:
     assert list(logged_message_ids(splice)) == ["m-1"]
     assert list(logged_message_ids(claim)) == []
     assert list(logged_message_ids(user)) == ["m-9"]
+    configured = Event(CONFIG_TYPE, 5, 1, {"messageId": "c-1", "header": {
+        "config": {"provider": "scripted", "model": "m"}}}, ignorable=True)
+    assert list(logged_message_ids(configured)) == ["c-1"]
     assert tuple(event_headers(user)) == (("dsh.type", b"user/message"), ("dsh.seq", b"4"))
 
 

@@ -9,16 +9,17 @@ What is atomic (one Kafka transaction of p's producer, see ``kafka_sink``): a ba
 events of p's sessions (at most ``linger_ms`` old, or up to a step boundary), the dead
 letters of bad inbox records, and the inbox offset of p up to which every command's effect
 is logged. A message command is "logged" when its ``agent/inbox/spliced`` record is in the
-batch; a cancel or configure when its session's runner went idle after it.
+batch, a configure when its ``dsh-pipeline/config`` record is (the configuration it leaves,
+which a rebuild restores); a cancel when its session's runner went idle after it.
 
 On a crash between transactions: events not committed are lost (readers never saw them:
 they read committed); the next owner fences the dead producer (its open transaction is
 aborted), rebuilds each session from the committed events, writes crash-repair closers for
 an open turn (``turn/end interrupted``), and gets every command after the committed inbox
 offset again. Commands whose message id is in the log are skipped; the inbox lists are
-rebuilt from the splices, so queued work continues. Cancel and configure leave no id in the
-log: those applied beyond the commit point are named in the commit's metadata (same
-transaction) and skipped too.
+rebuilt from the splices and the configuration from the last config event or header, so
+queued work continues as configured. A cancel leaves no id in the log: those applied beyond
+the commit point are named in the commit's metadata (same transaction) and skipped too.
 
 Eager rebalances (aiokafka has no cooperative protocol): on revocation nothing is torn
 down; on the following assignment partitions no longer assigned are released (their turns

@@ -34,6 +34,7 @@ from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
+from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.core.turn_effects import HookDecision, SessionConfig
 from pipeline.services.driver.hooks import Messages, NextHook, PreStepContext, reject
 from pipeline.services.driver.kafka_sink import PartitionSink
@@ -277,13 +278,16 @@ async def test_configure_changes_the_model_of_the_next_request_header(
     session = "s-configure"
     await driver.followup(session, "first, with the default model")
     await driver.turns_ended(session, 1)
-    await driver.send(Configure(session, str(uuid.uuid4()), model="scripted-2",
-                                tools=("echo",)))
+    configure_id = str(uuid.uuid4())
+    await driver.send(Configure(session, configure_id, model="scripted-2", tools=("echo",)))
     await driver.followup(session, "then with the configured one")
     events = await driver.turns_ended(session, 2)
     strict(session, events)
     headers = [e.data["header"] for e in of_type(events, "request/header")]
     assert [h["config"]["model"] for h in headers] == ["scripted-1", "scripted-2"]
+    [config] = of_type(events, CONFIG_TYPE)  # logged when applied, stated by the next header
+    assert config.ignorable is True
+    assert config.data == {"messageId": configure_id, "header": headers[-1]}
     assert [t["name"] for t in headers[-1]["tools"]] == ["echo"]
     last = [r for r in driver.model.requests if any(
         "then with the configured one" in _texts(m) for m in r.messages)]

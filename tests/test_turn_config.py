@@ -224,7 +224,7 @@ def test_a_header_that_would_differ_from_the_last_configuration_is_refused() -> 
                         message_ids=set(), default=CONFIG)
     state.configure(Configure("s1", "c1", model="m1"), None)
     state.configured = {"config": {"provider": "deepseek-official", "model": "other"}}
-    with pytest.raises(InvariantViolation, match="differs from the last configured"):
+    with pytest.raises(InvariantViolation, match="differs from the last logged configuration"):
         state.header_due()
 
 

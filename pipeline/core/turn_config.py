@@ -147,9 +147,12 @@ class ConfigState:
         if header is None:
             raise TurnError("no provider/model configured for this session")
         configured = self.configured
-        if configured is not None and configured is not header and configured != header:
-            raise InvariantViolation(
-                f"the request header {header} differs from the last configured {configured}")
+        if configured is not None and configured is not header:
+            if configured != header:
+                raise InvariantViolation(
+                    f"the next request header (config {header.get('config')}) differs from "
+                    f"the last logged configuration (config {configured.get('config')})")
+            self.configured = header  # equal: later checks are an identity test
         if header is self.header or header == self.header:
             return None
         reason, self.header, self.header_reason = self.header_reason, header, "change"

@@ -247,3 +247,12 @@ def test_todays_reader_schema_resolves_every_old_version(name: str) -> None:
             record = schemaless_reader(body, parse_schema(old.schema), reader)
             assert isinstance(record, dict) and record.keys() == {
                 f["name"] for f in current_output_schema(name).schema["fields"]}
+
+
+def test_a_record_of_another_output_schema_is_refused_when_one_is_expected() -> None:
+    fleet = default_output_codecs().fleet.encode(_samples()[FLEET_STATUS][0])
+    decoder = OutputDecoder()
+    assert decoder.decode(fleet, FLEET_STATUS) == _samples()[FLEET_STATUS][0]
+    with pytest.raises(CodecError, match="a dsh.FleetStatus record where "
+                                         "dsh.DerivedMessageChange was expected"):
+        decoder.decode(fleet, DERIVED_MESSAGE_CHANGE)

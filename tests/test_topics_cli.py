@@ -18,7 +18,7 @@ def _use(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSH_PARTITIONS", str(settings.partitions))
 
 
-def test_topics_ensure_creates_once_and_registers_both_subjects(
+def test_topics_ensure_creates_once_and_registers_every_subject(
         settings: Settings, registry_url: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     _use(settings, monkeypatch)
@@ -31,8 +31,13 @@ def test_topics_ensure_creates_once_and_registers_both_subjects(
     assert second["created"] == []
     assert sorted(second["existing"]) == sorted(first["created"] + first["existing"])
     with RegistryClient.from_settings(settings) as client:
-        for topic in (settings.topics.session_events, settings.topics.inbox):
+        names = settings.topics
+        for topic in (names.session_events, names.inbox, names.derived_messages, names.usage,
+                      names.fleet):
             assert client.get_compatibility(value_subject(topic)) == "BACKWARD_TRANSITIVE"
+        derived = json.loads(client.get_schema(client.latest(
+            value_subject(names.derived_messages))[0]))
+        assert derived["name"] == "DerivedMessageChange"
 
 
 def test_topics_ensure_refuses_a_partition_mismatch_with_a_clear_error(

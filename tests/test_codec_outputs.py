@@ -253,6 +253,6 @@ def test_a_record_of_another_output_schema_is_refused_when_one_is_expected() -> 
     fleet = default_output_codecs().fleet.encode(_samples()[FLEET_STATUS][0])
     decoder = OutputDecoder()
     assert decoder.decode(fleet, FLEET_STATUS) == _samples()[FLEET_STATUS][0]
-    with pytest.raises(CodecError, match="a dsh.FleetStatus record where "
-                                         "dsh.DerivedMessageChange was expected"):
+    with pytest.raises(CodecError, match=r"a dsh\.FleetStatus record where "
+                                         r"dsh\.DerivedMessageChange was expected"):
         decoder.decode(fleet, DERIVED_MESSAGE_CHANGE)

@@ -42,8 +42,8 @@ The derived output topics (``derived-messages``, ``usage``, ``fleet``) hold Avro
 (usage with the dotted OpenTelemetry names), ``None`` for a tombstone, and raises
 :class:`CodecError` for anything else::
 
-    decoder = OutputDecoder()                  # OutputDecoder(OutputSchemaTable(lookup)) to
-    status = decoder.decode(record.value)      # resolve registry ids (Confluent framing)
+    decoder = output_decoder(settings)         # registry ids through DSH_REGISTRY_URL
+    status = decoder.decode(record.value)      # (OutputDecoder(): single-object only)
 
 To keep your own dedup state across restarts, use :class:`SeqTracker` (``check`` ->
 :class:`Delivery` APPLY/DUPLICATE/GAP, then ``applied``) and persist its last seqs with
@@ -65,6 +65,7 @@ from pipeline.adapters.kafka.event_stream import (
     session_events,
     session_records,
 )
+from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OutputDecoder, OutputSchemaTable
 from pipeline.core.dedup import Delivery, SeqTracker
@@ -79,7 +80,7 @@ __all__ = [
     "ActiveVersion", "At", "CodecError", "Delivery", "Event", "EventRecord", "EventSerde",
     "EventStream", "OutputDecoder", "OutputSchemaTable", "SeqTracker", "SessionGap",
     "Settings", "Start", "active_version", "catch_up", "derived_conversations",
-    "open_stream", "partition_for", "process_at_least_once", "session_events",
+    "open_stream", "output_decoder", "partition_for", "process_at_least_once", "session_events",
     "session_records",
 ]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+from dataclasses import replace
 
 import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
@@ -13,6 +15,8 @@ from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import TopicScan, ensure_topic
+from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.registry.outputs import output_codecs_for_topics
 from pipeline.codec.outputs import OutputDecoder, default_output_codecs
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.fleet import FleetStatus
@@ -80,3 +84,35 @@ def test_undecodable_records_of_a_version_are_skipped_counted_and_listed(
     assert "not '<session>/<slot>'" in content.problems[1]
     assert "a dsh.FleetStatus record where dsh.DerivedMessageChange" in content.problems[2]
     assert "not a framed Avro output record" in content.problems[3]
+
+
+def test_a_confluent_framed_version_reads_back_through_the_registry(
+        settings: Settings) -> None:
+    """Ids resolve through the settings' registry; with the registry unreachable the records
+    are skipped and counted, never a crash."""
+    topic = settings.topics.derived_messages
+    with RegistryClient.from_settings(settings) as client:
+        codecs = output_codecs_for_topics(client, settings.topics)
+    changes = [MessageChange("s-1", slot, slot, slot, "append", _message(f"m{slot}"))
+               for slot in range(3)]
+    records = [OutRecord(topic, c.key.encode(), codecs.derived.encode_change(c) or b"",
+                         partition=0) for c in changes]
+
+    async def write_and_read() -> VersionContent | None:
+        await ensure_topic(settings, topic, compact=True)
+        await send_records(settings, records)
+        return await read_version(settings, topic)
+
+    content = asyncio.run(write_and_read())
+    assert content is not None and content.undecodable == 0
+    assert content.conversations == {"s-1": [_message(f"m{slot}") for slot in range(3)]}
+    unreachable = replace(settings, registry_url=f"http://127.0.0.1:{_closed_port()}")
+    content = asyncio.run(read_version(unreachable, topic))
+    assert content is not None and content.conversations == {}
+    assert content.undecodable == 3 and "schema registry" in content.problems[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

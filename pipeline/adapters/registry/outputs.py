@@ -16,9 +16,12 @@ from pipeline.codec.outputs import (
     FLEET_STATUS,
     USAGE_RECORD,
     OutputCodecs,
+    OutputDecoder,
+    OutputSchemaTable,
     current_output_schema,
 )
-from pipeline.settings import TopicNames
+from pipeline.codec.schemas import SchemaLookup
+from pipeline.settings import Settings, TopicNames
 
 
 def output_topics(topics: TopicNames, derived_topic: str | None = None) -> dict[str, str]:
@@ -55,3 +58,19 @@ async def output_codecs_for_topics_async(client: RegistryClient, topics: TopicNa
     """:func:`output_codecs_for_topics` off the event loop (registration blocks on HTTP)."""
     return await asyncio.to_thread(output_codecs_for_topics, client, topics,
                                    derived_topic=derived_topic)
+
+
+def registry_lookup(settings: Settings) -> SchemaLookup:
+    """Schema text by registry id through the settings' registry. A client per call: the
+    schema table fetches an id once and caches it, and a reader that never meets a
+    Confluent-framed record connects to nothing."""
+    def lookup(schema_id: int) -> str:
+        with RegistryClient.from_settings(settings) as client:
+            return client.get_schema(schema_id)
+    return lookup
+
+
+def output_decoder(settings: Settings) -> OutputDecoder:
+    """A decoder of the output topics that resolves registry ids through the settings'
+    registry (single-object records and legacy JSON need none)."""
+    return OutputDecoder(OutputSchemaTable(registry_lookup(settings)))

@@ -10,8 +10,9 @@ its own slot, a replace the slot it keeps).
 
 Values are ``dsh.DerivedMessageChange`` Avro records (either framing; JSON objects written
 before the outputs were Avro are read too, :class:`pipeline.codec.outputs.OutputDecoder`).
-A record that does not decode, or whose key is not ``<session>/<slot>``, is skipped and
-listed in :attr:`VersionContent.problems` (never a crash, never silently).
+Registry ids are resolved through the settings' registry. A record that does not decode
+(or whose schema id the registry cannot give), or whose key is not ``<session>/<slot>``, is
+skipped and listed in :attr:`VersionContent.problems` (never a crash, never silently).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Final
 
 from pipeline.adapters.kafka.records import ConsumedRecord
 from pipeline.adapters.kafka.topic_scan import TopicScan
+from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.outputs import DERIVED_MESSAGE_CHANGE, OutputDecoder
-from pipeline.core.errors import CodecError, EventError
+from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.projection import parse_slot_key, rebuild_conversations
 from pipeline.settings import Settings
@@ -44,8 +46,9 @@ class VersionContent:
 
 async def read_version(settings: Settings, topic: str, decoder: OutputDecoder | None = None
                        ) -> VersionContent | None:
-    """What a compacted derived-messages topic holds (None: no such topic)."""
-    decoder = decoder or OutputDecoder()
+    """What a compacted derived-messages topic holds (None: no such topic). Registry ids
+    (Confluent framing) are resolved through the settings' registry unless ``decoder``."""
+    decoder = decoder or output_decoder(settings)
     content = VersionContent()
     pairs: list[tuple[str, JsonValue | None]] = []
     async with TopicScan(settings, topic) as scan:
@@ -75,7 +78,7 @@ def _decoded(record: ConsumedRecord, decoder: OutputDecoder, content: VersionCon
         key = record.key.decode("utf-8") if record.key else ""
         parse_slot_key(key)
         return key, decoder.decode(record.value, DERIVED_MESSAGE_CHANGE)
-    except (CodecError, EventError, UnicodeDecodeError) as exc:
+    except (DshError, UnicodeDecodeError) as exc:  # codec, key, or registry unreachable
         content.undecodable += 1
         if len(content.problems) < MAX_PROBLEMS:
             content.problems.append(f"{record.topic}[{record.partition}]@{record.offset}: "

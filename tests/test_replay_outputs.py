@@ -11,16 +11,20 @@ from dataclasses import replace
 
 import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
+from processors_support import event_records
 
+from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import TopicScan, ensure_topic
-from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.registry.client import RegistryClient, event_serde_for_topic
 from pipeline.adapters.registry.outputs import output_codecs_for_topics
+from pipeline.cli.main import main
 from pipeline.codec.outputs import OutputDecoder, default_output_codecs
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import MessageChange
+from pipeline.sdk import derived_conversations
 from pipeline.services.replay.compare import VersionContent, read_version
 from pipeline.services.replay.rebuild import Rebuilder
 from pipeline.settings import Settings
@@ -116,3 +120,32 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_replay_with_the_registry_reads_confluent_events_and_writes_a_confluent_version(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for name, value in (("DSH_BOOTSTRAP_SERVERS", settings.bootstrap_servers),
+                        ("DSH_REGISTRY_URL", settings.registry_url),
+                        ("DSH_TOPIC_PREFIX", settings.topic_prefix),
+                        ("DSH_PARTITIONS", str(settings.partitions))):
+        monkeypatch.setenv(name, value)
+    names = ("text-turn", "tool-call-turn")
+    with RegistryClient.from_settings(settings) as client:
+        serde = event_serde_for_topic(client, settings.topics.session_events)
+
+    async def publish_confluent() -> None:
+        await ensure_topics(settings)
+        for name in names:
+            events = read_session_file(FIXTURES / f"{name}.jsonl").events
+            await send_records(settings, event_records(settings, name, events, serde))
+
+    asyncio.run(publish_confluent())
+    assert main(["replay", "--registry"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["switched"], summary["log_problems"], summary["differences"]) == (
+        True, 0, 0)
+    values = asyncio.run(_values(settings, summary["topic"]))
+    assert values and all(v is not None and v[0] == 0 for v in values)
+    assert asyncio.run(derived_conversations(settings)) == {
+        name: json.loads((FIXTURES / f"{name}.derived.json").read_text()) for name in names}

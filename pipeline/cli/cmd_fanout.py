@@ -21,7 +21,11 @@ from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import EventStream, Start
+from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.registry.outputs import output_codecs_for_topics, registry_lookup
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.outputs import DerivedChangeSerde
+from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
 from pipeline.services.processors.verify import verify_processors
 from pipeline.services.replay.check import CheckSummary, check_topic
@@ -79,6 +83,11 @@ def _register_replay_and_check(subparsers: Any) -> None:
     replay.add_argument("--handover-timeout", type=float, default=HANDOVER_TIMEOUT_S,
                         metavar="S", help="seconds to wait for the live processors to hold "
                         f"(default {HANDOVER_TIMEOUT_S:.0f}); on a timeout nothing switches")
+    replay.add_argument("--registry", action="store_true",
+                        help="write the new version Confluent-framed (dsh.DerivedMessageChange "
+                             "registered under <prefix>derived-messages-value, the subject "
+                             "every version shares) and read registry-framed events (default: "
+                             "single-object encoding, no registry)")
     replay.set_defaults(func=run_replay)
 
     check = subparsers.add_parser("check", help="fsck of the session topic (JSON summary)")
@@ -167,7 +176,8 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--jsonl and --transcript print one session: add --session ID")
     if args.handover_timeout <= 0:
         raise ConfigError(f"--handover-timeout must be positive, got {args.handover_timeout}")
-    return asyncio.run(_replay(settings, force=args.force, timeout_s=args.handover_timeout))
+    return asyncio.run(_replay(settings, force=args.force, timeout_s=args.handover_timeout,
+                               registry=args.registry))
 
 
 async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) -> int:
@@ -183,9 +193,22 @@ async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) ->
     return 0
 
 
-async def _replay(settings: Settings, *, force: bool, timeout_s: float) -> int:
-    outcome = await replay_projection(settings, EventSerde().decode, force=force,
-                                      progress=_progress, handover_timeout_s=timeout_s)
+def _replay_codecs(settings: Settings, registry: bool
+                   ) -> tuple[EventSerde, DerivedChangeSerde | None]:
+    """Session-event decoder and version encoder: registry-backed with ``--registry``."""
+    if not registry:
+        return EventSerde(), None
+    with RegistryClient.from_settings(settings) as client:
+        encoder = output_codecs_for_topics(client, settings.topics).derived
+    return EventSerde(SchemaTable(registry_lookup(settings))), encoder
+
+
+async def _replay(settings: Settings, *, force: bool, timeout_s: float,
+                  registry: bool = False) -> int:
+    serde, encoder = await asyncio.to_thread(_replay_codecs, settings, registry)
+    outcome = await replay_projection(settings, serde.decode, force=force,
+                                      progress=_progress, handover_timeout_s=timeout_s,
+                                      encoder=encoder)
     result = outcome.result
     for line in result.problems[:_MAX_LISTED]:
         _progress(f"log problem: {line}")

@@ -72,8 +72,7 @@ async def test_confluent_framed_outputs_decode_through_the_registry(
         for data, expected in values:
             assert data is not None and data[0] == 0
             assert reader.decode(data) == expected
-    # A rebuilt version of the derived messages gets a subject of its own.
-    version = output_codecs_for_topics(client, topics,
-                                       derived_topic=f"{topics.derived_messages}.v2")
-    assert value_subject(f"{topics.derived_messages}.v2") in client.subjects()
-    assert version.usage.schema_id == writer.usage.schema_id
+    # Registering again (another process, a restart) gives the same ids.
+    again = output_codecs_for_topics(client, topics)
+    assert again.usage.schema_id == writer.usage.schema_id
+    assert again.derived.schema_id == writer.derived.schema_id

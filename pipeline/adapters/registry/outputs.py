@@ -3,6 +3,9 @@
 ``derived-messages`` -> ``dsh.DerivedMessageChange``, ``usage`` -> ``dsh.UsageRecord``,
 ``fleet`` -> ``dsh.FleetStatus``, each under ``<topic>-value`` (TopicNameStrategy) with
 compatibility BACKWARD_TRANSITIVE set explicitly, as the session-event and inbox subjects.
+The rebuilt versions of the derived messages (``<topic>.vN``, written by replay and, once
+switched, by the processors) share the base topic's subject: one projection, one schema
+history, and a reader of any version resolves the same ids.
 Synchronous (start-up only); :func:`output_codecs_for_topics_async` runs it off the loop.
 """
 
@@ -24,40 +27,36 @@ from pipeline.codec.schemas import SchemaLookup
 from pipeline.settings import Settings, TopicNames
 
 
-def output_topics(topics: TopicNames, derived_topic: str | None = None) -> dict[str, str]:
-    """Output schema name -> the topic its records go to (``derived_topic``: a rebuilt
-    version of the derived messages instead of the base topic)."""
-    return {DERIVED_MESSAGE_CHANGE: derived_topic or topics.derived_messages,
-            USAGE_RECORD: topics.usage, FLEET_STATUS: topics.fleet}
+def output_topics(topics: TopicNames) -> dict[str, str]:
+    """Output schema name -> the topic whose subject it is registered under."""
+    return {DERIVED_MESSAGE_CHANGE: topics.derived_messages, USAGE_RECORD: topics.usage,
+            FLEET_STATUS: topics.fleet}
 
 
 def register_output_schemas(client: RegistryClient, topics: TopicNames, *,
-                            derived_topic: str | None = None,
                             compatibility: str = BACKWARD_TRANSITIVE) -> dict[str, int]:
     """Register today's output schemas, one subject per topic, the rule set explicitly
     (after the first registration: Apicurio wants the subject to exist); the registry ids
     by schema name. Idempotent."""
     ids: dict[str, int] = {}
-    for name, topic in output_topics(topics, derived_topic).items():
+    for name, topic in output_topics(topics).items():
         subject = value_subject(topic)
         ids[name] = client.register(subject, current_output_schema(name).text())
         client.set_compatibility(compatibility, subject)
     return ids
 
 
-def output_codecs_for_topics(client: RegistryClient, topics: TopicNames, *,
-                             derived_topic: str | None = None) -> OutputCodecs:
+def output_codecs_for_topics(client: RegistryClient, topics: TopicNames) -> OutputCodecs:
     """Output serdes writing the Confluent framing with the registered ids, reading any id
     through the registry (once per id)."""
-    ids = register_output_schemas(client, topics, derived_topic=derived_topic)
+    ids = register_output_schemas(client, topics)
     return OutputCodecs.confluent(ids, client.get_schema)
 
 
-async def output_codecs_for_topics_async(client: RegistryClient, topics: TopicNames, *,
-                                         derived_topic: str | None = None) -> OutputCodecs:
+async def output_codecs_for_topics_async(client: RegistryClient, topics: TopicNames
+                                         ) -> OutputCodecs:
     """:func:`output_codecs_for_topics` off the event loop (registration blocks on HTTP)."""
-    return await asyncio.to_thread(output_codecs_for_topics, client, topics,
-                                   derived_topic=derived_topic)
+    return await asyncio.to_thread(output_codecs_for_topics, client, topics)
 
 
 def registry_lookup(settings: Settings) -> SchemaLookup:

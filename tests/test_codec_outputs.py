@@ -175,8 +175,13 @@ def test_values_that_do_not_fit_are_refused_never_dropped() -> None:
     usage = default_output_codecs().usage
     with pytest.raises(CodecError, match=r"keys \['gen_ai.usage.total_tokens'\] are not fields"):
         usage.encode({**_samples()[USAGE_RECORD][0], "gen_ai.usage.total_tokens": 1})
-    with pytest.raises(CodecError, match=r"required keys \['kind'\]"):
+    with pytest.raises(CodecError, match=r"keys \['kind'\] are missing"):
         usage.encode({k: v for k, v in _samples()[USAGE_RECORD][0].items() if k != "kind"})
+    with pytest.raises(CodecError, match=r"keys \['granularity'\] are null"):
+        usage.encode({**_samples()[USAGE_RECORD][0], "granularity": None})  # null = absent
+    fleet = _samples()[FLEET_STATUS][0]
+    with pytest.raises(CodecError, match=r"keys \['step'\] are missing"):
+        default_output_codecs().fleet.encode({k: v for k, v in fleet.items() if k != "step"})
     with pytest.raises(CodecError, match="does not fit"):
         usage.encode({**_samples()[USAGE_RECORD][0], "dsh.usage.calls": 2**64})
     with pytest.raises(CodecError, match="not lossless JSON"):

@@ -105,10 +105,7 @@ class OutputSchema:
         unknown = [key for key in value if key not in self._by_key]
         if unknown:
             raise CodecError(f"{self.name}: keys {unknown} are not fields of the schema")
-        missing = [f.key for f in self.fields if not f.nullable and (
-            f.key not in value or (value[f.key] is None and not f.json_text))]
-        if missing:
-            raise CodecError(f"{self.name}: required keys {missing} are missing or null")
+        self._check_presence(value)
         text = json_text_ascii if ascii_json else json_text
         record: dict[str, Any] = {}
         for f in self.fields:
@@ -121,6 +118,18 @@ class OutputSchema:
                                      f"{exc}") from None
             record[f.avro] = item
         return record
+
+    def _check_presence(self, value: Mapping[str, JsonValue]) -> None:
+        """Refuse what the decoded record could not give back: a required key missing or
+        null, and where null means absent, a key present with null (or, where null is a
+        value, a key missing)."""
+        missing = [f.key for f in self.fields if (not f.nullable or self.null_is_value)
+                   and f.key not in value]
+        nulls = [f.key for f in self.fields if value.get(f.key, 0) is None and not f.json_text
+                 and (not f.nullable or not self.null_is_value)]
+        if missing or nulls:
+            raise CodecError(f"{self.name}: keys {missing} are missing, keys {nulls} are null; "
+                             f"decoding would not give this object back")
 
     def from_record(self, record: Mapping[str, Any]) -> dict[str, JsonValue]:
         """The JSON object of a decoded record (keys in field order)."""

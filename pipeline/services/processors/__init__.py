@@ -14,19 +14,24 @@ HTTP (any worker answers; per-session requests are forwarded to the owning worke
     GET /health                              recovery progress (remaining offsets), counters
     GET /metrics                             counters, Prometheus text format
 
-Compacted output topics (JSON values):
+Compacted output topics, Avro values (:mod:`pipeline.codec.outputs`, ``schemas/``; decoded,
+each is the JSON object shown here, the one the HTTP API serves):
 
-* ``<prefix>derived-messages``: key ``<session>/<slot, 12 digits>``, value
+* ``<prefix>derived-messages`` (``dsh.DerivedMessageChange``): key
+  ``<session>/<slot, 12 digits>``, value
   ``{"session","slot","seq","changeSeq","op":"append"|"replace","message"}``, or a tombstone
   for a slot a replace emptied (see :mod:`pipeline.core.projection`). Rebuild a conversation:
   the live slots of the session in key order, ``message`` of each (null: nothing to show).
   Once ``replay`` switched the projection to a rebuilt version, the workers publish there
   instead (each follows the pointer topic ``<prefix>projection-versions`` and holds while a
   handover is pending: :mod:`.projection_follow`).
-* ``<prefix>usage``: keys ``session/<id>``, ``model/<provider>/<model>``,
+* ``<prefix>usage`` (``dsh.UsageRecord``): keys ``session/<id>``, ``model/<provider>/<model>``,
   ``window/<granularity>/<startMs>/<provider>/<model>`` (``closed: true`` once final);
-  OpenTelemetry GenAI names beside dsh's disjoint counts (see :mod:`pipeline.core.usage`).
-* ``<prefix>fleet``: key session id, value the session's status.
+  OpenTelemetry GenAI names beside dsh's disjoint counts (see :mod:`pipeline.core.usage`;
+  in Avro the dots are underscores, ``schemas/README.md``).
+* ``<prefix>fleet`` (``dsh.FleetStatus``): key session id, value the session's status.
+
+The internal ``<app id>-usage-by-model`` topic (samples and ticks) stays JSON.
 
 Undecodable records, gaps and events that break a surface rule go to
 ``<prefix>session-events.dlq`` with the original key, bytes and headers plus ``dsh.error.*``

@@ -270,6 +270,20 @@ def test_check_usage_and_fleet_accept_the_event() -> None:
     assert fleet.apply(config_event) is False and fleet.state == "idle"
 
 
+def test_check_reports_a_header_that_differs_from_the_logged_configuration() -> None:
+    events = _scenario(False)
+    config = next(e for e in events if e.type == CONFIG_TYPE)
+    header = next(e for e in events if e.type == "request/header" and e.seq > config.seq)
+    tampered = [e if e is not header else Event(
+        e.type, e.seq, e.time, {"header": {"config": {"provider": "x", "model": "y"}},
+                                "reason": "change"}) for e in events]
+    report = check_session("s1", [LoggedEvent(e, 0, i) for i, e in enumerate(tampered)],
+                           now_ms=10**13, open_turn_max_age_ms=1)
+    assert not report.ok and report.config_disagreements == 1
+    assert report.problems == [f"s1: seq {header.seq}: request/header differs from the "
+                               f"configuration logged at seq {config.seq}"]
+
+
 async def test_the_processors_fold_skips_the_event() -> None:
     with_events, without = _with_and_without()
     harness = FoldHarness()

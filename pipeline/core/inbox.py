@@ -132,8 +132,10 @@ class Cancel:
 class Configure:
     """Change the request configuration; ``None`` leaves a field as it is.
 
-    ``tools`` names tools of the driver's registry (``()`` = no tools). A change is logged as
-    a ``request/header`` (reason ``change``) before the next model request, not here.
+    ``tools`` names tools of the driver's registry (``()`` = no tools). Applying it logs the
+    whole configuration in force at once as a ``dsh-pipeline/config`` event (ignorable; see
+    :mod:`pipeline.core.turn_config`), and the next model request states it again in its
+    ``request/header`` (reason ``change``).
     """
 
     session_id: str

@@ -17,6 +17,7 @@ from typing import Any
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event
 from pipeline.core.log import SessionLog
+from pipeline.core.turn_config import config_disagreements
 from pipeline.services.replay.topic import Decoder, LoggedEvent, read_sessions
 from pipeline.settings import Settings
 
@@ -32,13 +33,15 @@ class SessionReport:
     invalid_events: int = 0
     open_turn_too_old: bool = False
     unanswered_calls: int = 0
+    config_disagreements: int = 0  # request/header not stating the logged configuration
     problems: list[str] = field(default_factory=list)
     log: SessionLog | None = None
 
     @property
     def ok(self) -> bool:
         return not (self.gaps or self.duplicates or self.invalid_events
-                    or self.open_turn_too_old or self.unanswered_calls)
+                    or self.open_turn_too_old or self.unanswered_calls
+                    or self.config_disagreements)
 
 
 def check_session(session_id: str, logged: Sequence[LoggedEvent], *, now_ms: int,
@@ -90,6 +93,9 @@ def _check_turns(report: SessionReport, events: Sequence[Event], now_ms: int,
                                        f"{data.get('turn')} has no tool/result")
         else:
             calls.see(event, data)
+    for problem in config_disagreements(events):
+        report.config_disagreements += 1
+        report.problems.append(f"{report.session_id}: {problem}")
     if open_since is not None and max_age_ms is not None and now_ms - open_since > max_age_ms:
         report.open_turn_too_old = True
         age_s = (now_ms - open_since) // 1000
@@ -166,6 +172,7 @@ class CheckSummary:
             "invalid_events": sum(r.invalid_events for r in reports),
             "open_turns_too_old": sum(r.open_turn_too_old for r in reports),
             "unanswered_calls": sum(r.unanswered_calls for r in reports),
+            "config_disagreements": sum(r.config_disagreements for r in reports),
             "undecodable_records": len(self.undecodable),
             "missing_sessions": len(self.missing),
         }

@@ -42,6 +42,8 @@ the decoded states, both dropped on every rebalance: the tables stay the truth.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +95,9 @@ class Outgoing:
         return cls(record.topic, record.key, record.value, record.headers, record.partition)
 
 
-Send = Callable[[Outgoing], Awaitable[None]]
+# Returns, when the sender has one, the record's delivery (awaitable until the broker
+# acknowledged it): see *Outputs before state* in SessionFolder.
+Send = Callable[[Outgoing], Awaitable[object]]
 
 
 class DerivedRoute(Protocol):
@@ -211,11 +215,13 @@ class SessionFolder:
         self.usage_topic = usage_topic
         self.counters = counters
         self.states: dict[str, SessionState] = {}  # decoded table values, see forget()
+        self.deliveries: list[Awaitable[object]] = []  # this batch's unacknowledged outputs
 
     def forget(self) -> None:
         """Drop what is cached in memory (partitions moved: others folded meanwhile)."""
         self.tables.chunks.clear()
         self.states.clear()
+        self.deliveries.clear()
 
     async def handle(self, record: ConsumedRecord) -> None:
         await self.handle_batch((record,))
@@ -310,7 +316,7 @@ class SessionFolder:
         if not isinstance(error, SequenceError):
             log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
                         record.offset, type(error).__name__, error)
-        await self.send(Outgoing.of(dead_letter(_inbox_record(record), error)))
+        await self._send(Outgoing.of(dead_letter(_inbox_record(record), error)))
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:
@@ -348,25 +354,45 @@ class SessionFolder:
             if topic is not None:
                 encode = self.outputs.derived.encode_change
                 for change in plan.changes:
-                    await self.send(Outgoing(topic, change.key.encode(), encode(change)))
+                    await self._send(Outgoing(topic, change.key.encode(), encode(change)))
                 self.counters.derived_changes += len(plan.changes)
         if plan.sample is not None:
             self.counters.usage_samples += 1
-            await self.send(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
+            await self._send(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
                                      json_bytes(plan.sample.to_json())))
 
+    async def _send(self, out: Outgoing) -> None:
+        delivery = await self.send(out)
+        if inspect.isawaitable(delivery):
+            self.deliveries.append(delivery)
+
+    async def _settle(self) -> None:
+        """Wait until the broker acknowledged every output of the batch (raises if one
+        failed: the batch fails and is never committed)."""
+        deliveries, self.deliveries = self.deliveries, []
+        if deliveries:
+            await asyncio.gather(*deliveries)
+
     async def _flush(self, batch: _Batch) -> None:
-        """Publish the batch's last fleet/usage values, then write each session's state."""
+        """Publish the batch's last fleet/usage values, then write each session's state.
+
+        *Outputs before state.* A session's state record says which seqs its outputs were
+        sent for; after a kill -9 the changelog may hold it while an output written before
+        it, on another partition, never reached the broker (the producer sends partitions'
+        batches independently): that output would be lost for good (a usage sample missing
+        from the model totals, a change missing from the derived topic). So the state is
+        written only once every output of the batch is acknowledged."""
         for session_id in sorted(batch.fleet):
             fleet = batch.states[session_id].fleet
             if fleet is not None:
-                await self.send(Outgoing(self.topics.fleet, session_id.encode(),
+                await self._send(Outgoing(self.topics.fleet, session_id.encode(),
                                          self.outputs.fleet.encode(fleet.to_json())))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
-            await self.send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
+            await self._send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
                                      self.outputs.usage.encode(session_record(session_id,
                                                                               totals))))
+        await self._settle()
         for session_id, started in batch.started.items():
             cursor = batch.cursors[session_id]
             if session_id in batch.dirty:

@@ -13,7 +13,10 @@ import asyncio
 from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.registry.outputs import output_codecs_for_topics
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
 from pipeline.services.processors.app import build_processors, ensure_internal_topics
 from pipeline.services.processors.options import ProcessorsOptions
@@ -41,6 +44,10 @@ def register(subparsers: Any) -> None:
                         help="usage windows as NAME=SECONDS[,NAME=SECONDS]")
     parser.add_argument("--session-timeout", type=float, default=10.0,
                         help="seconds before a dead worker's partitions move to the others")
+    parser.add_argument("--registry", action="store_true",
+                        help="register the output schemas and write the Confluent framing; "
+                             "read session events by registry id too (default: Avro "
+                             "single-object encoding, no registry)")
     parser.add_argument("--loglevel", default="WARNING")
     parser.set_defaults(func=run_processors)
 
@@ -72,5 +79,11 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
     sizes = parse_windows(args.windows)
     asyncio.run(ensure_topics(settings))
     asyncio.run(ensure_internal_topics(settings, options))
-    processors = build_processors(settings, EventSerde().decode, options, sizes)
+    decode, outputs = EventSerde().decode, None
+    if args.registry:
+        # Open for the worker's lifetime: an unknown schema id is fetched once, then cached.
+        client = RegistryClient.from_settings(settings)
+        decode = EventSerde(SchemaTable(client.get_schema)).decode
+        outputs = output_codecs_for_topics(client, settings.topics)
+    processors = build_processors(settings, decode, options, sizes, outputs)
     return run_worker(processors, loglevel=args.loglevel.upper())

@@ -200,3 +200,50 @@ def test_runs_of_absent_optional_fields_are_read_and_checked() -> None:
         compiled.decode(bytes([0, 0, 9, 6, 0, 2, 0, 0]))
     # A non-minimal zero (80 00) is still read as the null branch, as fastavro reads it.
     assert compiled.decode(bytes([0x80, 0, 0, 0, 6, 0, 2, 0, 0])) == empty
+
+
+WIDTHS: dict[str, Any] = {
+    "type": "record", "name": "W", "namespace": "t", "fields": [
+        {"name": "i", "type": "int"},
+        {"name": "l", "type": ["null", "long"]},
+        {"name": "a", "type": {"type": "array", "items": "long"}}]}
+INT_MAX_VARINT = b"\xfe\xff\xff\xff\x0f"
+INT_MIN_VARINT = b"\xff\xff\xff\xff\x0f"
+BEYOND_INT_VARINT = b"\x80\x80\x80\x80\x10"  # 2**31
+BEYOND_LONG_VARINTS = (b"\x80" * 9 + b"\x02", b"\xff" * 9 + b"\x7f", b"\x80" * 10 + b"\x00")
+
+
+def test_ints_and_longs_that_fit_their_bits_are_read() -> None:
+    compiled = CompiledSchema(parse_schema(WIDTHS))
+    long_max, long_min = b"\xfe" + b"\xff" * 8 + b"\x01", b"\xff" * 9 + b"\x01"
+    for data in (INT_MAX_VARINT + b"\x02" + long_max + b"\x00",
+                 INT_MIN_VARINT + b"\x02" + long_min + b"\x02" + long_max + b"\x00",
+                 b"\x80" * 4 + b"\x00" + b"\x00" + b"\x80" * 9 + b"\x00"):  # longest zeros
+        assert compiled.decode(data) == fastavro_read(parse_schema(WIDTHS), data)
+
+
+def test_ints_and_longs_beyond_their_bits_are_refused_naming_the_field() -> None:
+    """No Avro writer writes an int beyond 32 bits or a long beyond 64 (issue 3): Python
+    would read either as a wider integer, which could never be written back."""
+    compiled = CompiledSchema(parse_schema(WIDTHS))
+    with pytest.raises(AvroBinaryError, match=r"t\.W\.i: 2147483648 does not fit an Avro int"):
+        compiled.decode(BEYOND_INT_VARINT + b"\x00\x00")
+    for varint in BEYOND_LONG_VARINTS:
+        for data, where in ((b"\x00\x02" + varint + b"\x00", r"t\.W\.l"),
+                            (b"\x00\x00\x02" + varint + b"\x00", r"t\.W\.a\[\]"),
+                            (b"\x00\x00" + varint + b"\x00", r"t\.W\.a \(block count\)"),
+                            (b"\x00" + varint + b"\x00", r"t\.W\.l \(union branch\)")):
+            with pytest.raises(AvroBinaryError, match=rf"{where}: varint (of|longer)"):
+                compiled.decode(data)
+
+
+def test_ints_beyond_32_bits_are_not_written() -> None:
+    compiled = CompiledSchema(parse_schema(WIDTHS))
+    for value in (-(2**31), 2**31 - 1):
+        ours = bytearray()
+        compiled.encode_into(ours, {"i": value, "l": None, "a": []})
+        assert bytes(ours) == fastavro_bytes(parse_schema(WIDTHS), {"i": value, "l": None,
+                                                                     "a": []})
+    for value in (2**31, -(2**31) - 1):
+        with pytest.raises(AvroBinaryError, match="does not fit an Avro int"):
+            compiled.encode_into(bytearray(), {"i": value, "l": None, "a": []})

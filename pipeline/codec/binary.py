@@ -35,6 +35,8 @@ PRIMITIVES: Final = frozenset(
 ZERO_SIZE_ITEM_LIMIT: Final = 1_000_000
 _LONG_MIN: Final = -(2**63)
 _LONG_MAX: Final = 2**63 - 1
+_INT_MIN: Final = -(2**31)
+_INT_MAX: Final = 2**31 - 1
 
 
 class AvroBinaryError(CodecError):
@@ -55,13 +57,24 @@ def _wlong(buf: bytearray, n: int) -> None:
     buf.append(z)
 
 
+def _wint(buf: bytearray, n: int) -> None:
+    if not _INT_MIN <= n <= _INT_MAX:
+        raise _Bad(f"integer {n} does not fit an Avro int")
+    _wlong(buf, n)
+
+
 def _fail(message: str) -> int:
     raise _Bad(message)
 
 
-def _rraw(data: bytes, pos: int) -> tuple[int, int]:
+def _not_int(n: int, where: str) -> None:
+    raise _Bad(f"{where}: {n} does not fit an Avro int (32 bits)")
+
+
+def _rraw(data: bytes, pos: int, where: str) -> tuple[int, int]:
     """The varint at ``pos`` as written (still zigzag-encoded) and the position after it.
-    Unrolled up to 6 bytes, the size of every event's millisecond timestamp."""
+    Unrolled up to 6 bytes, the size of every event's millisecond timestamp. ``where``
+    (the field being read) only names the field when the varint is refused."""
     b = data[pos]
     z = b & 0x7F
     if b < 0x80:
@@ -86,19 +99,26 @@ def _rraw(data: bytes, pos: int) -> tuple[int, int]:
     high |= (b & 0x7F) << 7
     if b < 0x80:
         return z | high << 28, pos + 6
-    return _rraw_long(data, pos + 6, z | high << 28, 42)
+    return _rraw_long(data, pos + 6, z | high << 28, 42, where)
 
 
-def _rraw_long(data: bytes, pos: int, z: int, shift: int) -> tuple[int, int]:
+def _rraw_long(data: bytes, pos: int, z: int, shift: int, where: str) -> tuple[int, int]:
+    """The rest of a varint of 7 bytes or more. An Avro long is 64 bits: no writer writes
+    more than 10 bytes, nor a 10th byte above 1 (bits 64 and up). Python's integers would
+    take either without complaint, and an event holding such a value could never be written
+    back, so both are refused here, where every long and int of every schema is read."""
     while True:
         b = data[pos]
         pos += 1
         z |= (b & 0x7F) << shift
         if b < 0x80:
+            if z >> 64:
+                raise _Bad(f"{where}: varint of {z.bit_length()} bits, more than the 64 "
+                           f"of an Avro long")
             return z, pos
         shift += 7
         if shift > 63:
-            raise _Bad("varint longer than 10 bytes")
+            raise _Bad(f"{where}: varint longer than 10 bytes (an Avro long has 64 bits)")
 
 
 # The value of every one-byte varint: one lookup instead of the zigzag arithmetic.
@@ -107,8 +127,8 @@ _ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(128))
 _UNION_TABLE_FROM: Final = 4
 
 _HELPERS: Final[dict[str, Any]] = {
-    "_wlong": _wlong, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
-    "_fail": _fail,
+    "_wlong": _wlong, "_wint": _wint, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
+    "_fail": _fail, "_not_int": _not_int, "_INT_MIN": _INT_MIN, "_INT_MAX": _INT_MAX,
     "_pack_d": struct.Struct("<d").pack, "_pack_f": struct.Struct("<f").pack,
     "_unpack_d": struct.Struct("<d").unpack_from, "_unpack_f": struct.Struct("<f").unpack_from,
     "_ZERO_LIMIT": ZERO_SIZE_ITEM_LIMIT,
@@ -206,7 +226,8 @@ class _Compiler:
         fields = [(field, self.var("v")) for field in record["fields"]]
         for field, v in fields:
             tag = self.builder is None or not self.builder.untagged(record, field)
-            self.emit_read(out, field["type"], v, "    ", tag)
+            where = f"{record['name']}.{field['name']}"
+            self.emit_read(out, field["type"], v, "    ", where, tag)
         tail = self.builder.tail(record, fields) if self.builder is not None else None
         if tail is None:
             items = ", ".join(f"{field['name']!r}: {v}" for field, v in fields)
@@ -228,7 +249,7 @@ class _Compiler:
                        f"_fail('expected a boolean'))")
         elif kind in ("int", "long"):
             out.append(f"{ind}if type({v}) is int and 0 <= {v} < 64: buf.append({v} << 1)")
-            out.append(f"{ind}else: _wlong(buf, {v})")
+            out.append(f"{ind}else: {'_wint' if kind == 'int' else '_wlong'}(buf, {v})")
         elif kind in ("float", "double"):
             out.append(f"{ind}buf += {'_pack_d' if kind == 'double' else '_pack_f'}({v})")
         elif kind in ("string", "bytes"):
@@ -315,17 +336,20 @@ class _Compiler:
         return pick
 
     # -- reading ---------------------------------------------------------------------------
-    def emit_read_long(self, out: list[str], t: str, ind: str) -> None:
+    def emit_read_long(self, out: list[str], t: str, ind: str, where: str) -> None:
+        """Read a long into ``t``; ``where`` names it in the error of a refused varint."""
         out.append(f"{ind}{t} = data[pos]; pos += 1")
         out.append(f"{ind}if {t} < 128: {t} = _ZZ[{t}]")
         out.append(f"{ind}else:")
-        out.append(f"{ind}    {t}, pos = _rraw(data, pos - 1); {t} = ({t} >> 1) ^ -({t} & 1)")
+        out.append(f"{ind}    {t}, pos = _rraw(data, pos - 1, {where!r}); "
+                   f"{t} = ({t} >> 1) ^ -({t} & 1)")
 
-    def emit_read(self, out: list[str], schema: Any, t: str, ind: str, tag: bool = True
-                  ) -> None:
+    def emit_read(self, out: list[str], schema: Any, t: str, ind: str, where: str,
+                  tag: bool = True) -> None:
+        """Read a value of ``schema`` into ``t``; ``where`` is the field path errors name."""
         schema = self.resolve(schema)
         if isinstance(schema, list):
-            self.emit_read_union(out, schema, t, ind, tag)
+            self.emit_read_union(out, schema, t, ind, where, tag)
             return
         kind = schema if isinstance(schema, str) else schema["type"]
         if kind == "null":
@@ -336,16 +360,18 @@ class _Compiler:
             out.append(f"{ind}if {b} > 1: raise _Bad('a boolean byte must be 0 or 1')")
             out.append(f"{ind}{t} = {b} == 1")
         elif kind in ("int", "long"):
-            self.emit_read_long(out, t, ind)
+            self.emit_read_long(out, t, ind, where)
+            if kind == "int":  # a varint any 32-bit writer could have written
+                out.append(f"{ind}if not _INT_MIN <= {t} <= _INT_MAX: _not_int({t}, {where!r})")
         elif kind in ("float", "double"):
             width = 8 if kind == "double" else 4
             out.append(f"{ind}{t} = {'_unpack_d' if width == 8 else '_unpack_f'}"
                        f"(data, pos)[0]; pos += {width}")
         elif kind in ("string", "bytes", "fixed"):
-            self.emit_read_bytes(out, schema, kind, t, ind)
+            self.emit_read_bytes(out, schema, kind, t, ind, where)
         elif kind == "enum":
             n = self.var("n")
-            self.emit_read_long(out, n, ind)
+            self.emit_read_long(out, n, ind, where)
             symbols = tuple(schema["symbols"])
             out.append(f"{ind}if not 0 <= {n} < {len(symbols)}: "
                        f"raise _Bad('enum index out of range')")
@@ -353,17 +379,17 @@ class _Compiler:
         elif kind == "record":
             out.append(f"{ind}{t}, pos = {self.fname('dec', schema)}(data, pos, size)")
         elif kind in ("array", "map"):
-            self.emit_read_block(out, schema, kind, t, ind)
+            self.emit_read_block(out, schema, kind, t, ind, where)
         else:
             raise CodecError(f"unsupported Avro type {kind!r}")
 
-    def emit_read_bytes(self, out: list[str], schema: Any, kind: str, t: str, ind: str
-                        ) -> None:
+    def emit_read_bytes(self, out: list[str], schema: Any, kind: str, t: str, ind: str,
+                        where: str) -> None:
         n, e = self.var("n"), self.var("e")
         if kind == "fixed":
             out.append(f"{ind}{n} = {int(schema['size'])}")
         else:
-            self.emit_read_long(out, n, ind)
+            self.emit_read_long(out, n, ind, f"{where} (length)")
             out.append(f"{ind}if {n} < 0: raise _Bad('negative length')")
         out.append(f"{ind}{e} = pos + {n}")
         out.append(f"{ind}if {e} > size: raise _Bad('length runs past the end')")
@@ -371,23 +397,23 @@ class _Compiler:
         out.append(f"{ind}{t} = data[pos:{e}]{decode}; pos = {e}")
 
     def emit_read_block(self, out: list[str], schema: Mapping[str, Any], kind: str, t: str,
-                        ind: str) -> None:
+                        ind: str, where: str) -> None:
         c, x, k = self.var("c"), self.var("x"), self.var("k")
         item = schema["items"] if kind == "array" else schema["values"]
         zero_size = kind == "array" and self.may_be_empty(item)
         out.append(f"{ind}{t} = {'[]' if kind == 'array' else '{}'}")
         out.append(f"{ind}while True:")
-        self.emit_read_long(out, c, ind + "    ")
+        self.emit_read_long(out, c, ind + "    ", f"{where} (block count)")
         out.append(f"{ind}    if {c} == 0: break")
         out.append(f"{ind}    if {c} < 0:")
         out.append(f"{ind}        {c} = -{c}")
-        self.emit_read_long(out, self.var("skip"), ind + "        ")
+        self.emit_read_long(out, self.var("skip"), ind + "        ", f"{where} (block size)")
         limit = "_ZERO_LIMIT" if zero_size else "size - pos"
         out.append(f"{ind}    if {c} > {limit}: raise _Bad('block count exceeds the data')")
         out.append(f"{ind}    for _ in range({c}):")
         if kind == "map":
-            self.emit_read(out, "string", k, ind + "        ")
-        self.emit_read(out, item, x, ind + "        ")
+            self.emit_read(out, "string", k, ind + "        ", f"{where}[key]")
+        self.emit_read(out, item, x, ind + "        ", f"{where}[]")
         out.append(f"{ind}        {t}.append({x})" if kind == "array" else
                    f"{ind}        {t}[{k}] = {x}")
 
@@ -409,20 +435,21 @@ class _Compiler:
         return False
 
     def emit_read_union(self, out: list[str], branches: list[Any], t: str, ind: str,
-                        tag: bool = True) -> None:
+                        where: str, tag: bool = True) -> None:
         resolved = [self.resolve(b) for b in branches]
         records = [r for r in resolved if isinstance(r, Mapping) and r.get("type") == "record"]
         tag = tag and len(records) > 1
         # The branch index is compared as written (2 * index): no zigzag decoding.
         n = self.var("n")
         out.append(f"{ind}{n} = data[pos]; pos += 1")
-        out.append(f"{ind}if {n} > 127: {n}, pos = _rraw(data, pos - 1)")
+        out.append(f"{ind}if {n} > 127: {n}, pos = _rraw(data, pos - 1, "
+                   f"{where + ' (union branch)'!r})")
         if len(records) == len(resolved) >= _UNION_TABLE_FROM:
             self.emit_read_record_union(out, records, n, t, ind, tag)
             return
         for index, branch in enumerate(resolved):
             out.append(f"{ind}{'if' if index == 0 else 'elif'} {n} == {index * 2}:")
-            self.emit_read(out, branch, t, ind + "    ")
+            self.emit_read(out, branch, t, ind + "    ", where)
             if tag and branch in records:
                 out.append(f"{ind}    {t} = ({str(branch['name'])!r}, {t})")
         out.append(f"{ind}else: raise _Bad('union branch index out of range')")

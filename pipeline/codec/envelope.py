@@ -28,6 +28,8 @@ from pipeline.codec.payload import (
     EVENT_TYPES_PROP,
     JSON_PAYLOAD,
     JSON_PROP,
+    LONG_MAX,
+    LONG_MIN,
     JsonRecordBuilder,
     Unrepresentable,
     json_text,
@@ -119,10 +121,28 @@ def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
         data = plan.decode(body)
     sources = record["sourceEventSeqs"]
     op = record["surfaceOp"]
+    _check_longs(record, seq, type_)
     return record["sessionId"], make_event(
         type_, seq, record["time"], data, None if op is None else surface_op_from(op),
         None if sources is None else tuple(sources), record["ignorable"],
         key_order_from(record.get(KEY_ORDER_FIELD)))
+
+
+def _check_longs(record: Mapping[str, Any], seq: int, type_: str) -> None:
+    """The envelope's longs are Avro longs. The compiled decoder refuses a wider varint
+    where it reads one; a record read by another decoder (fastavro's pure-Python reader
+    returns any integer a varint holds) is held to the same rule here, so that no Event is
+    built that could not be written back."""
+    op = record["surfaceOp"]
+    longs = {"seq": seq, "time": record["time"]}
+    if isinstance(op, Mapping):
+        longs.update({"surfaceOp.start": op["start"], "surfaceOp.end": op["end"]})
+    for index, source in enumerate(record["sourceEventSeqs"] or ()):
+        longs[f"sourceEventSeqs[{index}]"] = source
+    for field, value in longs.items():
+        if type(value) is not int or not LONG_MIN <= value <= LONG_MAX:
+            raise CodecError(f"seq {seq}, type {type_!r}: {field} {value!r} is not an Avro "
+                             f"long (64 bits)")
 
 
 def check_envelope(seq: int, type_: str) -> None:

@@ -16,6 +16,7 @@ from pipeline.cli.main import main
 from pipeline.codec.avro import EventRecords
 from pipeline.codec.container import HEADER_META, read_container, write_container
 from pipeline.codec.sessionfile import read_session_file, write_session_file
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 
 FIXTURES = (SHARED_DIR / "fixtures")
@@ -106,3 +107,41 @@ def test_session_id_comes_from_header_option_or_file_name(tmp_path: Path) -> Non
         assert main(["encode", str(source), "-o", str(avro), *extra]) == 0
         with open(avro, "rb") as handle:
             assert read_container(handle).events[0][0] == expected
+
+
+def _container_with_time(time: int, *, codec: str) -> bytes:
+    records = EventRecords()
+    out = io.BytesIO()
+    fastavro.writer(out, records.schema.parsed,
+                    [records.to_record("s", Event("x/y", seq, time, {})) for seq in range(3)],
+                    codec=codec)
+    return out.getvalue()
+
+
+def test_a_time_beyond_64_bits_in_a_file_is_refused_naming_the_field() -> None:
+    """The records of a container are read by the session topic's decoder (issue 3):
+    fastavro's own reader wraps this varint into 2**63 - 1 without a word."""
+    data = _container_with_time(2**63 - 1, codec="null")
+    long_max = b"\xfe" + b"\xff" * 8 + b"\x01"
+    assert data.count(long_max) == 3
+    damaged = data.replace(long_max, long_max[:-1] + b"\x03", 1)  # bit 64 set, same length
+    assert next(r["time"] for r in fastavro.reader(io.BytesIO(damaged))) == 2**63 - 1
+    with pytest.raises(CodecError, match=r"damaged\.avro: .*dsh\.SessionEvent\.time: varint "
+                                         r"of 65 bits"):
+        read_container(io.BytesIO(damaged), "damaged.avro")
+    assert [e.time for _, e in read_container(io.BytesIO(data)).events] == [2**63 - 1] * 3
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate"])
+def test_blocks_are_read_whole_and_only_whole(codec: str) -> None:
+    data = _container_with_time(5, codec=codec)
+    assert [(s, e.seq) for s, e in read_container(io.BytesIO(data)).events] == [
+        ("s", 0), ("s", 1), ("s", 2)]
+    sync = data[-16:]  # the file's sync marker ends the header and every block
+    block = data.index(sync) + len(sync)  # the one block: record count, size, records
+    assert data[block] == 0x06  # 3 records
+    for count, message in ((0x04, "trailing bytes after the 2 records of the block"),
+                           (0x08, "truncated")):
+        damaged = data[:block] + bytes([count]) + data[block + 1:]
+        with pytest.raises(CodecError, match=rf"d\.avro: .*{message}"):
+            read_container(io.BytesIO(damaged), "d.avro")

@@ -47,7 +47,7 @@ from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_sche
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, Replace, SurfaceOp
 
-__all__ = ["EventRecords", "EventSerde", "decode_body", "event_from_record"]
+__all__ = ["EventRecords", "EventSerde", "decode_bodies", "decode_body", "event_from_record"]
 
 CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
@@ -209,6 +209,21 @@ def decode_body(data: bytes, start: int, writer: WriterSchema) -> tuple[str, Eve
     if type(decoded) is tuple:  # the usual: the compiled decoder built the event itself
         return decoded
     return _from_record(decoded, writer)
+
+
+def decode_bodies(data: bytes, count: int, writer: WriterSchema) -> list[tuple[str, Event]]:
+    """``count`` Avro bodies written back to back, filling ``data`` exactly (the block of
+    an object container file): read by the same decoder as framed records, so a file and
+    a topic refuse and accept the same bytes."""
+    events = []
+    pos = 0
+    for _ in range(count):
+        decoded, pos = writer.binary.decode_at(data, pos)
+        events.append(decoded if type(decoded) is tuple else _from_record(decoded, writer))
+    if pos != len(data):
+        raise CodecError(f"{len(data) - pos} trailing bytes after the {count} records of the "
+                         f"block")
+    return events
 
 
 def _from_record(record: Any, writer: WriterSchema) -> tuple[str, Event]:

@@ -8,6 +8,7 @@ compact JSON), so decoding gives back the header and then the same events.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import IO, Any, Final
 
 import fastavro
 
-from pipeline.codec.avro import EventRecords, event_from_record
+from pipeline.codec.avro import EventRecords, decode_bodies
 from pipeline.codec.binary import AvroBinaryError
 from pipeline.codec.schemas import WriterSchema
 from pipeline.core.errors import CodecError, SchemaError
@@ -64,16 +65,22 @@ class ContainerFile:
 
 
 def read_container(handle: IO[bytes], name: str = "<avro>") -> ContainerFile:
-    """Read a container written by :func:`write_container` (any schema version)."""
+    """Read a container written by :func:`write_container` (any schema version).
+
+    fastavro reads the file's structure (header, blocks, codec, sync markers); the records
+    of each block are read by the decoder of the session topic (:func:`decode_bodies`), so
+    a file holds its events to the same rules: fastavro's own reader would, for one, wrap a
+    varint beyond 64 bits into some other long without a word."""
     try:
-        reader = fastavro.reader(handle, return_record_name=True,
-                                 return_record_name_override=True)
-        schema = reader.writer_schema
+        blocks = fastavro.block_reader(handle)
+        schema = blocks.writer_schema
         if not isinstance(schema, dict):
             raise SchemaError("the container's schema is not a record")
         writer = WriterSchema.from_json(schema)
-        metadata = dict(reader.metadata)
-        events = tuple(event_from_record(_record(record), writer) for record in reader)
+        metadata = dict(blocks.metadata)
+        events = tuple(event for block in blocks
+                       for event in decode_bodies(_block_bytes(block), block.num_records,
+                                                  writer))
     except (CodecError, SchemaError) as exc:
         raise CodecError(f"{name}: {exc}") from None
     except Exception as exc:  # fastavro raises many types on a damaged file
@@ -82,10 +89,10 @@ def read_container(handle: IO[bytes], name: str = "<avro>") -> ContainerFile:
     return ContainerFile(_header(metadata, name), events)
 
 
-def _record(value: object) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise CodecError("a container entry is not a record")
-    return value
+def _block_bytes(block: Any) -> bytes:
+    """The block's records as written, decompressed (``Block.bytes_``, a BytesIO)."""
+    raw = block.bytes_
+    return raw.getvalue() if isinstance(raw, io.BytesIO) else bytes(raw)
 
 
 def _header(metadata: dict[str, Any], name: str) -> dict[str, JsonValue] | None:

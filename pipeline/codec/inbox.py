@@ -29,6 +29,7 @@ from typing import Any, Final
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from pipeline.codec.binary import CompiledSchema
 from pipeline.core.errors import CodecError, EventError, SchemaError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.inbox import InboxCommand, command_from_json, command_to_json
@@ -73,12 +74,16 @@ class InboxCodec:
         self._by_fingerprint: dict[bytes, Any] = {self._fingerprint: self._schema}
         for path in sorted(schema_dir.glob(f"history/{HISTORY_GLOB}")):
             old = load_inbox_schema(path)
-            self._by_fingerprint[schema_fingerprint(old)] = fastavro.parse_schema(old)
+            # setdefault: today's schema is also in the history, and stays the object
+            # decode() recognizes as needing no resolution.
+            self._by_fingerprint.setdefault(schema_fingerprint(old), fastavro.parse_schema(old))
         self._by_id: dict[int, Any] = {
             int(i): fastavro.parse_schema(dict(s)) for i, s in (writer_schemas_by_id or {}).items()
         }
         if confluent_id is not None:
             self._by_id[confluent_id] = self._schema
+        # By id() of the parsed writer schemas above, which this codec keeps alive.
+        self._decoders: dict[int, CompiledSchema] = {}
 
     def encode(self, command: InboxCommand) -> bytes:
         """Confluent framing when a registry id is known, else single-object encoding."""
@@ -97,7 +102,14 @@ class InboxCodec:
             raise CodecError(f"an inbox record must be Avro bytes of at least 5 bytes, got "
                              f"{len(data) if isinstance(data, bytes | bytearray) else data!r}")
         writer, body = self._writer_and_body(bytes(data))
-        try:
+        try:  # fastavro would wrap a varint beyond 64 bits into another long, silently
+            record = self._compiled(writer).decode(body)
+        except CodecError as exc:
+            raise CodecError(f"inbox record body does not decode as dsh.InboxCommand: "
+                             f"{exc}") from None
+        if writer is self._schema:
+            return _from_record(record)
+        try:  # another writer schema: resolved to today's by fastavro, the reference
             record = fastavro.schemaless_reader(io.BytesIO(body), writer, self._schema)
             if not isinstance(record, dict):
                 raise TypeError(f"decoded a {type(record).__name__}, not a record")
@@ -105,6 +117,17 @@ class InboxCodec:
             raise CodecError(f"inbox record body does not decode as "
                              f"dsh.InboxCommand: {type(exc).__name__}: {exc}") from None
         return _from_record(record)
+
+    def _compiled(self, writer: Any) -> CompiledSchema:
+        """The compiled decoder of a parsed writer schema (built once per schema)."""
+        compiled = self._decoders.get(id(writer))
+        if compiled is None:
+            try:
+                compiled = CompiledSchema(writer)
+            except CodecError as exc:
+                raise SchemaError(f"inbox writer schema cannot be decoded: {exc}") from None
+            self._decoders[id(writer)] = compiled
+        return compiled
 
     def _writer_and_body(self, data: bytes) -> tuple[Any, bytes]:
         if data[:2] == SINGLE_OBJECT_MAGIC:

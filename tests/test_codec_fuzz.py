@@ -225,3 +225,11 @@ def test_damaged_container_files(pos: int, byte: int, truncate: bool) -> None:
         read_container(io.BytesIO(bytes(data)), "damaged.avro")
     except CodecError as exc:
         assert "damaged.avro" in str(exc)
+
+
+def test_payload_longs_beyond_64_bits_are_refused_naming_the_field() -> None:
+    long_max = b"\xfe" + b"\xff" * 8 + b"\x01"
+    data = SERDE.encode("s", Event("turn/start", 0, 1, {"turn": 2**63 - 1}))
+    assert data.count(long_max) == 1 and SERDE.decode(data)[1].data == {"turn": 2**63 - 1}
+    with pytest.raises(CodecError, match=r"dsh\.TurnStart\.turn: varint of 65 bits"):
+        SERDE.decode(data.replace(long_max, long_max[:-1] + b"\x03"))

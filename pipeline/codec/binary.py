@@ -7,7 +7,8 @@ record that reads or writes exactly that record: varints of one byte inlined, un
 ``if`` chains, no validation pass. It covers the whole Avro type system (null, boolean,
 int, long, float, double, bytes, string, record, enum, array, map, union, fixed; logical
 types are read as their base type). fastavro stays the reference implementation: the tests
-check that both agree byte for byte.
+check that both agree byte for byte. The helpers the generated code calls (varints, which
+refuse a value beyond 64 bits) are in :mod:`pipeline.codec.binary_runtime`.
 
 Value conventions (those of fastavro): records are dicts; a union value is ``None`` for
 null, a ``(name, value)`` tuple naming the branch, or a value whose Python type picks the
@@ -28,107 +29,34 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
+from pipeline.codec.binary_runtime import (
+    INT_MAX,
+    INT_MIN,
+    ZIGZAG,
+    Malformed,
+    fail,
+    not_an_int,
+    read_raw_varint,
+    write_int,
+    write_long,
+)
 from pipeline.core.errors import CodecError
 
 PRIMITIVES: Final = frozenset(
     {"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 ZERO_SIZE_ITEM_LIMIT: Final = 1_000_000
-_LONG_MIN: Final = -(2**63)
-_LONG_MAX: Final = 2**63 - 1
-_INT_MIN: Final = -(2**31)
-_INT_MAX: Final = 2**31 - 1
-
-
 class AvroBinaryError(CodecError):
     """Bytes that are not a valid encoding of the schema, or a value that does not fit it."""
 
 
-class _Bad(Exception):
-    """Raised by generated code for a structural error; carries the message."""
-
-
-def _wlong(buf: bytearray, n: int) -> None:
-    if not _LONG_MIN <= n <= _LONG_MAX:
-        raise _Bad(f"integer {n} does not fit an Avro long")
-    z = (n << 1) ^ (n >> 63)
-    while z > 0x7F:
-        buf.append((z & 0x7F) | 0x80)
-        z >>= 7
-    buf.append(z)
-
-
-def _wint(buf: bytearray, n: int) -> None:
-    if not _INT_MIN <= n <= _INT_MAX:
-        raise _Bad(f"integer {n} does not fit an Avro int")
-    _wlong(buf, n)
-
-
-def _fail(message: str) -> int:
-    raise _Bad(message)
-
-
-def _not_int(n: int, where: str) -> None:
-    raise _Bad(f"{where}: {n} does not fit an Avro int (32 bits)")
-
-
-def _rraw(data: bytes, pos: int, where: str) -> tuple[int, int]:
-    """The varint at ``pos`` as written (still zigzag-encoded) and the position after it.
-    Unrolled up to 6 bytes, the size of every event's millisecond timestamp. ``where``
-    (the field being read) only names the field when the varint is refused."""
-    b = data[pos]
-    z = b & 0x7F
-    if b < 0x80:
-        return z, pos + 1
-    b = data[pos + 1]
-    z |= (b & 0x7F) << 7
-    if b < 0x80:
-        return z, pos + 2
-    b = data[pos + 2]
-    z |= (b & 0x7F) << 14
-    if b < 0x80:
-        return z, pos + 3
-    b = data[pos + 3]
-    z |= (b & 0x7F) << 21
-    if b < 0x80:
-        return z, pos + 4
-    b = data[pos + 4]  # the rest in a second small integer: cheaper than growing z
-    high = b & 0x7F
-    if b < 0x80:
-        return z | high << 28, pos + 5
-    b = data[pos + 5]
-    high |= (b & 0x7F) << 7
-    if b < 0x80:
-        return z | high << 28, pos + 6
-    return _rraw_long(data, pos + 6, z | high << 28, 42, where)
-
-
-def _rraw_long(data: bytes, pos: int, z: int, shift: int, where: str) -> tuple[int, int]:
-    """The rest of a varint of 7 bytes or more. An Avro long is 64 bits: no writer writes
-    more than 10 bytes, nor a 10th byte above 1 (bits 64 and up). Python's integers would
-    take either without complaint, and an event holding such a value could never be written
-    back, so both are refused here, where every long and int of every schema is read."""
-    while True:
-        b = data[pos]
-        pos += 1
-        z |= (b & 0x7F) << shift
-        if b < 0x80:
-            if z >> 64:
-                raise _Bad(f"{where}: varint of {z.bit_length()} bits, more than the 64 "
-                           f"of an Avro long")
-            return z, pos
-        shift += 7
-        if shift > 63:
-            raise _Bad(f"{where}: varint longer than 10 bytes (an Avro long has 64 bits)")
-
-
-# The value of every one-byte varint: one lookup instead of the zigzag arithmetic.
-_ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(128))
 # A union read with a table of decoders instead of an if chain from this many branches.
 _UNION_TABLE_FROM: Final = 4
 
+# The names generated code calls (short: they are in every generated line).
 _HELPERS: Final[dict[str, Any]] = {
-    "_wlong": _wlong, "_wint": _wint, "_rraw": _rraw, "_ZZ": _ZIGZAG, "_Bad": _Bad,
-    "_fail": _fail, "_not_int": _not_int, "_INT_MIN": _INT_MIN, "_INT_MAX": _INT_MAX,
+    "_wlong": write_long, "_wint": write_int, "_rraw": read_raw_varint, "_ZZ": ZIGZAG,
+    "_Bad": Malformed, "_fail": fail, "_not_int": not_an_int, "_INT_MIN": INT_MIN,
+    "_INT_MAX": INT_MAX,
     "_pack_d": struct.Struct("<d").pack, "_pack_f": struct.Struct("<f").pack,
     "_unpack_d": struct.Struct("<d").unpack_from, "_unpack_f": struct.Struct("<f").unpack_from,
     "_ZERO_LIMIT": ZERO_SIZE_ITEM_LIMIT,
@@ -331,7 +259,7 @@ class _Compiler:
             for index, types, symbols in tests:
                 if py in types and (symbols is None or value in symbols):
                     return index
-            raise _Bad(f"no union branch for a {py.__name__}")
+            raise Malformed(f"no union branch for a {py.__name__}")
 
         return pick
 
@@ -498,7 +426,7 @@ class CompiledSchema:
             self._encode(buf, record)
         except UnicodeEncodeError:
             raise
-        except _Bad as exc:
+        except Malformed as exc:
             raise AvroBinaryError(f"value does not fit the schema: {exc}") from None
         except (KeyError, TypeError, ValueError, AttributeError, IndexError,
                 OverflowError, struct.error) as exc:
@@ -527,12 +455,12 @@ class CompiledSchema:
 
 
 # What generated decoders raise on bytes that are not an encoding of their schema.
-_DECODE_ERRORS: Final = (_Bad, IndexError, UnicodeDecodeError, struct.error, RecursionError,
+_DECODE_ERRORS: Final = (Malformed, IndexError, UnicodeDecodeError, struct.error, RecursionError,
                          MemoryError)
 
 
 def _undecodable(exc: BaseException) -> AvroBinaryError:
-    if isinstance(exc, _Bad):
+    if isinstance(exc, Malformed):
         return AvroBinaryError(f"undecodable Avro data: {exc}")
     if isinstance(exc, IndexError):
         return AvroBinaryError("undecodable Avro data: truncated")

@@ -66,13 +66,16 @@ async def verify_run(settings: Settings, worker_urls: Sequence[str], log: Log
     log(f"processors' tables vs core: derived_mismatches={tables.derived_mismatches} "
         f"usage_mismatches={tables.usage_mismatches} model_mismatches={len(models)}")
     replay = await _replay_differences(settings, log)
+    uncommitted = await _records_past_the_commit(settings)
+    log(f"records past the processors group's committed offsets: {uncommitted}")
     figures = {
         **_check_figures(checked, summary),
         "derived_mismatches": tables.derived_mismatches,
         "usage_mismatches": tables.usage_mismatches, "model_mismatches": len(models),
         "table_problems": (tables.problems + models)[:5], **replay,
+        "uncommitted_records": sum(uncommitted.values()),
     }
-    if tables.problems or models or replay["replay_differences"]:
+    if tables.problems or models or replay["replay_differences"] or any(uncommitted.values()):
         figures["diagnosis"] = await _diagnose(settings, worker_urls, tables.problems)
         log(f"diagnosis: {figures['diagnosis']}")
     figures["verify_s"] = round(time.monotonic() - began, 1)
@@ -162,7 +165,7 @@ async def _diagnose(settings: Settings, worker_urls: Sequence[str],
     for them, and the processors group's committed offsets against the topic's ends."""
     partitioner, every = DefaultPartitioner(), list(range(settings.partitions))
     found: list[str] = []
-    for session_id in sorted({p.split(":", 1)[0] for p in problems})[:5]:
+    for session_id in sorted({p.split(":", 1)[0] for p in problems})[:2]:
         partition = partitioner(record_key(session_id), every, every)
         seqs = []
         for url in worker_urls:
@@ -173,9 +176,76 @@ async def _diagnose(settings: Settings, worker_urls: Sequence[str],
             except (OSError, ValueError) as exc:
                 seqs.append(f"error {exc}")
         found.append(f"{session_id}: partition {partition}, worker nextSeq {seqs}")
+        for isolation in ("read_committed", "read_uncommitted"):
+            records = await _session_records(settings, partition, session_id, isolation)
+            found.append(f"{session_id} {isolation} offset:seq:type {records}")
     found.append(f"processors group committed/end per partition: "
                  f"{await _group_lag(settings)}")
     return found
+
+
+async def _records_past_the_commit(settings: Settings) -> dict[int, int]:
+    """Per partition, the committed records at or past the processors group's committed
+    offset, once it stops moving (the workers commit every few seconds): 0 everywhere when
+    every batch was folded and committed. Offsets alone cannot say it: a partition's end
+    may be a transaction marker, which no batch covers until the next record arrives."""
+    deadline, found = time.monotonic() + VERIFY_TIMEOUT_S, {}
+    while time.monotonic() < deadline:
+        found = await _count_past_commit(settings)
+        if not any(found.values()):
+            break
+        await asyncio.sleep(1.0)
+    return found
+
+
+async def _count_past_commit(settings: Settings) -> dict[int, int]:
+    group = ProcessorsOptions().app_id(settings)
+    committed = AIOKafkaConsumer(**client_options(settings), group_id=group,
+                                 enable_auto_commit=False)
+    reader = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
+                              isolation_level="read_committed")
+    await committed.start()
+    await reader.start()
+    try:
+        tps = [TopicPartition(settings.topics.session_events, p)
+               for p in range(settings.partitions)]
+        ends = await reader.end_offsets(tps)
+        reader.assign(tps)
+        counts = {}
+        for tp in tps:
+            reader.seek(tp, (await committed.committed(tp)) or 0)
+            counts[tp.partition] = 0
+            stop_at = time.monotonic() + 10
+            while await reader.position(tp) < ends[tp] and time.monotonic() < stop_at:
+                batch = await reader.getmany(tp, timeout_ms=1000)
+                counts[tp.partition] += len(batch.get(tp, []))
+        return counts
+    finally:
+        await reader.stop()
+        await committed.stop()
+
+
+async def _session_records(settings: Settings, partition: int, session_id: str,
+                           isolation: str) -> list[str]:
+    """``offset:seq:type`` of one session's records in its partition (headers only)."""
+    reader = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
+                              isolation_level=isolation)
+    await reader.start()
+    try:
+        tp = TopicPartition(settings.topics.session_events, partition)
+        end = (await reader.end_offsets([tp]))[tp]
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        found, stop_at, key = [], time.monotonic() + 10, record_key(session_id)
+        while await reader.position(tp) < end and time.monotonic() < stop_at:
+            for record in (await reader.getmany(tp, timeout_ms=1000)).get(tp, []):
+                if record.key == key:
+                    headers = dict(record.headers)
+                    found.append(f"{record.offset}:{headers.get('dsh.seq', b'?').decode()}:"
+                                 f"{headers.get('dsh.type', b'?').decode()}")
+        return found
+    finally:
+        await reader.stop()
 
 
 async def _group_lag(settings: Settings) -> dict[int, str]:

@@ -17,7 +17,8 @@ import pytest
 from processors_support import fresh_settings
 
 from pipeline.adapters.kafka.topic_scan import ensure_topic
-from pipeline.services.processors.transport import FlushingProducer, use_batching_transport
+from pipeline.services.processors.flushing import FlushingProducer
+from pipeline.services.processors.transport import use_batching_transport
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker

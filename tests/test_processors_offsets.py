@@ -54,10 +54,6 @@ def _records(worker: Worker) -> int:
     return int(worker.get("/health")[1]["counters"]["records"])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent processors recovery defect (issue 5, open): a worker restarted "
-    "after kill -9 sometimes folds records before the committed end again (1,008 "
-    "instead of 896 in a fresh-clone .ci/run on 2026-12-01)"))
 async def test_committed_offsets_reach_the_end_and_a_restart_redelivers_nothing(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     prefix = f"t{uuid.uuid4().hex[:10]}."

@@ -62,11 +62,6 @@ def _partitions(worker: Worker) -> list[int]:
     return list(body["partitions"])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent processors recovery defect (issue 5, open): after a kill -9 the "
-    "restarted worker sometimes stalls short of the log (a fresh-clone .ci/run on "
-    "2026-12-01 failed here once; the full scale-out failover run shows the same, 559 "
-    "of 2,000 sessions)"))
 async def test_kill9_mid_stream_then_restart_equals_full_replay_and_takeover(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     settings = fresh_settings(kafka_bootstrap)

@@ -57,3 +57,6 @@ def test_processors_tables_and_topic_equal_the_replay(run: dict[str, Any]) -> No
     assert (run["derived_mismatches"], run["usage_mismatches"], run["model_mismatches"]) \
         == (0, 0, 0), (run["table_problems"], run.get("diagnosis"))
     assert run["replay_differences"] == 0, (run["replay_problems"], run.get("diagnosis"))
+    # Every folded batch was committed: a restart would redeliver nothing (and the commit
+    # never stopped at a transaction marker or past a batch nobody folded).
+    assert run["uncommitted_records"] == 0, run.get("diagnosis")

@@ -37,6 +37,7 @@ import faust
 
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.codec.outputs import OutputCodecs
 from pipeline.core.errors import ConfigError
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.core.usage import WINDOW_SIZES_MS
@@ -50,12 +51,17 @@ from pipeline.services.processors.folding import (
 )
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
-from pipeline.services.processors.transport import records_of, use_batching_transport
+from pipeline.services.processors.transport import (
+    mark_folded,
+    records_of,
+    use_batching_transport,
+)
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SESSION_TABLES = ("sessions", "nodes", "chunk-marks")
+USAGE_TABLE = "usage-agg"
 
 
 @dataclass(slots=True)
@@ -121,15 +127,21 @@ def faust_broker_options(settings: Settings) -> dict[str, Any]:
 
 
 async def ensure_internal_topics(settings: Settings, options: ProcessorsOptions) -> None:
-    """Create the usage-by-model topic before the worker starts, and wait until the
-    metadata shows it.
+    """Create the usage-by-model topic and the tables' changelogs before the worker starts,
+    and wait until the metadata shows them.
 
-    faust declares it itself when the agents start, but on a multi-broker cluster the group
-    leader's metadata may not show it yet when it assigns partitions: the topic then gets no
-    partitions until a later rebalance, and ``/usage/models`` stays empty. Kept like the
-    session topic (no retention) when created here; an existing topic is left as it is.
+    faust declares them itself when the agents start, but on a multi-broker cluster the
+    group leader's metadata may not show them yet when it assigns partitions: the usage
+    topic then gets no partitions until a later rebalance (``/usage/models`` stays empty),
+    and a table whose changelog shows 0 partitions crashes its agent (faust's
+    ``PartitionsMismatch``, seen on the 3-node cluster). The usage topic is kept like the
+    session topic (no retention), changelogs are compacted as faust makes them; an existing
+    topic is left as it is.
     """
     await ensure_topic(settings, options.usage_topic(settings), compact=False)
+    for table in (*SESSION_TABLES, USAGE_TABLE):
+        await ensure_topic(settings, f"{options.app_id(settings)}-{table}-changelog",
+                           compact=True)
 
 
 def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
@@ -177,8 +189,10 @@ def _table(app: Any, name: str, partitions: int) -> Any:
 
 def build_processors(settings: Settings, decode: Decoder,
                      options: ProcessorsOptions | None = None,
-                     window_sizes_ms: Mapping[str, int] | None = None) -> Processors:
-    """The whole app, ready for a faust worker to run. No I/O happens here."""
+                     window_sizes_ms: Mapping[str, int] | None = None,
+                     outputs: OutputCodecs | None = None) -> Processors:
+    """The whole app, ready for a faust worker to run. No I/O happens here. ``outputs``
+    encode the output topics' values (default: Avro single-object encoding)."""
     options = options or ProcessorsOptions()
     sizes = dict(window_sizes_ms or WINDOW_SIZES_MS)
     if not sizes or any(v <= 0 for v in sizes.values()):
@@ -186,14 +200,14 @@ def build_processors(settings: Settings, decode: Decoder,
     app = _new_app(settings, options)
     parts = settings.partitions
     tables = SessionTables(*(_table(app, name, parts) for name in SESSION_TABLES))
-    processors = Processors(app, settings, options, tables, _table(app, "usage-agg", parts))
+    processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts))
 
-    async def send(out: Outgoing) -> None:
-        await app.producer.send(out.topic, out.key, out.value, out.partition, None,
-                                list(out.headers) or None)
+    async def send(out: Outgoing) -> object:
+        return await app.producer.send(out.topic, out.key, out.value, out.partition, None,
+                                       list(out.headers) or None)   # the delivery
 
     follow = _wire_projection_follow(processors)
-    folder = _wire_sessions(processors, decode, send, follow)
+    folder = _wire_sessions(processors, decode, send, follow, outputs)
 
     async def forget_cached_state(*_args: Any, **_kwargs: Any) -> None:
         folder.forget()  # partitions moved: other workers folded meanwhile
@@ -207,7 +221,7 @@ def build_processors(settings: Settings, decode: Decoder,
     app.on_partitions_revoked.connect(forget_cached_state)
     app.on_partitions_assigned.connect(forget_cached_state)
     app.on_partitions_assigned.connect(reread_pointer)
-    _wire_usage(processors, send, sizes)
+    _wire_usage(processors, send, sizes, outputs)
     from pipeline.services.processors.web import register_views  # after tables exist
     register_views(processors)
     return processors
@@ -240,12 +254,12 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
 
 
 def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
-                   route: ProjectionFollow) -> SessionFolder:
+                   route: ProjectionFollow, outputs: OutputCodecs | None) -> SessionFolder:
     app, settings = processors.app, processors.settings
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
                            processors.options.usage_topic(settings), processors.counters,
-                           route)
+                           route, outputs=outputs)
 
     async def fold_sessions(stream: Any) -> None:
         # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
@@ -255,12 +269,14 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
         async for event in stream.events():
             async with _holding_back_on_failure(processors, event):
                 await folder.handle_batch(records_of(event.message))
+                mark_folded(app, event.message)
 
     app.agent(source, name="fold-sessions")(fold_sessions)
     return folder
 
 
-def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> None:
+def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
+                outputs: OutputCodecs | None) -> None:
     app, settings, options = processors.app, processors.settings, processors.options
     name = options.usage_topic(settings)
     by_model = app.topic(name, key_type=bytes, value_type=bytes, internal=True,
@@ -268,7 +284,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
     aggregator = UsageAggregator(processors.usage_agg, send, settings.topics.usage,
                                  processors.counters, lambda: processors.active_partitions(name),
                                  grace_ms=options.grace_ms, sizes=sizes,
-                                 settled=lambda: not processors.recovery()["in_recovery"])
+                                 settled=lambda: not processors.recovery()["in_recovery"],
+                                 outputs=outputs)
     processors.aggregator = aggregator
 
     async def fold_usage(stream: Any) -> None:
@@ -276,6 +293,7 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int]) -> 
             async with _holding_back_on_failure(processors, event):
                 values = [json.loads(r.value) for r in records_of(event.message)]
                 await aggregator.handle_batch(event.message.partition, values)
+                mark_folded(app, event.message)
 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through
@@ -309,16 +327,17 @@ def freeze_survivors() -> None:
 async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncIterator[None]:
     """An exception while folding a batch leaves the batch uncommitted, for good.
 
-    faust acks the event an agent raised on (and restarts the agent), which would commit past
-    the rest of the batch: it is marked acked without telling the consumer instead, so the
-    commit of its partition stops before it (:func:`.transport.committable`) and a restart
-    folds it again. Later batches go on; their sessions report the records the failed batch
-    held back as gaps until then.
+    faust acks the event an agent raised on (and restarts the agent): it is marked acked
+    without telling the consumer instead, and finished but not folded, so the commit of its
+    partition stops before it (:func:`.transport.committable`), it is not fetched again
+    (:mod:`.delivery`: no retry loop on a poison batch), and a restart folds it again.
+    Later batches go on; their sessions report the records it held back as gaps until then.
     """
     try:
         yield
     except Exception:
         event.message.acked = True
+        mark_folded(processors.app, event.message, folded=False)
         processors.counters.failed_batches += 1
         log.exception("folding %s[%d] up to offset %d failed; its offsets stay uncommitted "
                       "until the worker restarts", event.message.topic, event.message.partition,

@@ -20,9 +20,50 @@ and every restart would re-deliver everything; and it rebuilds an interval tree 
 which grows by one interval per batch until the next commit. A batched partition's messages
 are processed strictly in order by its one agent and each one stands for every offset of its
 fetch, so the consumer keeps no gaps for them and commits past the run of acked batches that
-starts at the committed offset (:func:`committable`): once a batch message is acked (the
-agent finished the whole batch, table writes included) the commit moves past it, and not
-before; a batch whose folding failed is never acked, so the commit stops before it.
+starts at the committed offset (:func:`committable`).
+
+*What a batch covers.* Between two fetches of a partition lie offsets no record stands for:
+transaction markers (every driver transaction ends with one) and, reading committed only,
+aborted records; a batch's first and last records do not say where its fetch started and
+ended. aiokafka hands a partition's records out from its position, and moves the position
+past what it handed out (trailing markers included), synchronously; the consumer thread
+(:class:`ShortPollConsumerThread`) reads the position right before and right after, so each
+batch carries the exact *span* of offsets it covers, and "every data record in the span was
+folded" is true of a folded batch whatever seeks and rebalances happened around it. A drain
+that moved a position without handing out a record (a marker alone) is a span folded
+already. The commit is the end of the run of folded spans that starts at the committed
+offset (:func:`committable`). Taking the first *record* as a batch's start instead stalls
+the commit for good at the first batch that follows a marker.
+
+*Only folded batches commit.* Depending on the stream iterator (faust's Cython one inlines
+the consumer's ack bookkeeping, so no consumer override sees the acks), faust counts as
+acked a message its stream *skipped*, or only those its agent finished. So an ack alone
+says nothing: the agent records each batch it folded completely, table writes included
+(:func:`mark_folded`), and only recorded spans are committable. A batch whose folding
+failed is never recorded, so the commit stops before it and the records are fetched again
+after the next seek to the committed offset.
+
+*Records fetched for a paused partition.* faust asks aiokafka for the records of its
+*active* partitions, a live set, and drops what a fetch returned for a partition that is
+no longer in it when the records are handed over, after aiokafka moved the partition's
+position past them. On assignment faust first makes every assigned partition active and
+pauses them only a few awaits later, until table recovery is done; a fetch in between
+returns records that are dropped, and for a partition with no committed offset the seek
+after recovery leaves the position where it is: those records are never folded (every
+session in them stops at a gap). Worse, aiokafka hands out every partition's records when
+the set it is asked for is *empty*, as it is while all are paused (changelog partitions
+included). So aiokafka is asked through :class:`AskedPartitions`, never empty; batched
+partitions are paused before faust's assignment starts; and the seek after recovery puts a
+batched partition without a committed offset at its beginning.
+
+*Faust's read offset.* faust drops a fetched message whose offset is below the partition's
+"read offset", which its fetch loop sets *after* handing a message over; when that hand-over
+spans a rebalance, the value it writes is the last offset of a batch of the previous
+generation, written over the committed offset the rebalance had seeked to, and the batches
+fetched again from there are dropped: the records between the commit and that offset are
+never folded. For batched topics the read offset is cleared before each hand-over (aiokafka
+already never returns a record twice within one position run; a seek back re-delivers what
+the folds skip as duplicates by seq).
 **Durable before committed.** faust's commit calls ``producer.flush()`` first, but faust's
 flush can return with writes still unsent: its buffer drain gives up after 0.1 s without a
 send (``ProducerBuffer.flush_atmost``), and a write the buffer task took off the queue is not
@@ -41,34 +82,54 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, cast
+from typing import Any, cast
 
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types.tuples import ConsumerMessage
+
+from pipeline.services.processors.delivery import DeliveryLedger
+from pipeline.services.processors.flushing import FlushingProducer
 
 log = logging.getLogger(__name__)
 
 
 class RecordBatch:
-    """The records one fetch returned for one partition of a batched topic."""
+    """The records one fetch returned for one partition of a batched topic, and the offsets
+    ``start`` (inclusive) to ``end`` (exclusive) they cover (see *What a batch covers*)."""
 
-    __slots__ = ("records",)
+    __slots__ = ("end", "records", "start")
 
-    def __init__(self, records: Sequence[Any]) -> None:
+    def __init__(self, records: Sequence[Any], span: tuple[int | None, int | None]) -> None:
         self.records = records
+        first, last = records[0].offset, records[-1].offset
+        start, end = span
+        # A span that does not contain the records (never seen) falls back to the records.
+        self.start = start if start is not None and start <= first else first
+        self.end = end if end is not None and end > last else last + 1
 
 
 class BatchMessage(ConsumerMessage):
-    """One faust message standing for a whole :class:`RecordBatch` (value empty)."""
+    """One faust message standing for a whole :class:`RecordBatch` (value empty); ``span``:
+    the offsets it covers (see *What a batch covers*)."""
 
-    __slots__ = ("records",)
+    __slots__ = ("delivery", "records", "span")
 
-    def __init__(self, *args: Any, records: Sequence[Any], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, records: Sequence[Any], span: tuple[int, int],
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.records = records
+        self.span = span
+        self.delivery = -1   # its hand-over number (see DeliveryLedger)
+
+
+def mark_folded(app: Any, message: Any, *, folded: bool = True) -> None:
+    """The agent finished ``message``: folded it all, or (``folded=False``) gave up on it
+    (a no-op for a plain message)."""
+    consumer = app.consumer
+    if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
+        consumer.record_finished(message, folded=folded)
 
 
 def records_of(message: Any) -> Sequence[Any]:
@@ -87,6 +148,37 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
     faust's 1.5 s that adds up to 1.5 s to the latency of a busy partition.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Every position move (partition, start, end) since the consumer last took them:
+        # the spans of the records handed out, and of drains that handed out none.
+        self.moves: list[tuple[Any, int, int]] = []
+
+    async def _fetch_records(self, consumer: Any, active_partitions: Any,
+                             timeout: float | None = None, max_records: int | None = None
+                             ) -> Any:
+        """faust's fetch, recording the position of each partition right before and right
+        after aiokafka hands its records out (see *What a batch covers*): nothing runs in
+        between, the hand-out being synchronous once records are buffered."""
+        if not self.consumer.flow_active:
+            return {}
+        fetcher = consumer._fetcher
+        if consumer._closed or fetcher._closed:
+            raise AIOKafkaConsumer.consumer_stopped_errors[0]()
+        with fetcher._subscriptions.fetch_context():
+            deadline = time.monotonic() + (timeout or 0.0)
+            while True:
+                if fetcher._subscriptions.reassignment_in_progress:
+                    await fetcher._subscriptions.wait_for_assignment()
+                before = _positions(fetcher)
+                records = await fetcher.fetched_records(active_partitions, timeout=0,
+                                                        max_records=max_records)
+                self.moves += _moves(before, _positions(fetcher))
+                if records:
+                    return records
+                if not await _wait_for_fetch(fetcher, deadline - time.monotonic()):
+                    return {}
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # Read by the fetcher that ``start()`` creates; faust passes no way to set it.
@@ -98,24 +190,84 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-def committable(acked: Iterable[int], firsts: dict[int, int], committed: int | None
-                ) -> tuple[int | None, set[int]]:
-    """The offset to commit after acked batch messages, and the acks it consumes.
+def _positions(fetcher: Any) -> dict[Any, int | None]:
+    """aiokafka's position of every assigned partition (None: not yet known)."""
+    subscription = fetcher._subscriptions.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None:
+        return {}
+    return {tp: assignment.state_value(tp)._position for tp in assignment.tps}
 
-    ``acked``: last offsets of acked batch messages; ``firsts``: each batch's first offset by
-    its last; ``committed``: the committed offset (the next to read), None before the first
-    commit. The run of batches that starts at ``committed`` and has no hole is committable:
-    a batch that failed is never acked (see ``app``), so nothing after it is committed and a
-    restart folds it again.
+
+def _moves(before: dict[Any, int | None], after: dict[Any, int | None]
+           ) -> list[tuple[Any, int, int]]:
+    found = []
+    for tp, end in after.items():
+        start = before.get(tp)
+        if start is not None and end is not None and end > start:
+            found.append((tp, start, end))
+    return found
+
+
+async def _wait_for_fetch(fetcher: Any, timeout: float) -> bool:
+    """Until aiokafka buffered new records (True) or ``timeout`` passed (False)."""
+    if timeout <= 0:
+        return False
+    waiter = fetcher._create_fetch_waiter()
+    done, pending = await asyncio.wait([waiter], timeout=timeout)
+    for future in pending:
+        future.cancel()
+    if not done or fetcher._closed:
+        return False
+    waiter.result()   # raises what the fetch routine failed with (authorization, ...)
+    return True
+
+
+class AskedPartitions:
+    """The consumer's live set of active partitions as aiokafka is asked for it.
+
+    aiokafka returns the records of *every* assigned partition when the set it is given is
+    empty (its test is ``if partitions and tp not in partitions``), and faust passes its
+    live set, which empties while every partition is paused (a rebalance, table recovery):
+    the records of paused partitions would be handed out, their position moved past them,
+    and faust would drop them. Never empty to aiokafka's eyes, this view makes it keep them.
     """
-    position, offset, done = committed, None, set()
-    for last in sorted(set(acked)):
-        first = firsts.get(last, last)
-        if position is not None and first > position:
-            break   # an earlier batch is still being folded, or failed
-        position = offset = last + 1
-        done.add(last)
-    return offset, done
+
+    __slots__ = ("_live",)
+
+    def __init__(self, live: Any) -> None:
+        self._live = live
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self._live
+
+    def __iter__(self) -> Any:
+        return iter(list(self._live))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+def committable(spans: Iterable[tuple[int, int]], committed: int | None) -> int | None:
+    """The offset to commit, or None when it does not move.
+
+    ``spans``: the ``(start, end)`` offset ranges whose data records are all folded (the
+    batches the agent folded, and the ranges aiokafka skipped without a record: markers,
+    aborted records); ``committed``: the committed offset (the next to read), None before
+    the first commit. The end of the run of spans that starts at ``committed`` and has no
+    hole is committable: a batch not folded (skipped, lost on the way, failed) leaves a hole,
+    so nothing after it is committed.
+    """
+    position, moved = committed, False
+    for start, end in sorted(spans):
+        if position is not None and start > position:
+            break
+        if position is None or end > position:
+            position, moved = end, True
+    return position if moved else None
 
 
 class BatchingConsumer(AIOKafkaConsumer):
@@ -123,7 +275,10 @@ class BatchingConsumer(AIOKafkaConsumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._batch_firsts: dict[Any, dict[int, int]] = {}
+        self._batch_spans: dict[Any, set[tuple[int, int]]] = {}   # folded, see committable
+        self._ledger = DeliveryLedger()
+        self._seeks: set[asyncio.Future[Any]] = set()
+        self._refused: dict[Any, int | None] = {}   # see _commit_offsets
 
     def _new_consumer_thread(self) -> Any:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -131,34 +286,91 @@ class BatchingConsumer(AIOKafkaConsumer):
     async def _wait_next_records(self, timeout: float) -> tuple[Any, Any]:
         records, active_partitions = await super()._wait_next_records(timeout)
         if not records:
+            self._take_moves({})
             return records, active_partitions
         batched: frozenset[str] = cast(BatchingTransport, self.transport).batched_topics
+        spans = self._take_moves(records)
         regrouped: dict[Any, list[Any]] = {}
         for tp, fetched in records.items():
             batch = tp.topic in batched and fetched
-            regrouped[tp] = [RecordBatch(fetched)] if batch else fetched
+            span = spans.get(tp, (None, None))
+            regrouped[tp] = [RecordBatch(fetched, span)] if batch else fetched
         return regrouped, active_partitions
+
+    def _take_moves(self, records: Any) -> dict[Any, tuple[int | None, int | None]]:
+        """The spans of this fetch's batches, by partition; the moves without records are
+        folded already (nothing to fold) and recorded so."""
+        thread = cast(ShortPollConsumerThread, self._thread)
+        moves, thread.moves = thread.moves, []
+        batched = cast(BatchingTransport, self.transport).batched_topics
+        spans: dict[Any, tuple[int | None, int | None]] = {}
+        for tp, start, end in moves:
+            if tp.topic not in batched:
+                continue
+            if records.get(tp):
+                known = spans.get(tp)
+                spans[tp] = (start, end) if known is None else (known[0], end)
+            else:
+                self._batch_spans.setdefault(tp, set()).add((start, end))
+        return spans
+
+    async def getmany(self, timeout: float) -> Any:
+        batched = cast(BatchingTransport, self.transport).batched_topics
+        read_offset = self._read_offset
+        async for tp, message in super().getmany(timeout):
+            if tp.topic in batched:
+                read_offset[tp] = None   # see *Faust's read offset* in the module doc
+            yield tp, message
+
+    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+        partitions = None if active_partitions is None else AskedPartitions(active_partitions)
+        return await super()._getmany(cast(Any, partitions), timeout)
+
+    async def perform_seek(self) -> None:
+        """Seek to the committed offsets, and a batched partition without one to its
+        beginning: aiokafka's seek leaves such a partition where it is, past any records
+        fetched before and dropped (see *Records fetched for a paused partition*)."""
+        await super().perform_seek()
+        batched = cast(BatchingTransport, self.transport).batched_topics
+        uncommitted = [tp for tp in self.assignment()
+                       if tp.topic in batched and not self._committed_offset[tp]]
+        if uncommitted:
+            await self._thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
 
     async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
             await super()._add_gap(tp, offset_from, offset_to)
 
-    def ack(self, message: Any) -> bool:
-        """A batch message fetched before the last rebalance is never committable: faust
-        acks such stale messages unprocessed (it skips them), and here one ack commits a
-        whole batch."""
-        if (message.topic in cast(BatchingTransport, self.transport).batched_topics
-                and message.generation_id != self.app.consumer_generation_id):
-            message.acked = True
-            self._unacked_messages.discard(message)
-            return False
-        done: bool = super().ack(message)
-        return done
+    def record_finished(self, message: Any, *, folded: bool) -> None:
+        """The agent finished ``message``. Folded, its span becomes committable once faust
+        counts its ack; two deliveries of the same records (a seek back), both folded,
+        cover the union of their spans. Batches handed over before it and never finished
+        are fetched again (:mod:`.delivery`). A batch of an earlier generation changes
+        nothing (its partition's commits start again from the broker's)."""
+        if message.generation_id != self.app.consumer_generation_id:
+            return
+        rewind = self._ledger.finished(message.topic, message.tp, message.offset,
+                                       message.delivery)
+        for tp, start in rewind.items():
+            log.warning("records of %s[%d] from offset %d were fetched but never reached "
+                        "the agent; fetching them again", tp.topic, tp.partition, start)
+            self._seeks.add(asyncio.ensure_future(
+                self._thread.seek_wait({ensure_aiokafka_TP(tp): start})))
+        self._seeks = {seek for seek in self._seeks if not seek.done()}
+        if folded:
+            self._record_span(message)
+
+    def _record_span(self, message: Any) -> None:
+        self._batch_spans.setdefault(message.tp, set()).add(message.span)
 
     async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        # Paused from the start (see *Records fetched for a paused partition*); faust
+        # pauses them too, a few awaits later, and its recovery resumes them.
+        batched = cast(BatchingTransport, self.transport).batched_topics
+        self.pause_partitions({tp for tp in assigned if tp.topic in batched})
         self._forget_batch_acks(assigned)   # acked by the previous generation
+        self._ledger.forget()
         await super().on_partitions_assigned(assigned, generation_id)
-        self._forget_batch_acks(assigned)
 
     def _forget_batch_acks(self, partitions: Any) -> None:
         batched = cast(BatchingTransport, self.transport).batched_topics
@@ -166,76 +378,65 @@ class BatchingConsumer(AIOKafkaConsumer):
             if tp.topic in batched:
                 self._acked.pop(tp, None)
                 self._acked_index.pop(tp, None)
-                self._batch_firsts.pop(tp, None)
+                self._batch_spans.pop(tp, None)
 
     def _new_offset(self, tp: Any) -> int | None:
         """For a batched partition: the end of the run of acked batches that starts at the
-        committed offset (see :func:`committable`)."""
+        committed offset (see :func:`committable`). The acks stay until a commit past them
+        succeeded (:meth:`_commit_offsets`): a refused commit is tried again."""
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
             result: int | None = super()._new_offset(tp)
             return result
-        firsts = self._batch_firsts.setdefault(tp, {})
-        offset, done = committable(self._acked[tp], firsts, self._committed_offset[tp])
-        if done:
-            self._acked[tp] = [o for o in self._acked[tp] if o not in done]
-            self._acked_index[tp].difference_update(done)
-            for last in done:
-                firsts.pop(last, None)
+        spans = self._batch_spans.setdefault(tp, set())
+        committed = self._committed_offset[tp]
+        if committed is not None:
+            self._forget_below(tp, committed)
+        offset = committable(spans, committed)
         return offset
+
+    def _forget_below(self, tp: Any, committed: int) -> None:
+        """Drop the acks and spans the committed offset has passed."""
+        done = {last for last in self._acked[tp] if last < committed}
+        if done:
+            self._acked[tp] = [last for last in self._acked[tp] if last not in done]
+            self._acked_index[tp].difference_update(done)
+        spans = self._batch_spans.setdefault(tp, set())
+        spans.difference_update({span for span in spans if span[1] <= committed})
+
+    async def _commit(self, offsets: Any) -> bool:
+        did_commit: bool = await super()._commit(offsets)
+        if not did_commit:   # what faust is about to overwrite (see _commit_offsets)
+            batched = cast(BatchingTransport, self.transport).batched_topics
+            self._refused = {tp: self._committed_offset[tp] for tp in offsets
+                             if tp.topic in batched}
+        return did_commit
+
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """faust's commit, except that a commit the broker refused leaves the committed
+        offsets of batched partitions as they were. faust records the offsets as committed
+        whether or not the broker took them (its ``_commit`` returns False for a commit
+        refused because the group rebalanced meanwhile, after a flush that may take
+        seconds), and never commits a partition again up to that offset: the partition's
+        commit stays behind for good when no later batch arrives, the new generation's
+        committed offsets are overwritten with the old one's, and a restart folds it all
+        again."""
+        self._refused = {}
+        did_commit: bool = await super()._commit_offsets(
+            offsets, start_new_transaction=start_new_transaction)
+        self._committed_offset.update(self._refused)
+        return did_commit
 
     def _to_message(self, tp: Any, record: Any) -> Any:
         if not isinstance(record, RecordBatch):
             return super()._to_message(tp, record)
         last = record.records[-1]
-        self._batch_firsts.setdefault(tp, {})[last.offset] = record.records[0].offset
         timestamp = last.timestamp / 1000.0 if last.timestamp is not None else None
-        return BatchMessage(last.topic, last.partition, last.offset, timestamp,
-                            last.timestamp_type, None, None, b"", None, 0, 0, tp,
-                            generation_id=self.app.consumer_generation_id,
-                            records=record.records)
-
-
-FLUSH_SLICE_S: Final = 1.0
-FLUSH_WARN_EVERY_S: Final = 30.0
-
-
-class FlushingProducer(AIOKafkaProducer):
-    """faust's aiokafka producer whose ``flush`` waits for every write put in its buffer
-    (table changelogs go through ``send_soon``) to be acknowledged, not only for the ones
-    aiokafka holds at that moment (see the module doc)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._unacknowledged: set[asyncio.Future[Any]] = set()
-
-    def send_soon(self, fut: Any) -> None:
-        self._unacknowledged.add(fut)
-        fut.add_done_callback(self._acknowledged)
-        super().send_soon(fut)
-
-    def _acknowledged(self, fut: asyncio.Future[Any]) -> None:
-        # A failed write stays, so that every later flush (and commit) raises.
-        if fut.cancelled() or fut.exception() is None:
-            self._unacknowledged.discard(fut)
-
-    async def flush(self) -> None:
-        await super().flush()
-        started = last_warning = time.monotonic()
-        while self._unacknowledged:
-            # Wait in slices and flush again between them: faust's buffer drain gives up
-            # after 0.1 s, so writes buffered meanwhile (other agents) would otherwise wait
-            # for a drain nobody starts. A failed write raises; a slow broker is logged.
-            done, _pending = await asyncio.wait(list(self._unacknowledged),
-                                                timeout=FLUSH_SLICE_S)
-            for fut in done:
-                if not fut.cancelled() and fut.exception() is not None:
-                    raise fut.exception()  # type: ignore[misc]
-            if time.monotonic() - last_warning > FLUSH_WARN_EVERY_S:
-                last_warning = time.monotonic()
-                log.warning("%d table/output writes unacknowledged for %.0f s; offsets are "
-                            "not committed until they are", len(self._unacknowledged),
-                            last_warning - started)
-            await super().flush()
+        message = BatchMessage(last.topic, last.partition, last.offset, timestamp,
+                               last.timestamp_type, None, None, b"", None, 0, 0, tp,
+                               generation_id=self.app.consumer_generation_id,
+                               records=record.records, span=(record.start, record.end))
+        message.delivery = self._ledger.handed_over(tp.topic, tp, last.offset, record.start)
+        return message
 
 
 class BatchingTransport(AIOKafkaTransport):

@@ -1,0 +1,62 @@
+"""Which fetched batches never reached the agent: found by delivery order, fetched again.
+
+faust can lose a message between its fetch loop and the agent: its fetch loop hands a
+message over with ``wait_first(callback(message), suspend_flow.wait())`` and drops it when
+flow control is suspended meanwhile; its stream skips (and, depending on the iterator,
+acks or forgets) a message that reaches it while flow control is inactive or from another
+generation. The position has moved past such records, so within a generation they would
+never come again and every session in them would stop at a gap (measured on the scale-out
+run: whole partitions of a killed worker never folded by the survivor).
+
+One agent folds a topic's batches in the order they were handed over, so a batch handed
+over *before* one the agent finished, and not finished itself, was lost on the way.
+:class:`DeliveryLedger` finds them, and the consumer seeks their partitions back to where
+the first of them started (the folds skip what was folded already, by seq). A batch whose
+folding failed counts as finished: it stays uncommitted and is not fetched again until the
+worker restarts, as before (a poison batch must not be retried forever).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DeliveryLedger:
+    """Batches handed to the agents and not finished yet, by topic, in hand-over order."""
+
+    __slots__ = ("_next", "_open")
+
+    def __init__(self) -> None:
+        self._next = 0
+        # topic -> (partition key, last offset) -> (hand-over number, first offset covered)
+        self._open: dict[str, dict[tuple[Any, int], tuple[int, int]]] = {}
+
+    def handed_over(self, topic: str, partition: Any, last: int, start: int) -> int:
+        """Record a batch handed over; returns its hand-over number."""
+        number = self._next
+        self._next += 1
+        self._open.setdefault(topic, {})[(partition, last)] = (number, start)
+        return number
+
+    def finished(self, topic: str, partition: Any, last: int, number: int
+                 ) -> dict[Any, int]:
+        """The batch ``number`` was folded (or failed). Returns, per partition, the offset to
+        fetch again from: where the earliest batch handed over before it, and never
+        finished, started. Those are forgotten (their records come again)."""
+        open_batches = self._open.get(topic, {})
+        entry = open_batches.get((partition, last))
+        if entry is not None and entry[0] <= number:
+            del open_batches[(partition, last)]
+        lost = [(key, start) for key, (n, start) in open_batches.items() if n < number]
+        rewind: dict[Any, int] = {}
+        for key, start in lost:
+            del open_batches[key]
+            rewind[key[0]] = min(start, rewind.get(key[0], start))
+        return rewind
+
+    def forget(self) -> None:
+        """A rebalance: every partition is fetched again from its committed offset."""
+        self._open.clear()
+
+    def open_batches(self, topic: str) -> int:
+        return len(self._open.get(topic, {}))

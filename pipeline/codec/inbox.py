@@ -102,8 +102,9 @@ class InboxCodec:
             raise CodecError(f"an inbox record must be Avro bytes of at least 5 bytes, got "
                              f"{len(data) if isinstance(data, bytes | bytearray) else data!r}")
         writer, body = self._writer_and_body(bytes(data))
+        compiled = self._compiled(writer)
         try:  # fastavro would wrap a varint beyond 64 bits into another long, silently
-            record = self._compiled(writer).decode(body)
+            record = compiled.decode(body)
         except CodecError as exc:
             raise CodecError(f"inbox record body does not decode as dsh.InboxCommand: "
                              f"{exc}") from None

@@ -29,7 +29,6 @@ Tombstones stay null values: ``None`` in, ``None`` out. Every failure is a
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -40,8 +39,14 @@ from fastavro.schema import SchemaParseException, parse_schema
 
 from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.payload import json_text, json_text_ascii, parse_json_text
-from pipeline.codec.schemas import HISTORY_DIR, SCHEMA_DIR, SchemaLookup, schema_fingerprint
-from pipeline.core.errors import CodecError, DshError, SchemaError
+from pipeline.codec.schemas import (
+    HISTORY_DIR,
+    SCHEMA_DIR,
+    KnownSchemaTable,
+    SchemaLookup,
+    schema_fingerprint,
+)
+from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.events import JsonValue
 from pipeline.core.projection import MessageChange
 
@@ -174,50 +179,20 @@ def output_schema_history(name: str) -> tuple[OutputSchema, ...]:
     return tuple(sorted(found, key=lambda s: s.version or 0))
 
 
-class OutputSchemaTable:
-    """Writer schemas of every output record: by fingerprint (today's + the history) and
-    by registry id (fetched once through ``lookup``, then cached). Thread-safe."""
+class OutputSchemaTable(KnownSchemaTable[OutputSchema]):
+    """Writer schemas of every output record (see
+    :class:`~pipeline.codec.schemas.KnownSchemaTable`)."""
 
     def __init__(self, lookup: SchemaLookup | None = None) -> None:
-        self._lookup = lookup
-        self._lock = threading.Lock()
-        self._by_fp: dict[bytes, OutputSchema] = {}
-        self._by_id: dict[int, OutputSchema] = {}
-        for name in OUTPUT_SCHEMAS:
-            for schema in (*output_schema_history(name), current_output_schema(name)):
-                self._by_fp.setdefault(schema.fingerprint, schema)
+        super().__init__((schema for name in OUTPUT_SCHEMAS
+                          for schema in (*output_schema_history(name),
+                                         current_output_schema(name))),
+                         OutputSchema.from_text, lookup, "output schema")
 
-    def add_id(self, schema_id: int, schema: OutputSchema) -> None:
-        with self._lock:
-            self._by_id[schema_id] = self._by_fp.setdefault(schema.fingerprint, schema)
-
-    def by_fingerprint(self, fp: bytes) -> OutputSchema:
-        found = self._by_fp.get(fp)
-        if found is None:
-            raise SchemaError(f"unknown writer schema fingerprint {fp.hex()}: not an output "
-                              f"schema version in schemas/history/")
-        return found
-
-    def by_id(self, schema_id: int) -> OutputSchema:
-        found = self._by_id.get(schema_id)
-        if found is not None:
-            return found
-        if self._lookup is None:
-            raise SchemaError(f"unknown registry schema id {schema_id} (no registry "
-                              f"configured to look it up)")
-        try:
-            text = self._lookup(schema_id)
-        except DshError:
-            raise  # the registry is down or does not know the id: not a codec problem
-        except Exception as exc:  # a foreign lookup function's own error
-            raise SchemaError(f"registry schema id {schema_id} could not be fetched: "
-                              f"{exc}") from exc
-        schema = OutputSchema.from_text(text)
+    def accept(self, schema_id: int, schema: OutputSchema) -> None:
         if schema.name not in OUTPUT_SCHEMAS:
             raise SchemaError(f"registry schema id {schema_id} is {schema.name}, not an "
                               f"output record schema")
-        self.add_id(schema_id, schema)
-        return self._by_id[schema_id]
 
 
 class OutputDecoder:

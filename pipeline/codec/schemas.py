@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from fastavro.schema import SchemaParseException, fingerprint, parse_schema
 from fastavro.schema import to_parsing_canonical_form as _canonical_form
@@ -31,6 +31,14 @@ EVENT_SCHEMA_FILE: Final = "dsh.SessionEvent.avsc"
 EVENT_HISTORY_GLOB: Final = "dsh.SessionEvent.v*.avsc"
 
 SchemaLookup = Callable[[int], str]
+
+
+class Fingerprinted(Protocol):
+    @property
+    def fingerprint(self) -> bytes: ...
+
+
+SchemaT = TypeVar("SchemaT", bound=Fingerprinted)
 """Registry id -> schema text (e.g. ``RegistryClient.get_schema``); raises if unknown."""
 
 
@@ -113,35 +121,35 @@ def event_schema_history() -> tuple[WriterSchema, ...]:
     return tuple(WriterSchema.from_json(_read_schema_file(p), _version_of(p)) for p in paths)
 
 
-class SchemaTable:
-    """Writer schemas by fingerprint (the history) and by registry id (fetched, cached).
+class KnownSchemaTable(Generic[SchemaT]):
+    """Writer schemas by fingerprint (the committed history and today's) and by registry id
+    (fetched through ``lookup`` once per unknown id, then cached). Thread-safe."""
 
-    Thread-safe; a registry lookup happens once per unknown id, never per record.
-    """
-
-    def __init__(self, lookup: SchemaLookup | None = None,
-                 known: tuple[WriterSchema, ...] | None = None) -> None:
+    def __init__(self, known: Iterable[SchemaT], parse: Callable[[str], SchemaT],
+                 lookup: SchemaLookup | None, kind: str) -> None:
         self._lookup = lookup
-        self._by_fp: dict[bytes, WriterSchema] = {}
-        self._by_id: dict[int, WriterSchema] = {}
+        self._parse = parse
+        self._kind = kind   # what the schemas are, for error messages
+        self._by_fp: dict[bytes, SchemaT] = {}
+        self._by_id: dict[int, SchemaT] = {}
         self._lock = threading.Lock()
-        for schema in (*(known if known is not None else event_schema_history()),
-                       current_event_schema()):
+        for schema in known:
             self._by_fp.setdefault(schema.fingerprint, schema)
 
-    def add_id(self, schema_id: int, schema: WriterSchema) -> None:
+    def add_id(self, schema_id: int, schema: SchemaT) -> None:
         """Remember the registry id of a schema (e.g. today's, after registering it)."""
         with self._lock:
             self._by_id[schema_id] = self._by_fp.setdefault(schema.fingerprint, schema)
 
-    def by_fingerprint(self, fp: bytes) -> WriterSchema:
+    def by_fingerprint(self, fp: bytes) -> SchemaT:
         found = self._by_fp.get(fp)
         if found is None:
             raise SchemaError(f"unknown writer schema fingerprint {fp.hex()}: not among the "
-                              f"{len(self._by_fp)} known versions in schemas/history/")
+                              f"{len(self._by_fp)} known {self._kind} versions in "
+                              f"schemas/history/")
         return found
 
-    def by_id(self, schema_id: int) -> WriterSchema:
+    def by_id(self, schema_id: int) -> SchemaT:
         found = self._by_id.get(schema_id)
         if found is not None:
             return found
@@ -155,6 +163,21 @@ class SchemaTable:
         except Exception as exc:  # a foreign lookup function's own error
             raise SchemaError(f"registry schema id {schema_id} could not be fetched: "
                               f"{exc}") from exc
-        schema = WriterSchema.from_text(text)
+        schema = self._parse(text)
+        self.accept(schema_id, schema)
         self.add_id(schema_id, schema)
         return self._by_id[schema_id]
+
+    def accept(self, schema_id: int, schema: SchemaT) -> None:
+        """Raise SchemaError when a schema fetched by id is not one of this table's kind."""
+
+
+class SchemaTable(KnownSchemaTable[WriterSchema]):
+    """Session-event writer schemas (see :class:`KnownSchemaTable`)."""
+
+    def __init__(self, lookup: SchemaLookup | None = None,
+                 known: tuple[WriterSchema, ...] | None = None) -> None:
+        history = known if known is not None else event_schema_history()
+        super().__init__((*history, current_event_schema()), WriterSchema.from_text, lookup,
+                         "session-event schema")
+

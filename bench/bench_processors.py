@@ -19,12 +19,16 @@ two sides do not share an event loop) while a consumer tails
 ``derived-messages``; for every surface event, the latency is the wall-clock time at which
 its derived change was READ by that consumer minus the time it was handed to the producer
 (same machine, same clock). p50/p99/max over all surface events; a change never read within
-the deadline counts as missing.
+the deadline counts as missing. The split printed under it, per surface event: append -> the
+broker acknowledged the append (the appending side's own delays), append -> the worker's
+producer stamped the derived change (CreateTime: fetch, queueing in the worker, fold), and
+that stamp -> read back (the output's linger and ack, the read-back consumer's fetch).
 
-(c) Throughput, two workers in one group, on a fresh topic set with a backlog twice as large
-(as large with ``--quick``): both start together; the figure covers the window from the
-moment both own partitions and are out of recovery until the backlog is folded (records
-handled by both in that window, per wall second and per CPU-second of both together).
+(c) (skipped with ``--no-group``) Throughput, two workers in one group, on a fresh topic
+set with a backlog twice as large (as large with ``--quick``): both start together; the
+figure covers the window from the moment both own partitions and are out of recovery until
+the backlog is folded (records handled by both in that window, per wall second and per
+CPU-second of both together).
 
 The machine is shared: every figure is printed with the load average at its start. Figures
 are per process, so per CPU-second is the one comparable across loads.
@@ -159,17 +163,22 @@ def group_throughput(workers: Sequence[Worker], total: int) -> GroupRun:
     raise SystemExit(f"workers did not finish: {[w.tail(10) for w in workers]}")
 
 
+Stamps = dict[tuple[str, int], float]
+
+
 async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rate: float
-                       ) -> dict[tuple[str, int], float]:
+                       ) -> tuple[Stamps, Stamps]:
     """Append interleaved sessions at ``rate`` events/s; returns the wall-clock ms at which
-    each surface event was handed to the producer (also its CreateTime)."""
+    each surface event was handed to the producer (also its CreateTime), and at which the
+    broker acknowledged it."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, linger_ms=1)
     await producer.start()
     by_session = {sid: iter(event_records(settings, sid, events))
                   for sid, events in sessions.items()}
     interleaved = sorted(((sid, e) for sid, events in sessions.items() for e in events),
                          key=lambda item: (item[1].seq, item[0]))
-    sent: dict[tuple[str, int], float] = {}
+    sent: Stamps = {}
+    acked: Stamps = {}
     began = time.monotonic()
     try:
         for index, (sid, event) in enumerate(interleaved):
@@ -177,14 +186,16 @@ async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rat
             await asyncio.sleep(max(0.0, began + index / rate - time.monotonic()))
             record = next(by_session[sid])
             stamp = int(time.time() * 1000)
-            await producer.send(record.topic, record.value, key=record.key,
-                                headers=list(record.headers), timestamp_ms=stamp)
+            delivery = await producer.send(record.topic, record.value, key=record.key,
+                                           headers=list(record.headers), timestamp_ms=stamp)
             if event.surface_op is not None:
                 sent[(sid, event.seq)] = stamp
+                delivery.add_done_callback(
+                    lambda _, key=(sid, event.seq): acked.setdefault(key, time.time() * 1000))
         await producer.flush()
     finally:
         await producer.stop()
-    return sent
+    return sent, acked
 
 
 async def derived_stamps(settings: Settings, wanted: dict[tuple[str, int], float]
@@ -231,14 +242,30 @@ def _append_child(bootstrap: str, topic_prefix: str, seed: int, events: int, rat
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=topic_prefix,
                                  partitions=PARTITIONS)
     sessions = make_sessions(seed, events, latency_prefix(seed))
-    sent = asyncio.run(paced_append(settings, sessions, rate))
-    Path(out).write_text(json.dumps([[sid, seq, stamp] for (sid, seq), stamp in sent.items()]))
+    sent, acked = asyncio.run(paced_append(settings, sessions, rate))
+    Path(out).write_text(json.dumps([[sid, seq, stamp, acked[(sid, seq)]]
+                                     for (sid, seq), stamp in sent.items()]))
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyRun:
+    """Per surface event read back: append -> read (``total``), split at the derived
+    change's CreateTime (the worker's producer stamps it when the fold hands it over):
+    ``to_send`` (fetch, queueing, fold) and ``to_read`` (linger, broker ack, the read-back
+    consumer's fetch); ``to_ack``: append -> the broker acknowledged the append (the
+    appending child's own producer delays included); ``surface``: surface events appended."""
+
+    total: list[float]
+    to_ack: list[float]
+    to_send: list[float]
+    to_read: list[float]
+    surface: int
 
 
 async def readable_latencies(settings: Settings, seed: int, events: int, rate: float
-                             ) -> tuple[list[float], int]:
-    """Append ~``events`` at ``rate`` while tailing derived-messages; (latencies in ms,
-    surface events appended).
+                             ) -> LatencyRun:
+    """Append ~``events`` at ``rate`` while tailing derived-messages (latencies in ms and
+    their split, see :class:`LatencyRun`).
 
     Latency = wall clock when the change was read back - when its event was handed to the
     producer. The appends run in a child process, so that neither side's event loop delays
@@ -256,7 +283,7 @@ async def readable_latencies(settings: Settings, seed: int, events: int, rate: f
         await consumer.position(tp)   # resolve "end" now, before anything is appended
     sessions = make_sessions(seed, events, latency_prefix(seed))
     expected = sum(1 for es in sessions.values() for e in es if e.surface_op is not None)
-    read_at: dict[tuple[str, int], float] = {}
+    read_at: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         child = multiprocessing.get_context("spawn").Process(
             target=_append_child, args=(settings.bootstrap_servers, settings.topic_prefix,
@@ -270,14 +297,19 @@ async def readable_latencies(settings: Settings, seed: int, events: int, rate: f
                     for r in records:
                         key = _wanted_key(r.value)
                         if key is not None:
-                            read_at.setdefault(key, now)
+                            read_at.setdefault(key, (now, float(r.timestamp)))
             child.join(60)
         finally:
             if child.is_alive():
                 child.kill()
             await consumer.stop()
-        sent = {(sid, seq): stamp for sid, seq, stamp in json.loads(Path(out.name).read_text())}
-    return [read_at[key] - stamp for key, stamp in sent.items() if key in read_at], len(sent)
+        sent = {(sid, seq): (stamp, acked)
+                for sid, seq, stamp, acked in json.loads(Path(out.name).read_text())}
+    found = [(read_at[key], stamps) for key, stamps in sent.items() if key in read_at]
+    return LatencyRun([read - stamp for (read, _), (stamp, _) in found],
+                      [acked - stamp for _, (stamp, acked) in found],
+                      [created - stamp for (_, created), (stamp, _) in found],
+                      [read - created for (read, created), _ in found], len(sent))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -309,14 +341,24 @@ def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> dict
             print(f"(a) one worker: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s)"
                   f"; {per_cpu_s:,.0f} events per worker CPU-second  [load {load}]")
             load = load_average()
-            lat, surface = asyncio.run(readable_latencies(settings, 2, int(rate * seconds),
-                                                          rate))
+            cpu_before = cpu_seconds(worker.proc.pid)
+            run = asyncio.run(readable_latencies(settings, 2, int(rate * seconds), rate))
+            busy = cpu_seconds(worker.proc.pid) - cpu_before
+            lat, surface = run.total, run.surface
             if not lat:
                 raise SystemExit(f"no derived change read back; worker log:\n{worker.tail()}")
             print(f"(b) latency append -> derived change read, at {rate:,.0f} events/s for "
                   f"{seconds:g} s: p50 {percentile(lat, 0.5):.0f} ms, p99 "
                   f"{percentile(lat, 0.99):.0f} ms, max {max(lat):.0f} ms over {len(lat)} of "
                   f"{surface} surface events  [load {load}]")
+            print(f"    worker CPU during (b): {busy:.1f} s for ~{rate * seconds:,.0f} events "
+                  f"({busy / seconds:.0%} of a core); append -> append acked by the broker: "
+                  f"p50 {percentile(run.to_ack, 0.5):.0f} ms, p99 "
+                  f"{percentile(run.to_ack, 0.99):.0f} ms")
+            print(f"    append -> worker sent the change: p50 {percentile(run.to_send, 0.5):.0f}"
+                  f" ms, p99 {percentile(run.to_send, 0.99):.0f} ms; sent -> read back: p50 "
+                  f"{percentile(run.to_read, 0.5):.0f} ms, p99 "
+                  f"{percentile(run.to_read, 0.99):.0f} ms")
             return {"events_per_s": per_s, "events_per_cpu_s": per_cpu_s,
                     "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99),
                     "read_back": len(lat) / max(surface, 1)}
@@ -352,6 +394,8 @@ def two_workers(bootstrap: str, events: int) -> GroupRun:
 def run(bootstrap: str, events: int, rate: float, seconds: float = 10.0,
         group_events: int | None = None) -> None:
     one_worker(bootstrap, events, rate, seconds)
+    if group_events == 0:   # --no-group
+        return
     two_workers(bootstrap, group_events if group_events is not None else 2 * events)
 
 
@@ -365,10 +409,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None,
                         help="seconds of paced appends for (b); default 10")
     parser.add_argument("--bootstrap", default="")
+    parser.add_argument("--no-group", action="store_true",
+                        help="skip (c), the two-worker run (for a latency or (a) run alone)")
     args = parser.parse_args()
     events = args.events or (60_000 if args.quick else 200_000)
     seconds = args.seconds or (3.0 if args.quick else 10.0)
-    group_events = events if args.quick else 2 * events
+    group_events = 0 if args.no_group else events if args.quick else 2 * events
     if args.bootstrap:
         run(args.bootstrap, events, args.rate, seconds, group_events)
         return

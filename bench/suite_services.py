@@ -82,12 +82,19 @@ def _worker_run(ctx: Context, settings: Settings, state: Path, total: int,
         through[0].ours.append(per_s)
         through[1].ours.append(per_cpu_s)
         for index, (rate, (p50, p99)) in enumerate(latency.items()):
-            lat, surface = asyncio.run(bench_processors.readable_latencies(
+            run = asyncio.run(bench_processors.readable_latencies(
                 settings, 100 + index, int(rate * seconds), rate))
+            lat = run.total
             if lat:
                 p50.ours.append(percentile(lat, 0.50))
                 p99.ours.append(percentile(lat, 0.99))
-            ctx.log(f"  latency at {rate:.0f}/s: {len(lat)} of {surface} surface events read")
+                ctx.log(f"  latency at {rate:.0f}/s, p50/p99 ms: append -> acked "
+                        f"{percentile(run.to_ack, 0.5):.0f}/{percentile(run.to_ack, 0.99):.0f}, "
+                        f"-> worker sent the change {percentile(run.to_send, 0.5):.0f}/"
+                        f"{percentile(run.to_send, 0.99):.0f}, sent -> read "
+                        f"{percentile(run.to_read, 0.5):.0f}/{percentile(run.to_read, 0.99):.0f}")
+            ctx.log(f"  latency at {rate:.0f}/s: {len(lat)} of {run.surface} surface events "
+                    "read")
     finally:
         worker.stop()
 

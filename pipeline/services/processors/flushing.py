@@ -21,6 +21,14 @@ log = logging.getLogger(__name__)
 
 FLUSH_SLICE_S: Final = 1.0
 FLUSH_WARN_EVERY_S: Final = 30.0
+# At least this linger for every write (outputs and changelogs), unless faust's
+# ``producer_linger`` asks for more. With faust's default of 0, nearly every write of a small
+# batch went out in its own produce request: at 5,000 events/s the socket writes alone were
+# ~20% of the worker's CPU (py-spy), and the worker, near a full core, stalled for seconds
+# behind its own changelog writes (faust's producer buffer past ``max_messages``).
+# Measured at 5,000 events/s: linger 0 -> p99 0.75-3.3 s, 2 ms -> 0.12 s, 3 ms -> 0.14 s
+# (p50 +5 ms per ms of linger: each batch's outputs are acknowledged before its state).
+MIN_LINGER_MS: Final = 2
 
 
 class FlushingProducer(AIOKafkaProducer):
@@ -31,6 +39,7 @@ class FlushingProducer(AIOKafkaProducer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._unacknowledged: set[asyncio.Future[Any]] = set()
+        self.linger_ms = max(self.linger_ms, MIN_LINGER_MS)   # read by the aiokafka producer
 
     def send_soon(self, fut: Any) -> None:
         self._unacknowledged.add(fut)

@@ -58,6 +58,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.codec.outputs import OutputDecoder
 from pipeline.core.events import Event
+from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Settings
 
 PARTITIONS = 3
@@ -90,6 +91,35 @@ def load_average() -> str:
 
 def handled(worker: Worker) -> int:
     return int(worker.get("/health")[1]["counters"]["records"])
+
+
+def settle(settings: Settings, timeout_s: float = 120.0) -> float:
+    """Wait until the worker committed the whole session topic (its table and output writes
+    flushed: a commit waits for them), so that a latency run measures a steady worker, not
+    the tail of the backlog it just folded. Returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if asyncio.run(_lag(settings)) == 0:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+async def _lag(settings: Settings) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                group_id=ProcessorsOptions().app_id(settings),
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(settings.topics.session_events, p)
+                 for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(parts)
+        lag = 0
+        for tp in parts:
+            lag += ends[tp] - ((await consumer.committed(tp)) or 0)
+        return lag
+    finally:
+        await consumer.stop()
 
 
 def throughput(worker: Worker, total: int) -> tuple[float, float, float]:
@@ -222,12 +252,16 @@ async def derived_stamps(settings: Settings, wanted: dict[tuple[str, int], float
     return latencies
 
 
-def _wanted_key(raw: bytes | None) -> tuple[str, int] | None:
-    """(session, seq) of a derived change that an event appended or replaced into a slot."""
+def _wanted_key(raw: bytes | None, prefix: str) -> tuple[str, int] | None:
+    """(session, seq) of a derived change that an event of this latency run (its sessions
+    start with ``prefix``) appended or replaced into a slot. Changes of other sessions (a
+    backlog still being published) must not count, or the read-back stops early."""
     if raw is None:
         return None
     value: Any = _OUTPUTS.decode(raw)
-    return (value["session"], value["changeSeq"]) if value["seq"] == value["changeSeq"] else None
+    if value["seq"] != value["changeSeq"] or not str(value["session"]).startswith(prefix):
+        return None
+    return value["session"], value["changeSeq"]
 
 
 def latency_prefix(seed: int) -> str:
@@ -241,7 +275,8 @@ def _append_child(bootstrap: str, topic_prefix: str, seed: int, events: int, rat
     """Child process of :func:`readable_latencies`: paced appends, stamps written to ``out``."""
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=topic_prefix,
                                  partitions=PARTITIONS)
-    sessions = make_sessions(seed, events, latency_prefix(seed))
+    prefix = latency_prefix(seed)
+    sessions = make_sessions(seed, events, prefix)
     sent, acked = asyncio.run(paced_append(settings, sessions, rate))
     Path(out).write_text(json.dumps([[sid, seq, stamp, acked[(sid, seq)]]
                                      for (sid, seq), stamp in sent.items()]))
@@ -281,7 +316,8 @@ async def readable_latencies(settings: Settings, seed: int, events: int, rate: f
     await consumer.seek_to_end(*parts)
     for tp in parts:
         await consumer.position(tp)   # resolve "end" now, before anything is appended
-    sessions = make_sessions(seed, events, latency_prefix(seed))
+    prefix = latency_prefix(seed)
+    sessions = make_sessions(seed, events, prefix)
     expected = sum(1 for es in sessions.values() for e in es if e.surface_op is not None)
     read_at: dict[tuple[str, int], tuple[float, float]] = {}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -295,7 +331,7 @@ async def readable_latencies(settings: Settings, seed: int, events: int, rate: f
                 for records in (await consumer.getmany(timeout_ms=100)).values():
                     now = time.time() * 1000
                     for r in records:
-                        key = _wanted_key(r.value)
+                        key = _wanted_key(r.value, prefix)
                         if key is not None:
                             read_at.setdefault(key, (now, float(r.timestamp)))
             child.join(60)
@@ -340,6 +376,7 @@ def one_worker(bootstrap: str, events: int, rate: float, seconds: float) -> dict
             per_s, took, per_cpu_s = throughput(worker, total)
             print(f"(a) one worker: {per_s:,.0f} events/s wall ({total} events in {took:.1f} s)"
                   f"; {per_cpu_s:,.0f} events per worker CPU-second  [load {load}]")
+            print(f"    the worker committed the whole backlog {settle(settings):.1f} s later")
             load = load_average()
             cpu_before = cpu_seconds(worker.proc.pid)
             run = asyncio.run(readable_latencies(settings, 2, int(rate * seconds), rate))

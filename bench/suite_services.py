@@ -81,6 +81,8 @@ def _worker_run(ctx: Context, settings: Settings, state: Path, total: int,
         per_s, _took, per_cpu_s = bench_processors.throughput(worker, total)
         through[0].ours.append(per_s)
         through[1].ours.append(per_cpu_s)
+        ctx.log(f"  the worker committed the whole backlog "
+                f"{bench_processors.settle(settings):.1f} s later; latency runs start now")
         for index, (rate, (p50, p99)) in enumerate(latency.items()):
             run = asyncio.run(bench_processors.readable_latencies(
                 settings, 100 + index, int(rate * seconds), rate))

@@ -43,16 +43,20 @@ from pipeline.codec.payload import (
     json_text,
     json_text_ascii,
 )
-from pipeline.codec.schemas import SchemaTable, WriterSchema, current_event_schema
+from pipeline.codec.schemas import (
+    CONFLUENT_HEADER_LEN,
+    CONFLUENT_MAGIC,
+    SINGLE_OBJECT_HEADER_LEN,
+    SINGLE_OBJECT_MAGIC,
+    SchemaTable,
+    WriterSchema,
+    current_event_schema,
+)
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, Replace, SurfaceOp
 
 __all__ = ["EventRecords", "EventSerde", "decode_bodies", "decode_body", "event_from_record"]
 
-CONFLUENT_MAGIC: Final = 0x00
-SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
-CONFLUENT_HEADER_LEN: Final = 5
-SINGLE_OBJECT_HEADER_LEN: Final = 10
 _PREFIX_CACHE_LIMIT: Final = 1024  # distinct writer schemas remembered per serde
 Framing = Literal["confluent", "single-object"]
 
@@ -180,14 +184,7 @@ class EventSerde:
 
     def writer_of(self, data: bytes) -> tuple[WriterSchema, int]:
         """The writer schema of framed bytes and where the Avro body starts."""
-        data = _as_bytes(data)
-        if len(data) >= CONFLUENT_HEADER_LEN and data[0] == CONFLUENT_MAGIC:
-            return self.table.by_id(int.from_bytes(data[1:5], "big")), CONFLUENT_HEADER_LEN
-        if len(data) >= SINGLE_OBJECT_HEADER_LEN and data[:2] == SINGLE_OBJECT_MAGIC:
-            return self.table.by_fingerprint(data[2:10]), SINGLE_OBJECT_HEADER_LEN
-        head = data[:2].hex() or "nothing"
-        raise CodecError(f"not a framed Avro event: {len(data)} bytes starting with {head} "
-                         f"(expected 00 + schema id, or c3 01 + fingerprint)")
+        return self.table.writer_of(_as_bytes(data), "event")
 
 
 @cache

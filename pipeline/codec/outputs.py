@@ -35,15 +35,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-from fastavro.schema import SchemaParseException, parse_schema
-
 from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.payload import json_text, json_text_ascii, parse_json_text
 from pipeline.codec.schemas import (
+    CONFLUENT_MAGIC,
     HISTORY_DIR,
     SCHEMA_DIR,
+    SINGLE_OBJECT_MAGIC,
     KnownSchemaTable,
     SchemaLookup,
+    parse_record_schema,
     schema_fingerprint,
 )
 from pipeline.core.errors import CodecError, SchemaError
@@ -54,8 +55,6 @@ DERIVED_MESSAGE_CHANGE: Final = "dsh.DerivedMessageChange"
 USAGE_RECORD: Final = "dsh.UsageRecord"
 FLEET_STATUS: Final = "dsh.FleetStatus"
 OUTPUT_SCHEMAS: Final = (DERIVED_MESSAGE_CHANGE, USAGE_RECORD, FLEET_STATUS)
-CONFLUENT_MAGIC: Final = 0x00
-SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
 _PREFIX_CACHE_LIMIT: Final = 256
 
 
@@ -71,12 +70,7 @@ class OutputSchema:
     """One version of an output record schema, compiled, with its JSON mapping."""
 
     def __init__(self, schema: Mapping[str, Any], version: int | None = None) -> None:
-        try:
-            parsed: Any = parse_schema(dict(schema))
-        except (SchemaParseException, ValueError, TypeError, KeyError) as exc:
-            raise SchemaError(f"not a valid Avro schema: {exc}") from None
-        if not isinstance(parsed, dict) or parsed.get("type") != "record":
-            raise SchemaError("an output schema must be an Avro record")
+        parsed = parse_record_schema(schema, "an output schema")
         self.schema = dict(schema)
         self.name: str = parsed["name"]
         self.version = version
@@ -231,13 +225,7 @@ class OutputDecoder:
         return known
 
     def _writer_of(self, data: bytes) -> tuple[OutputSchema, int]:
-        if len(data) >= 5 and data[0] == CONFLUENT_MAGIC:
-            return self.table.by_id(int.from_bytes(data[1:5], "big")), 5
-        if len(data) >= 10 and data[:2] == SINGLE_OBJECT_MAGIC:
-            return self.table.by_fingerprint(data[2:10]), 10
-        raise CodecError(f"not a framed Avro output record: {len(data)} bytes starting with "
-                         f"{data[:2].hex() or 'nothing'} (expected 00 + schema id, or "
-                         f"c3 01 + fingerprint)")
+        return self.table.writer_of(data, "output record")
 
 
 class OutputSerde(OutputDecoder):

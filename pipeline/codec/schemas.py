@@ -23,7 +23,7 @@ from fastavro.schema import to_parsing_canonical_form as _canonical_form
 from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.envelope import EventRecordBuilder
 from pipeline.codec.payload import RecordPlan, payload_plans
-from pipeline.core.errors import DshError, SchemaError
+from pipeline.core.errors import CodecError, DshError, SchemaError
 
 SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
 HISTORY_DIR: Final = SCHEMA_DIR / "history"
@@ -31,6 +31,25 @@ EVENT_SCHEMA_FILE: Final = "dsh.SessionEvent.avsc"
 EVENT_HISTORY_GLOB: Final = "dsh.SessionEvent.v*.avsc"
 
 SchemaLookup = Callable[[int], str]
+
+# The two framings (DESIGN.md section 2): Confluent = 00 + 4-byte registry id; Avro
+# single-object encoding = c3 01 + 8-byte CRC-64-AVRO fingerprint of the writer schema.
+CONFLUENT_MAGIC: Final = 0x00
+SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
+CONFLUENT_HEADER_LEN: Final = 5
+SINGLE_OBJECT_HEADER_LEN: Final = 10
+
+
+def parse_record_schema(schema: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """fastavro's parsed form of ``schema``, which must be an Avro record (``what`` names it
+    in the error)."""
+    try:
+        parsed: Any = parse_schema(dict(schema))
+    except (SchemaParseException, ValueError, TypeError, KeyError) as exc:
+        raise SchemaError(f"not a valid Avro schema: {exc}") from None
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise SchemaError(f"{what} must be an Avro record")
+    return parsed
 
 
 class Fingerprinted(Protocol):
@@ -66,12 +85,7 @@ class WriterSchema:
 
     @classmethod
     def from_json(cls, schema: Mapping[str, Any], version: int | None = None) -> WriterSchema:
-        try:
-            parsed: Any = parse_schema(dict(schema))
-        except (SchemaParseException, ValueError, TypeError, KeyError) as exc:
-            raise SchemaError(f"not a valid Avro schema: {exc}") from None
-        if not isinstance(parsed, dict) or parsed.get("type") != "record":
-            raise SchemaError("a session-event schema must be an Avro record")
+        parsed = parse_record_schema(schema, "a session-event schema")
         plans, payload_records = payload_plans(parsed)
         binary = CompiledSchema(parsed, EventRecordBuilder(parsed, payload_records))
         return cls(dict(schema), parsed, schema_fingerprint(schema), plans, binary, version)
@@ -170,6 +184,17 @@ class KnownSchemaTable(Generic[SchemaT]):
 
     def accept(self, schema_id: int, schema: SchemaT) -> None:
         """Raise SchemaError when a schema fetched by id is not one of this table's kind."""
+
+    def writer_of(self, data: bytes, what: str) -> tuple[SchemaT, int]:
+        """The writer schema of framed bytes (either framing) and where the Avro body
+        starts; ``what`` names the record in the error (e.g. "event")."""
+        if len(data) >= CONFLUENT_HEADER_LEN and data[0] == CONFLUENT_MAGIC:
+            return self.by_id(int.from_bytes(data[1:5], "big")), CONFLUENT_HEADER_LEN
+        if len(data) >= SINGLE_OBJECT_HEADER_LEN and data[:2] == SINGLE_OBJECT_MAGIC:
+            return self.by_fingerprint(data[2:10]), SINGLE_OBJECT_HEADER_LEN
+        head = data[:2].hex() or "nothing"
+        raise CodecError(f"not a framed Avro {what}: {len(data)} bytes starting with {head} "
+                         f"(expected 00 + schema id, or c3 01 + fingerprint)")
 
 
 class SchemaTable(KnownSchemaTable[WriterSchema]):

@@ -52,13 +52,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from processors_support import Worker, event_records, free_port, generated_sessions
+from processors_support import (
+    Worker,
+    committed_and_ends,
+    event_records,
+    free_port,
+    generated_sessions,
+)
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.codec.outputs import OutputDecoder
 from pipeline.core.events import Event
-from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Settings
 
 PARTITIONS = 3
@@ -106,20 +111,8 @@ def settle(settings: Settings, timeout_s: float = 120.0) -> float:
 
 
 async def _lag(settings: Settings) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
-                                group_id=ProcessorsOptions().app_id(settings),
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(settings.topics.session_events, p)
-                 for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(parts)
-        lag = 0
-        for tp in parts:
-            lag += ends[tp] - ((await consumer.committed(tp)) or 0)
-        return lag
-    finally:
-        await consumer.stop()
+    committed, ends = await committed_and_ends(settings)
+    return sum(ends[p] - committed[p] for p in ends)
 
 
 def throughput(worker: Worker, total: int) -> tuple[float, float, float]:

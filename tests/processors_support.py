@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OutputDecoder
 from pipeline.codec.records import event_headers, record_key
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
+from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -263,3 +266,19 @@ def _value(raw: bytes | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+async def committed_and_ends(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
+    """The processors group's committed offset and the end offset, per session partition."""
+    group = ProcessorsOptions().app_id(settings)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(settings.topics.session_events, p)
+                 for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(parts)
+        committed = {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
+        return committed, {tp.partition: ends[tp] for tp in parts}
+    finally:
+        await consumer.stop()

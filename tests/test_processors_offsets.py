@@ -11,39 +11,27 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from processors_support import Worker, event_records, free_port, generated_sessions
+from processors_support import (
+    Worker,
+    committed_and_ends,
+    event_records,
+    free_port,
+    generated_sessions,
+)
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.verify import verify_processors
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker
 
 
-async def _committed_and_ends(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
-    """The processors group's committed offset and the end offset, per session partition."""
-    group = ProcessorsOptions().app_id(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=group,
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        parts = [TopicPartition(settings.topics.session_events, p)
-                 for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(parts)
-        committed = {tp.partition: (await consumer.committed(tp)) or 0 for tp in parts}
-        return committed, {tp.partition: ends[tp] for tp in parts}
-    finally:
-        await consumer.stop()
-
-
 async def _wait_committed(settings: Settings, offsets: dict[int, int], worker: Worker) -> None:
     """Until the group's committed offsets are ``offsets`` (= the end of the topic)."""
     deadline = time.monotonic() + 60
     while True:
-        committed, ends = await _committed_and_ends(settings)
+        committed, ends = await committed_and_ends(settings)
         if committed == offsets == ends:
             return
         assert time.monotonic() < deadline, (committed, ends, worker.tail())
@@ -126,7 +114,7 @@ async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: st
                                       for r in event_records(settings, sid, events)])
         assert (await verify_processors(worker.url(""), more, timeout_s=60)).ok
         await asyncio.sleep(4)   # longer than faust's commit interval (2.8 s)
-        committed, ends = await _committed_and_ends(settings)
+        committed, ends = await committed_and_ends(settings)
         assert committed[0] <= len(before) < ends[0]
     finally:
         worker.stop()

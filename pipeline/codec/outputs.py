@@ -32,7 +32,6 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any, Final
 
 from pipeline.codec.binary import CompiledSchema
@@ -45,6 +44,7 @@ from pipeline.codec.schemas import (
     KnownSchemaTable,
     SchemaLookup,
     parse_record_schema,
+    read_schema_file,
     schema_fingerprint,
 )
 from pipeline.core.errors import CodecError, SchemaError
@@ -144,21 +144,12 @@ class OutputSchema:
         return out
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            schema: dict[str, Any] = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise SchemaError(f"cannot read schema {path}: {exc}") from None
-    return schema
-
-
 @cache
 def current_output_schema(name: str) -> OutputSchema:
     """Today's version of an output schema (``name``: one of :data:`OUTPUT_SCHEMAS`)."""
     if name not in OUTPUT_SCHEMAS:
         raise SchemaError(f"{name!r} is not an output schema (one of {OUTPUT_SCHEMAS})")
-    return OutputSchema(_read(SCHEMA_DIR / f"{name}.avsc"))
+    return OutputSchema(read_schema_file(SCHEMA_DIR / f"{name}.avsc"))
 
 
 @cache
@@ -169,7 +160,7 @@ def output_schema_history(name: str) -> tuple[OutputSchema, ...]:
         version = path.name.removesuffix(".avsc").rsplit(".v", 1)[1]
         if not version.isdigit():
             raise SchemaError(f"history file {path.name} is not named <name>.v<N>.avsc")
-        found.append(OutputSchema(_read(path), int(version)))
+        found.append(OutputSchema(read_schema_file(path), int(version)))
     return tuple(sorted(found, key=lambda s: s.version or 0))
 
 

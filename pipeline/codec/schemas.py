@@ -105,7 +105,8 @@ class WriterSchema:
         return json.dumps(self.schema, separators=(",", ":"))
 
 
-def _read_schema_file(path: Path) -> dict[str, Any]:
+def read_schema_file(path: Path) -> dict[str, Any]:
+    """A schema file's JSON (SchemaError naming the file when it cannot be read)."""
     try:
         with open(path, encoding="utf-8") as handle:
             schema: dict[str, Any] = json.load(handle)
@@ -125,14 +126,14 @@ def _version_of(path: Path) -> int:
 @cache
 def current_event_schema() -> WriterSchema:
     """Today's session-event schema (the one every writer uses)."""
-    return WriterSchema.from_json(_read_schema_file(SCHEMA_DIR / EVENT_SCHEMA_FILE))
+    return WriterSchema.from_json(read_schema_file(SCHEMA_DIR / EVENT_SCHEMA_FILE))
 
 
 @cache
 def event_schema_history() -> tuple[WriterSchema, ...]:
     """Every committed version of the session-event schema, oldest first."""
     paths = sorted(HISTORY_DIR.glob(EVENT_HISTORY_GLOB), key=_version_of)
-    return tuple(WriterSchema.from_json(_read_schema_file(p), _version_of(p)) for p in paths)
+    return tuple(WriterSchema.from_json(read_schema_file(p), _version_of(p)) for p in paths)
 
 
 class KnownSchemaTable(Generic[SchemaT]):

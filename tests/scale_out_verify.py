@@ -29,13 +29,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
+from processors_support import committed_and_ends
 
 from pipeline.adapters.kafka.options import client_options
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import record_key
 from pipeline.core.events import Event
 from pipeline.core.usage import TokenCounts, UsageScan
-from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.verify import (
     VerifyReport,
     counts_of_record,
@@ -199,12 +199,9 @@ async def _records_past_the_commit(settings: Settings) -> dict[int, int]:
 
 
 async def _count_past_commit(settings: Settings) -> dict[int, int]:
-    group = ProcessorsOptions().app_id(settings)
-    committed = AIOKafkaConsumer(**client_options(settings), group_id=group,
-                                 enable_auto_commit=False)
+    committed, _ends = await committed_and_ends(settings)
     reader = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False,
                               isolation_level="read_committed")
-    await committed.start()
     await reader.start()
     try:
         tps = [TopicPartition(settings.topics.session_events, p)
@@ -213,7 +210,7 @@ async def _count_past_commit(settings: Settings) -> dict[int, int]:
         reader.assign(tps)
         counts = {}
         for tp in tps:
-            reader.seek(tp, (await committed.committed(tp)) or 0)
+            reader.seek(tp, committed[tp.partition])
             counts[tp.partition] = 0
             stop_at = time.monotonic() + 10
             while await reader.position(tp) < ends[tp] and time.monotonic() < stop_at:
@@ -222,7 +219,6 @@ async def _count_past_commit(settings: Settings) -> dict[int, int]:
         return counts
     finally:
         await reader.stop()
-        await committed.stop()
 
 
 async def _session_records(settings: Settings, partition: int, session_id: str,
@@ -249,14 +245,5 @@ async def _session_records(settings: Settings, partition: int, session_id: str,
 
 
 async def _group_lag(settings: Settings) -> dict[int, str]:
-    group = ProcessorsOptions().app_id(settings)
-    consumer = AIOKafkaConsumer(**client_options(settings), group_id=group,
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(settings.topics.session_events, p)
-               for p in range(settings.partitions)]
-        ends = await consumer.end_offsets(tps)
-        return {tp.partition: f"{await consumer.committed(tp)}/{ends[tp]}" for tp in tps}
-    finally:
-        await consumer.stop()
+    committed, ends = await committed_and_ends(settings)
+    return {p: f"{committed[p]}/{ends[p]}" for p in ends}

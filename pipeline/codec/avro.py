@@ -27,7 +27,7 @@ foreign exception leaves this module.
 from __future__ import annotations
 
 from functools import cache
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pipeline.codec.envelope import (
     DIRECT_DECLINES,
@@ -57,7 +57,6 @@ from pipeline.core.events import Event, Replace, SurfaceOp
 
 __all__ = ["EventRecords", "EventSerde", "decode_bodies", "decode_body", "event_from_record"]
 
-_PREFIX_CACHE_LIMIT: Final = 1024  # distinct writer schemas remembered per serde
 Framing = Literal["confluent", "single-object"]
 
 
@@ -177,10 +176,7 @@ class EventSerde:
         return _from_record(decoded, known[0])
 
     def _learn_prefix(self, data: bytes) -> tuple[WriterSchema, int]:
-        known = self.writer_of(data)
-        if len(self._by_prefix) < _PREFIX_CACHE_LIMIT:
-            self._by_prefix[data[:known[1]]] = known
-        return known
+        return self.table.remember_writer(_as_bytes(data), "event", self._by_prefix)
 
     def writer_of(self, data: bytes) -> tuple[WriterSchema, int]:
         """The writer schema of framed bytes and where the Avro body starts."""

@@ -44,6 +44,7 @@ from pipeline.codec.schemas import (
     KnownSchemaTable,
     SchemaLookup,
     parse_record_schema,
+    parse_schema_text,
     read_schema_file,
     schema_fingerprint,
 )
@@ -55,7 +56,6 @@ DERIVED_MESSAGE_CHANGE: Final = "dsh.DerivedMessageChange"
 USAGE_RECORD: Final = "dsh.UsageRecord"
 FLEET_STATUS: Final = "dsh.FleetStatus"
 OUTPUT_SCHEMAS: Final = (DERIVED_MESSAGE_CHANGE, USAGE_RECORD, FLEET_STATUS)
-_PREFIX_CACHE_LIMIT: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +85,7 @@ class OutputSchema:
 
     @classmethod
     def from_text(cls, text: str) -> OutputSchema:
-        try:
-            schema = json.loads(text)
-        except ValueError as exc:
-            raise SchemaError(f"schema text is not JSON: {exc}") from None
-        if not isinstance(schema, dict):
-            raise SchemaError("schema text is not a JSON object")
-        return cls(schema)
+        return cls(parse_schema_text(text))
 
     def text(self) -> str:
         """The schema as JSON text (what gets registered)."""
@@ -210,10 +204,7 @@ class OutputDecoder:
         return self._writer_of(_as_bytes(data))[0]
 
     def _learn_prefix(self, data: bytes) -> tuple[OutputSchema, int]:
-        known = self._writer_of(data)
-        if len(self._by_prefix) < _PREFIX_CACHE_LIMIT:
-            self._by_prefix[data[:known[1]]] = known
-        return known
+        return self.table.remember_writer(data, "output record", self._by_prefix)
 
     def _writer_of(self, data: bytes) -> tuple[OutputSchema, int]:
         return self.table.writer_of(data, "output record")

@@ -38,6 +38,18 @@ CONFLUENT_MAGIC: Final = 0x00
 SINGLE_OBJECT_MAGIC: Final = b"\xc3\x01"
 CONFLUENT_HEADER_LEN: Final = 5
 SINGLE_OBJECT_HEADER_LEN: Final = 10
+PREFIX_CACHE_LIMIT: Final = 1024  # distinct framing prefixes a serde remembers
+
+
+def parse_schema_text(text: str) -> dict[str, Any]:
+    """A schema's JSON object from its text (e.g. as a registry returns it)."""
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"schema text is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise SchemaError("schema text is not a JSON object")
+    return schema
 
 
 def parse_record_schema(schema: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -92,13 +104,7 @@ class WriterSchema:
 
     @classmethod
     def from_text(cls, text: str, version: int | None = None) -> WriterSchema:
-        try:
-            schema = json.loads(text)
-        except ValueError as exc:
-            raise SchemaError(f"schema text is not JSON: {exc}") from None
-        if not isinstance(schema, dict):
-            raise SchemaError("schema text is not a JSON object")
-        return cls.from_json(schema, version)
+        return cls.from_json(parse_schema_text(text), version)
 
     def text(self) -> str:
         """The schema as JSON text (what gets registered)."""
@@ -185,6 +191,15 @@ class KnownSchemaTable(Generic[SchemaT]):
 
     def accept(self, schema_id: int, schema: SchemaT) -> None:
         """Raise SchemaError when a schema fetched by id is not one of this table's kind."""
+
+    def remember_writer(self, data: bytes, what: str,
+                        cache: dict[bytes, tuple[SchemaT, int]]) -> tuple[SchemaT, int]:
+        """:meth:`writer_of`, remembered in ``cache`` under the record's framing prefix
+        (a serde's own cache: most records share a handful of prefixes)."""
+        known = self.writer_of(data, what)
+        if len(cache) < PREFIX_CACHE_LIMIT:
+            cache[data[:known[1]]] = known
+        return known
 
     def writer_of(self, data: bytes, what: str) -> tuple[SchemaT, int]:
         """The writer schema of framed bytes (either framing) and where the Avro body

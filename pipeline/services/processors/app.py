@@ -43,6 +43,7 @@ from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
 from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.flushing import DirectTopic
 from pipeline.services.processors.folding import (
     Decoder,
     Outgoing,
@@ -164,6 +165,7 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         value_serializer="raw",
         stream_wait_empty=False,
         producer_acks=-1,
+        Topic=DirectTopic,   # table writes skip a per-write event-loop detour
         # A killed worker's partitions move once its session expires: keep that short.
         broker_session_timeout=options.session_timeout_s,
         broker_heartbeat_interval=min(3.0, options.session_timeout_s / 3),

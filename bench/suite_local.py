@@ -28,7 +28,8 @@ from pipeline.core.log import SessionLog
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.synth import synth_session
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Outgoing, SessionFolder, SessionTables
+from pipeline.services.processors.folding import Outgoing, SessionFolder
+from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import TopicNames
 
 

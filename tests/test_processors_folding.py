@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from processors_support import generated_sessions
@@ -24,13 +25,9 @@ from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageSample, UsageScan, session_record
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import (
-    Outgoing,
-    SessionFolder,
-    SessionState,
-    SessionTables,
-    next_expected,
-)
+from pipeline.services.processors.folding import Outgoing, SessionFolder
+from pipeline.services.processors.session_state import SessionState, SessionTables
+from pipeline.services.processors.web import session_messages
 from pipeline.settings import TopicNames
 
 TOPICS = TopicNames("t.")
@@ -56,12 +53,15 @@ class Harness:
                            SERDE.encode(session_id, event), tuple(event_headers(event)))
 
     async def feed(self, records: list[InboxRecord]) -> None:
-        """One record per batch (as the worker sees a slow trickle)."""
+        """One record per batch (as the worker sees a slow trickle), each one committed."""
         for record in records:
             await self.folder.handle(record)
+            await self.folder.persist()
 
     async def feed_batch(self, records: list[InboxRecord]) -> None:
+        """One fetched batch, then a commit (which persists what it changed)."""
         await self.folder.handle_batch(records)
+        await self.folder.persist()
 
     def messages(self, session_id: str) -> list[Any]:
         state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
@@ -188,7 +188,7 @@ async def test_a_crash_losing_uncommitted_batches_recovers_to_the_full_fold() ->
             assert again.messages(sid) == list(derive_messages(events)), (committed, sid)
 
 
-async def test_a_batch_writes_each_session_record_once() -> None:
+async def test_a_persist_writes_each_session_record_once_for_all_its_batches() -> None:
     harness = Harness()
     writes: list[str] = []
 
@@ -201,13 +201,20 @@ async def test_a_batch_writes_each_session_record_once() -> None:
     harness.folder.tables = harness.tables
     logs = sessions(13, 3)
     records = [harness.record(sid, e) for sid, events in logs.items() for e in events]
-    await harness.feed_batch(records)
+    records.sort(key=lambda r: (int(dict(r.headers)["dsh.seq"]), r.key or b""))
+    parts = batches(records, 23)
+    for part in parts:
+        await harness.folder.handle_batch(part)
+    assert writes == []                     # nothing is written before the commit
+    await harness.folder.persist()
     assert sorted(writes) == sorted(logs)   # no chunk marks: the session records hold all
     for sid, events in logs.items():
         assert harness.messages(sid) == list(derive_messages(events))
         assert harness.tables.sessions[sid]["next"] == len(events)
     fleet = [o.key for o in harness.sent_to(TOPICS.fleet)]
-    assert sorted(fleet) == sorted(sid.encode() for sid in logs)   # last value per batch
+    assert len(fleet) > len(logs)           # the last value of every batch, sent at once
+    await harness.folder.persist()
+    assert len(writes) == len(logs)         # nothing changed since: nothing written again
 
 
 async def test_a_reported_gap_is_never_folded_past_after_a_restart() -> None:
@@ -363,25 +370,31 @@ async def test_sums_built_during_recovery_are_not_kept() -> None:
     assert recovering.sums.partitions is None   # rebuilt again once recovery is over
 
 
-async def test_what_http_views_read_never_runs_ahead_of_the_tables_mid_batch() -> None:
+async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_await() -> None:
     """Sends await (other tasks, such as HTTP views, run meanwhile): at every send the
-    session's next seq as the views compute it must be backed by the tables."""
+    messages a view derives from the session's current state and the ``nodes`` table are
+    exactly core's derivation of the events folded so far, persisted or not."""
     harness = Harness()
     (sid, events), = sessions(14, 1).items()
-    seen: list[tuple[int, int]] = []
+    processors = SimpleNamespace(tables=harness.tables, folder=harness.folder)
+    seen: list[int] = []
 
     async def checking_send(out: Outgoing) -> None:
-        raw = harness.tables.sessions.get(sid)
-        persisted = max(int(raw["next"]) if raw else 0,
-                        int(harness.tables.chunk_marks.get(sid) or 0))
-        seen.append((next_expected(harness.tables, sid), persisted))
+        body = session_messages(cast(Any, processors), sid, None)
+        assert body is not None
+        folded = body["nextSeq"]
+        assert body["messages"] == list(derive_messages(events[:folded])), folded
+        seen.append(folded)
 
     harness.folder.send = checking_send
     records = [harness.record(sid, e) for e in events]
     for part in batches(records, 25):
-        await harness.feed_batch(part)
-    assert seen and all(shown == persisted for shown, persisted in seen)
-    assert next_expected(harness.tables, sid) == len(events)
+        await harness.folder.handle_batch(part)   # never persisted
+    assert harness.tables.sessions == {}
+    assert len(seen) > 10 and seen == sorted(seen)
+    body = session_messages(cast(Any, processors), sid, None)
+    assert body is not None and body["nextSeq"] == len(events)
+    assert body["messages"] == list(derive_messages(events))
 
 
 class CoveredUpTo:

@@ -38,11 +38,13 @@ Undecodable records, gaps and events that break a surface rule go to
 and ``dsh.original.*`` headers.
 
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
-(session stage), :mod:`.aggregation` (per-model stage), :mod:`.transport` (the session and
-per-model topics delivered one fetched batch per faust event), :mod:`.web`, :mod:`.runner`,
+(session stage), :mod:`.persisting` (its table writes, once per commit), :mod:`.aggregation`
+(per-model stage), :mod:`.transport` and :mod:`.fetching` (the session and per-model topics
+delivered one fetched batch per faust event), :mod:`.web`, :mod:`.runner`,
 :mod:`.verify` (the checks ``demo`` runs), :mod:`.projection_follow` (which derived-messages
 version to publish to), :mod:`.options`, :mod:`.counters`.
 
-Speed (``bench/bench_processors.py``): chunks are skipped by header inside each batch, tables
-are written once per session per batch, so faust's per-record cost is paid per batch.
+Speed (``bench/bench_processors.py``): chunks are skipped by header inside each batch, so
+faust's per-record cost is paid per batch, and a session's table record is written once per
+commit, so no batch waits for a broker round trip before the next one is folded.
 """

@@ -14,7 +14,8 @@ with their source topic, and ``options.standby_replicas`` standby copies):
 
 ``══``: the session topic and the usage-by-model topic reach their agents one fetched batch
 per partition at a time (one faust event per batch, :mod:`.transport`), so faust's
-per-record cost is paid per batch.
+per-record cost is paid per batch. The session tables are written once per commit, right
+before it (:mod:`.persisting`); the outputs are sent as each batch is folded.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
 crash or rebalance changes nothing (faust's ``exactly_once`` is not used: see the notes on its
@@ -31,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import faust
@@ -48,12 +50,14 @@ from pipeline.services.processors.folding import (
     Decoder,
     Outgoing,
     SessionFolder,
-    SessionTables,
 )
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
+from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.processors.transport import (
     mark_folded,
+    mark_received,
+    persist_before_commit,
     records_of,
     use_batching_transport,
 )
@@ -75,6 +79,7 @@ class Processors:
     tables: SessionTables
     usage_agg: Any
     aggregator: UsageAggregator | None = None
+    folder: SessionFolder | None = None
     counters: DeliveryCounters = field(default_factory=DeliveryCounters)
     step_rate: StepRate = field(default_factory=StepRate)
     steps_seen: int = 0
@@ -85,8 +90,13 @@ class Processors:
     def local_fleet(self) -> list[FleetStatus]:
         """Statuses of the sessions whose partitions this worker owns (not standbys)."""
         owned = self.active_partitions(self.settings.topics.session_events)
-        return [FleetStatus.from_json(raw["fleet"]) for raw in list(self.tables.sessions.values())
-                if raw and raw.get("partition") in owned]
+        statuses = {sid: FleetStatus.from_json(raw["fleet"])
+                    for sid, raw in list(self.tables.sessions.items())
+                    if raw and raw.get("partition") in owned}
+        if self.folder is not None:   # newer than the tables until the next persist
+            statuses.update({sid: state.fleet for sid, state in self.folder.states.items()
+                             if state.fleet is not None and state.partition in owned})
+        return list(statuses.values())
 
     def observe_steps(self, now_ms: int) -> None:
         """Feed the steps/s rate (called by the tick timer, once a tick)."""
@@ -212,7 +222,7 @@ def build_processors(settings: Settings, decode: Decoder,
     folder = _wire_sessions(processors, decode, send, follow, outputs)
 
     async def forget_cached_state(*_args: Any, **_kwargs: Any) -> None:
-        folder.forget()  # partitions moved: other workers folded meanwhile
+        await folder.forget()  # partitions moved: other workers folded meanwhile
 
     async def reread_pointer(*_args: Any, **_kwargs: Any) -> None:
         try:  # a handover may be pending for partitions this worker now owns
@@ -261,17 +271,21 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
                            processors.options.usage_topic(settings), processors.counters,
-                           route, outputs=outputs)
+                           route, outputs=outputs,
+                           max_record_bytes=app.conf.producer_max_request_size)
+    processors.folder = folder
 
     async def fold_sessions(stream: Any) -> None:
         # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
         # fetching until it drained (100 by default: a few batches' writes, so every batch
         # would stall the next fetch). The agents run once the producer exists.
         app.producer.buffer.max_messages = processors.options.producer_buffer
+        persist_before_commit(app, "fold-sessions", folder.persist)
         async for event in stream.events():
+            mark_received(app, event.message)
             async with _holding_back_on_failure(processors, event):
-                await folder.handle_batch(records_of(event.message))
-                mark_folded(app, event.message)
+                await folder.handle_batch(records_of(event.message),
+                                          partial(mark_folded, app, event))
 
     app.agent(source, name="fold-sessions")(fold_sessions)
     return folder
@@ -292,10 +306,11 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():
+            mark_received(app, event.message)
             async with _holding_back_on_failure(processors, event):
                 values = [json.loads(r.value) for r in records_of(event.message)]
                 await aggregator.handle_batch(event.message.partition, values)
-                mark_folded(app, event.message)
+                mark_folded(app, event)
 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through
@@ -330,16 +345,17 @@ async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncI
     """An exception while folding a batch leaves the batch uncommitted, for good.
 
     faust acks the event an agent raised on (and restarts the agent): it is marked acked
-    without telling the consumer instead, and finished but not folded, so the commit of its
-    partition stops before it (:func:`.transport.committable`), it is not fetched again
-    (:mod:`.delivery`: no retry loop on a poison batch), and a restart folds it again.
-    Later batches go on; their sessions report the records it held back as gaps until then.
+    without telling the consumer instead, and never marked folded, so the commit of its
+    partition stops before it (:func:`.transport.committable`); it was received, so it is not
+    fetched again (:mod:`.delivery`: no retry loop on a poison batch), and a restart folds
+    it again. The session folds give up the partition's batches folded since its last
+    persist with it (:mod:`.persisting`: the cached states may hold half of it). Later
+    batches go on; their sessions report the records held back as gaps until then.
     """
     try:
         yield
     except Exception:
         event.message.acked = True
-        mark_folded(processors.app, event.message, folded=False)
         processors.counters.failed_batches += 1
         log.exception("folding %s[%d] up to offset %d failed; its offsets stay uncommitted "
                       "until the worker restarts", event.message.topic, event.message.partition,

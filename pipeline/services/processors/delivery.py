@@ -8,12 +8,13 @@ generation. The position has moved past such records, so within a generation the
 never come again and every session in them would stop at a gap (measured on the scale-out
 run: whole partitions of a killed worker never folded by the survivor).
 
-One agent folds a topic's batches in the order they were handed over, so a batch handed
-over *before* one the agent finished, and not finished itself, was lost on the way.
-:class:`DeliveryLedger` finds them, and the consumer seeks their partitions back to where
+One agent takes a topic's batches in the order they were handed over, so a batch handed
+over *before* one the agent took, and not taken itself, was lost on the way.
+:class:`DeliveryLedger` finds them (the agent reports each batch it takes,
+:func:`.transport.mark_received`), and the consumer seeks their partitions back to where
 the first of them started (the folds skip what was folded already, by seq). A batch whose
-folding failed counts as finished: it stays uncommitted and is not fetched again until the
-worker restarts, as before (a poison batch must not be retried forever).
+folding failed was taken: it stays uncommitted and is not fetched again until the worker
+restarts, as before (a poison batch must not be retried forever).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class DeliveryLedger:
 
     def finished(self, topic: str, partition: Any, last: int, number: int
                  ) -> dict[Any, int]:
-        """The batch ``number`` was folded (or failed). Returns, per partition, the offset to
+        """The agent took batch ``number``. Returns, per partition, the offset to
         fetch again from: where the earliest batch handed over before it, and never
         finished, started. Those are forgotten (their records come again)."""
         open_batches = self._open.get(topic, {})

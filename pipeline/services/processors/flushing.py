@@ -30,9 +30,8 @@ FLUSH_WARN_EVERY_S: Final = 30.0
 # ~20% of the worker's CPU (py-spy), and the worker, near a full core, stalled for seconds
 # behind its own changelog writes (faust's producer buffer past ``max_messages``).
 # Measured at 5,000 events/s, machine load ~2: linger 0 -> p99 0.75-3.3 s, 2 ms -> 0.12 s,
-# 3 ms -> 0.14 s (p50 +5 ms per ms of linger: each batch's outputs are acknowledged before
-# its state). At load 3-5 the tail is back near 1 s: the buffer still overflows during
-# slow commit flushes (see the processors latency notes in the session report).
+# 3 ms -> 0.14 s (p50 +5 ms per ms of linger, when each batch waited for its outputs' acks;
+# since the tables are written once per commit, :mod:`.persisting`, nothing waits per batch).
 MIN_LINGER_MS: Final = 2
 
 

@@ -1,4 +1,4 @@
-"""Session-topic records -> table updates and published changes, one fetched batch at a time.
+"""Session-topic records -> published changes and table updates, one fetched batch at a time.
 
 The decisions are core's pure folds (:mod:`pipeline.core.projection`, ``usage``, ``fleet``);
 this module only moves their state in and out of the tables and sends what they return.
@@ -14,38 +14,40 @@ advances the session's cursor, without being decoded; a record that does not dec
 event that breaks a surface rule, is dead-lettered and processing goes on.
 
 **Crash consistency.** Table writes reach their changelogs in the order they were made, a
-kill -9 loses a suffix of them, and faust commits a batch's offsets only after the batch was
-processed and the producer flushed. Everything a batch decides for one session (next seq,
-surface slots, usage, fleet status) is ONE record of the ``sessions`` table, written once at
-the end of the batch: after a crash it holds all of the session's events of that batch or
-none, and redelivery from the committed offset skips what it holds and applies the rest once.
-``nodes`` (the projected message of each surface event) is written before that record and is
-idempotent. Outputs are sent before the state is written, so a crash can only repeat them
-(same key and value on the compacted topics; the per-model stage drops a repeated sample by
-seq). Fleet status and session usage are published once per session per batch (their last
-value: the topics are compacted); derived-message changes one record per change. Output
-values are Avro (:mod:`pipeline.codec.outputs`); usage samples to the internal per-model
-topic stay JSON.
+kill -9 loses a suffix of them, and a batch's offsets are committed only after its table
+writes were made and the producer flushed. Everything the batches decide for one session
+(next seq, surface slots, usage, fleet status) is ONE record of the ``sessions`` table,
+written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
+all of the session's events since the previous commit or none, and redelivery from the
+committed offset skips what it holds and applies the rest once. ``nodes`` (the projected
+message of each surface event) is written while folding, before that record, and is
+idempotent. Outputs are sent at once and acknowledged before the state is written, so a
+crash can only repeat them (same key and value on the compacted topics; the per-model stage
+drops a repeated sample by seq). Fleet status and session usage are published once per
+session per batch (their last value: the topics are compacted); derived-message changes one
+record per change. Output values are Avro (:mod:`pipeline.codec.outputs`); usage samples to
+the internal per-model topic stay JSON.
 
 **Chunks and gaps after a kill -9.** Chunks (about 80% of the records) change no table but
-move the session's cursor. At the end of every batch the cursor of each session it moved is
-persisted: in the ``sessions`` record when that is written anyway, else in the small
-``chunk_marks`` table (one write per session per batch, not per chunk). So at every committed
+move the session's cursor. At every persist the cursor of each session they moved is
+written: in the ``sessions`` record when that is written anyway, else in the small
+``chunk_marks`` table (one write per session per commit, not per chunk). So at every committed
 offset the tables know exactly which seq each session expects next, and the first record
 redelivered after a restart is judged against that: a missing seq is a gap whether or not a
 restart fell next to it. (The alternative, accepting a jump over the chunk seqs that the next
 ``assistant/message`` lists in ``sourceEventSeqs``, would report false gaps: the chunks of a
 failed provider attempt, or of a stream cut by a crash and closed by crash repair, are listed
 by no message.) Cursors are also cached in memory (``SessionTables.chunks``) together with
-the decoded states, both dropped on every rebalance: the tables stay the truth.
+the decoded states; both run ahead of the tables until the next persist (the HTTP views read
+them, :meth:`SessionFolder.current`) and are dropped on every rebalance.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -60,24 +62,28 @@ from pipeline.adapters.kafka.records import (
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.dedup import Delivery
-from pipeline.core.errors import CodecError, EventError, SequenceError
-from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
-from pipeline.core.fleet import FleetStatus
-from pipeline.core.projection import MessageChange, SurfaceSlots, with_session
-from pipeline.core.usage import SessionUsage, UsageSample, session_record
-from pipeline.core.validation import projected_message
+from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
+from pipeline.core.events import Event, dumps_json
+from pipeline.core.usage import session_record
 from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.persisting import BatchDone, ChangeBook
+from pipeline.services.processors.session_state import (
+    FoldPlan,
+    SessionState,
+    SessionTables,
+    next_expected,
+    plan_event,
+)
 from pipeline.settings import TopicNames
 
 log = logging.getLogger(__name__)
 
 CHUNK: Final = "assistant/chunk"
 _CHUNK_TYPE: Final = CHUNK.encode()
-USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
-STATE_CACHE_MAX: Final = 50_000  # decoded session states kept between batches
+MAX_RECORD_BYTES: Final = 1_000_000   # faust's producer_max_request_size default
+STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unpersisted ones)
 
 Decoder = Callable[[bytes], tuple[str, Event]]
-Table = MutableMapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,48 +114,6 @@ class DerivedRoute(Protocol):
     def topic_for(self, partition: int, offset: int) -> str | None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class SessionTables:
-    """Co-partitioned tables (``sessions`` and ``chunk_marks`` by session, ``nodes`` by
-    ``<session>/<seq>``) and the in-memory cursors (cleared on every rebalance)."""
-
-    sessions: Table
-    nodes: Table
-    chunk_marks: Table
-    chunks: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class SessionState:
-    """Everything the folds of one session need: the value of the ``sessions`` table."""
-
-    session_id: str
-    next_seq: int = 0
-    partition: int = -1
-    surface: SurfaceSlots = field(default_factory=SurfaceSlots)
-    usage: SessionUsage = field(default_factory=SessionUsage)
-    fleet: FleetStatus | None = None
-    stalled: bool = False  # a gap or an invalid event was reported and not yet filled
-
-    def to_json(self) -> dict[str, JsonValue]:
-        """A fresh value: faust serialises table values later, so nothing may be shared
-        with this (cached, still changing) state."""
-        fleet = self.fleet or FleetStatus(self.session_id)
-        surface = {"nodes": [node[:] for node in self.surface.nodes],
-                   "ops": [op[:] for op in self.surface.ops]}
-        return {"next": self.next_seq, "partition": self.partition, "surface": surface,
-                "usage": self.usage.to_json(), "fleet": fleet.to_json(),
-                "stalled": self.stalled}
-
-    @classmethod
-    def from_json(cls, session_id: str, raw: JsonValue) -> SessionState:
-        if raw is None:
-            return cls(session_id, fleet=FleetStatus(session_id))
-        return cls(session_id, int(raw["next"]), int(raw["partition"]),
-                   SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
-                   FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
-
-
 def classify(expected: int, seq: int) -> Delivery:
     if seq < expected:
         return Delivery.DUPLICATE
@@ -158,13 +122,6 @@ def classify(expected: int, seq: int) -> Delivery:
 
 def json_bytes(value: Any) -> bytes | None:
     return None if value is None else dumps_json(value).encode("utf-8")
-
-
-def next_expected(tables: SessionTables, session_id: str) -> int:
-    """The seq the session's next record must carry (0 for an unknown session)."""
-    state = tables.sessions.get(session_id)
-    return max(int(state["next"]) if state else 0, int(tables.chunk_marks.get(session_id) or 0),
-               tables.chunks.get(session_id, 0))
 
 
 def chunk_seq(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
@@ -203,52 +160,90 @@ class SessionFolder:
     def __init__(self, tables: SessionTables, send: Send, decode: Decoder, topics: TopicNames,
                  usage_topic: str, counters: DeliveryCounters,
                  route: DerivedRoute | None = None, *,
-                 outputs: OutputCodecs | None = None) -> None:
+                 outputs: OutputCodecs | None = None,
+                 max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.tables = tables
         # Avro encoders of the output topics (single-object encoding unless given ones
         # with registry ids); the internal usage-by-model topic stays JSON.
         self.outputs = outputs or default_output_codecs()
         self.route = route  # None: always the derived-messages topic of ``topics``
+        self.max_record_bytes = max_record_bytes
         self.send = send
         self.decode = decode
         self.topics = topics
         self.usage_topic = usage_topic
         self.counters = counters
-        self.states: dict[str, SessionState] = {}  # decoded table values, see forget()
+        self.states: dict[str, SessionState] = {}  # decoded, as folded so far; see forget()
         self.deliveries: list[Awaitable[object]] = []  # this batch's unacknowledged outputs
+        self.book = ChangeBook(counters, self._drop_sessions)
 
-    def forget(self) -> None:
-        """Drop what is cached in memory (partitions moved: others folded meanwhile)."""
-        self.tables.chunks.clear()
-        self.states.clear()
-        self.deliveries.clear()
+    async def persist(self) -> None:
+        """Write what the folds changed to the tables (see :mod:`.persisting`)."""
+        await self.book.persist(self.tables)
+
+    async def forget(self) -> None:
+        """Drop what is cached in memory and not persisted (partitions moved: others fold
+        them from the committed offset)."""
+        async with self.book.lock:
+            dropped = self.book.give_up_all()
+            self.tables.chunks.clear()
+            self.states.clear()
+            self.deliveries.clear()
+        if dropped:
+            log.info("%d folded batches not persisted before the rebalance: their "
+                     "partitions' owners fold them again from the committed offset", dropped)
+
+    def current(self, session_id: str) -> SessionState | None:
+        """The session as folded so far (ahead of its table record until the next persist);
+        None for a session without a record (unknown, or only chunks folded)."""
+        state = self.states.get(session_id)
+        if state is None:
+            raw = self.tables.sessions.get(session_id)
+            state = None if raw is None else SessionState.from_json(session_id, raw)
+        return state
 
     async def handle(self, record: ConsumedRecord) -> None:
         await self.handle_batch((record,))
 
-    async def handle_batch(self, records: Sequence[ConsumedRecord]) -> None:
-        """Fold records of one partition, in order; tables are written at the end. With a
-        route, its gate is passed once per batch (it waits while a handover is pending)."""
-        if self.route is not None and records:
-            await self.route.gate(records[0].partition, records[0].offset)
-        batch = _Batch()
-        try:
-            for record in records:
-                self.counters.records += 1
-                seq = chunk_seq(record.headers)
-                session_id = _session_of(record.key) if seq is not None else None
-                if seq is not None and session_id is not None:
-                    await self._chunk(batch, record, session_id, seq)
-                else:
-                    await self._event(batch, record)
-            await self._flush(batch)
-        except BaseException:
-            self.forget()  # the cache may hold changes the tables never got
-            raise
+    async def handle_batch(self, records: Sequence[ConsumedRecord],
+                           done: BatchDone | None = None) -> None:
+        """Fold records of one partition, in order. What they change is written to the
+        tables by the next :meth:`persist`, which calls ``done`` then. With a route, its
+        gate is passed once per batch (it waits while a handover is pending)."""
+        if not records:
+            return
+        first = records[0]
+        if self.route is not None:
+            await self.route.gate(first.partition, first.offset)
+        async with self.book.lock:
+            batch = _Batch()
+            try:
+                for record in records:
+                    self.counters.records += 1
+                    seq = chunk_seq(record.headers)
+                    session_id = _session_of(record.key) if seq is not None else None
+                    if seq is not None and session_id is not None:
+                        await self._chunk(batch, record, session_id, seq)
+                    else:
+                        await self._event(batch, record)
+                await self._publish_last_values(batch)
+                self._finish(batch, first.partition, done)
+            except BaseException:
+                # The cached states of the partition may hold changes half made: the
+                # partition's unpersisted batches are given up with this one.
+                self.deliveries = []
+                self._drop_sessions(self.book.give_up_partition(first.partition)
+                                    | set(batch.started))
+                raise
+
+    def _drop_sessions(self, session_ids: Iterable[str]) -> None:
+        for session_id in session_ids:
+            self.states.pop(session_id, None)
+            self.tables.chunks.pop(session_id, None)
 
     def _cursor(self, batch: _Batch, session_id: str) -> int:
-        """The seq the session expects next. Kept in the batch until its end, so that what
-        the HTTP views read (tables + ``tables.chunks``) never runs ahead of the tables."""
+        """The seq the session expects next (moved in the batch, into ``tables.chunks``
+        at its end)."""
         cursor = batch.cursors.get(session_id)
         if cursor is None:
             cursor = self.tables.chunks.get(session_id)
@@ -288,8 +283,9 @@ class SessionFolder:
         state = batch.states.get(session_id) or self.states.get(session_id)
         if state is None:
             state = SessionState.from_json(session_id, self.tables.sessions.get(session_id))
-            if len(self.states) >= STATE_CACHE_MAX:
-                self.states.clear()
+            if len(self.states) >= STATE_CACHE_MAX:   # the tables hold all but these
+                keep = self.book.unwritten() | batch.states.keys()
+                self.states = {sid: self.states[sid] for sid in keep if sid in self.states}
             self.states[session_id] = state
         batch.states[session_id] = state
         return state
@@ -323,14 +319,15 @@ class SessionFolder:
         """Fold ``event``; False when it breaks a rule (dead-lettered, nothing changed)."""
         state = self._state(batch, session_id)
         try:
-            plan = _plan(state, event)
+            plan = plan_event(state, event)
         except EventError as exc:
             # The fold cannot go on correctly: the session stops here (later seqs are gaps).
             self.counters.invalid_events += 1
             self._stall(batch, session_id, record.partition)
             await self._dead_letter(record, exc)
             return False
-        await self._publish(session_id, plan, record)
+        outgoing = self._outputs(session_id, event.seq, plan, record)   # may refuse
+        # All of the state first, then the awaits: views read between them.
         if plan.changes:
             self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
                                                               "message": plan.message}
@@ -342,46 +339,47 @@ class SessionFolder:
             batch.fleet.add(session_id)
         self.counters.applied += 1
         self.counters.steps_started += event.type == "step/start"
+        for out in outgoing:
+            await self._send(out)
         return True
 
-    async def _publish(self, session_id: str, plan: FoldPlan, record: ConsumedRecord) -> None:
-        """What must be sent per event: each message change (to the version the route
-        names) and each usage sample."""
+    def _outputs(self, session_id: str, seq: int, plan: FoldPlan, record: ConsumedRecord
+                 ) -> list[Outgoing]:
+        """What must be sent for one event: each message change (to the version the route
+        names) and the usage sample.
+
+        Raises :class:`BrokerError` for a change above the producer's record limit, before
+        anything is written: the ``nodes`` record of the message is as large, and a table
+        write the producer refuses stops every later table write of the worker (faust's
+        producer buffer dies with it)."""
+        found = []
         if plan.changes:
+            encode = self.outputs.derived.encode_change
+            values = [(change.key.encode(), encode(change)) for change in plan.changes]
+            largest = max(len(value or b"") for _, value in values)
+            if largest > self.max_record_bytes:
+                raise BrokerError(f"session {session_id} seq {seq}: its derived change is "
+                                  f"{largest:,} bytes, above the {self.max_record_bytes:,}-"
+                                  f"byte record limit of the producer; not folded")
             topic: str | None = self.topics.derived_messages
             if self.route is not None:
                 topic = self.route.topic_for(record.partition, record.offset)
             if topic is not None:
-                encode = self.outputs.derived.encode_change
-                for change in plan.changes:
-                    await self._send(Outgoing(topic, change.key.encode(), encode(change)))
-                self.counters.derived_changes += len(plan.changes)
+                found += [Outgoing(topic, key, value) for key, value in values]
+                self.counters.derived_changes += len(values)
         if plan.sample is not None:
             self.counters.usage_samples += 1
-            await self._send(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
-                                     json_bytes(plan.sample.to_json())))
+            found.append(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
+                                  json_bytes(plan.sample.to_json())))
+        return found
 
     async def _send(self, out: Outgoing) -> None:
         delivery = await self.send(out)
         if inspect.isawaitable(delivery):
             self.deliveries.append(delivery)
 
-    async def _settle(self) -> None:
-        """Wait until the broker acknowledged every output of the batch (raises if one
-        failed: the batch fails and is never committed)."""
-        deliveries, self.deliveries = self.deliveries, []
-        if deliveries:
-            await asyncio.gather(*deliveries)
-
-    async def _flush(self, batch: _Batch) -> None:
-        """Publish the batch's last fleet/usage values, then write each session's state.
-
-        *Outputs before state.* A session's state record says which seqs its outputs were
-        sent for; after a kill -9 the changelog may hold it while an output written before
-        it, on another partition, never reached the broker (the producer sends partitions'
-        batches independently): that output would be lost for good (a usage sample missing
-        from the model totals, a change missing from the derived topic). So the state is
-        written only once every output of the batch is acknowledged."""
+    async def _publish_last_values(self, batch: _Batch) -> None:
+        """The batch's last fleet status and usage totals of each session it changed."""
         for session_id in sorted(batch.fleet):
             fleet = batch.states[session_id].fleet
             if fleet is not None:
@@ -392,47 +390,29 @@ class SessionFolder:
             await self._send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
                                      self.outputs.usage.encode(session_record(session_id,
                                                                               totals))))
-        await self._settle()
+
+    def _finish(self, batch: _Batch, partition: int, done: BatchDone | None) -> None:
+        """The batch's changes join its partition's unpersisted ones: per session its state
+        (the one record to write) or, when only chunks moved it, its cursor."""
+        changes = self.book.of(partition)
         for session_id, started in batch.started.items():
             cursor = batch.cursors[session_id]
-            if session_id in batch.dirty:
-                state = batch.states[session_id]
+            state = (batch.states[session_id] if session_id in batch.dirty
+                     else changes.states.get(session_id))
+            if state is not None:
                 state.next_seq = max(state.next_seq, cursor)
-                self.tables.sessions[session_id] = state.to_json()  # the one atomic write
+                changes.states[session_id] = state
+                changes.marks.pop(session_id, None)
             elif cursor > started:
-                self.tables.chunk_marks[session_id] = cursor
+                changes.marks[session_id] = cursor
         self.tables.chunks.update(batch.cursors)
-
-
-@dataclass(slots=True)
-class FoldPlan:
-    """What one event changed (the state itself is updated in place)."""
-
-    message: Any = None
-    changes: list[MessageChange] = field(default_factory=list)
-    sample: UsageSample | None = None
-    fleet_changed: bool = False
-
-
-def _plan(state: SessionState, event: Event) -> FoldPlan:
-    """Fold ``event`` into ``state``; raises EventError having changed nothing."""
-    plan = FoldPlan()
-    totals, last_model = state.usage.totals, state.usage.last_model
-    try:
-        if event.type in USAGE_TYPES:
-            plan.sample = state.usage.apply(state.session_id, event)
-        if event.type in SURFACE_TYPES and event.surface_op is not None:
-            plan.message = projected_message(event)
-            # apply() refuses a bad replace before it changes the surface
-            plan.changes = with_session(state.surface.apply(event, plan.message),
-                                        state.session_id)
-    except EventError:
-        state.usage.totals, state.usage.last_model = totals, last_model
-        raise
-    fleet = state.fleet or FleetStatus(state.session_id)
-    plan.fleet_changed = fleet.apply(event)
-    state.fleet = fleet
-    return plan
+        changes.deliveries += self.deliveries
+        self.deliveries = []
+        changes.batch_count += 1
+        if done is not None:
+            changes.batches.append(done)
+        # faust's tables take a write's partition from the current event (a batch's)
+        changes.context = contextvars.copy_context()
 
 
 def _session_of(key: bytes | None) -> str | None:

@@ -38,10 +38,11 @@ the commit for good at the first batch that follows a marker.
 *Only folded batches commit.* Depending on the stream iterator (faust's Cython one inlines
 the consumer's ack bookkeeping, so no consumer override sees the acks), faust counts as
 acked a message its stream *skipped*, or only those its agent finished. So an ack alone
-says nothing: the agent records each batch it folded completely, table writes included
-(:func:`mark_folded`), and only recorded spans are committable. A batch whose folding
-failed is never recorded, so the commit stops before it and the records are fetched again
-after the next seek to the committed offset.
+says nothing: a batch is recorded once it is folded completely and its table writes are
+made (:func:`mark_folded`; the session folds make them right before each commit, through
+:func:`persist_before_commit`), and only recorded spans are committable. A batch whose
+folding failed is never recorded, so the commit stops before it and the records are fetched
+again after the next seek to the committed offset.
 
 *Records fetched for a paused partition.* faust asks aiokafka for the records of its
 *active* partitions, a live set, and drops what a fetch returned for a partition that is
@@ -80,16 +81,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Iterable, Sequence
-from typing import Any, Final, cast
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, cast
 
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
+from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from faust.types.tuples import ConsumerMessage
 
 from pipeline.services.processors.delivery import DeliveryLedger
+from pipeline.services.processors.fetching import AskedPartitions, ShortPollConsumerThread
 from pipeline.services.processors.flushing import FlushingProducer
 
 log = logging.getLogger(__name__)
@@ -124,160 +125,37 @@ class BatchMessage(ConsumerMessage):
         self.delivery = -1   # its hand-over number (see DeliveryLedger)
 
 
-def mark_folded(app: Any, message: Any, *, folded: bool = True) -> None:
-    """The agent finished ``message``: folded it all, or (``folded=False``) gave up on it
-    (a no-op for a plain message)."""
+def mark_received(app: Any, message: Any) -> None:
+    """The agent took ``message`` (batches handed over before it and never taken are
+    fetched again, :mod:`.delivery`; a no-op for a plain message)."""
     consumer = app.consumer
     if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
-        consumer.record_finished(message, folded=folded)
+        consumer.record_received(message)
+
+
+def mark_folded(app: Any, event: Any) -> None:
+    """Every record of the agent's ``event`` is folded and its table writes are made: its
+    span may be committed (a no-op for a plain message). Takes the event, not its message,
+    so that a callback waiting to call this keeps the event alive (faust's tables find the
+    partition of a write through a weak reference to the current event)."""
+    consumer, message = app.consumer, event.message
+    if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
+        consumer.record_folded(message)
+
+
+def persist_before_commit(app: Any, name: str, persist: Callable[[], Awaitable[None]]
+                          ) -> None:
+    """Run ``persist`` before every commit and before partitions are revoked (the folds
+    write their tables there, :mod:`.persisting`); ``name`` makes it idempotent."""
+    consumer = app.consumer
+    if isinstance(consumer, BatchingConsumer):
+        consumer.before_commit[name] = persist
 
 
 def records_of(message: Any) -> Sequence[Any]:
     """The aiokafka records behind a faust message (one, unless it is a batch)."""
     records: Sequence[Any] | None = getattr(message, "records", None)
     return records if records is not None else (message,)
-
-
-PREFETCH_BACKOFF_S: Final = 0.005   # see ShortPollConsumerThread.on_start
-# faust takes a partition out of its active set while its agent's stream buffer is nearly
-# full and puts it back when the buffer drained; records aiokafka buffered for it meanwhile
-# raise no new fetch event, so a fetch waiting for one slept until faust's 1 s timeout
-# (measured: fetch gaps of 0.5-1 s with the worker idle, the rest of the tail). The wait
-# looks at the active set again every RESUME_POLL_S instead.
-RESUME_POLL_S: Final = 0.005
-
-
-class ShortPollConsumerThread(AIOKafkaConsumerThread):
-    """faust's consumer thread, with the broker's fetch long-poll capped at
-    ``BatchingTransport.fetch_max_wait_ms`` instead of faust's fixed 1,500 ms.
-
-    aiokafka keeps ONE fetch in flight per broker, for the partitions that have no unread
-    records. A fetch that went out for idle partitions (the usage-by-model topic, a quiet
-    session partition) holds every other partition of that broker until it returns: with
-    faust's 1.5 s that adds up to 1.5 s to the latency of a busy partition.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Every position move (partition, start, end) since the consumer last took them:
-        # the spans of the records handed out, and of drains that handed out none.
-        self.moves: list[tuple[Any, int, int]] = []
-
-    async def _fetch_records(self, consumer: Any, active_partitions: Any,
-                             timeout: float | None = None, max_records: int | None = None
-                             ) -> Any:
-        """faust's fetch, recording the position of each partition right before and right
-        after aiokafka hands its records out (see *What a batch covers*): nothing runs in
-        between, the hand-out being synchronous once records are buffered."""
-        if not self.consumer.flow_active:
-            return {}
-        fetcher = consumer._fetcher
-        if consumer._closed or fetcher._closed:
-            raise AIOKafkaConsumer.consumer_stopped_errors[0]()
-        with fetcher._subscriptions.fetch_context():
-            deadline = time.monotonic() + (timeout or 0.0)
-            while True:
-                if fetcher._subscriptions.reassignment_in_progress:
-                    await fetcher._subscriptions.wait_for_assignment()
-                before = _positions(fetcher)
-                records = await fetcher.fetched_records(active_partitions, timeout=0,
-                                                        max_records=max_records)
-                self.moves += _moves(before, _positions(fetcher))
-                if records:
-                    return records
-                # In slices: a partition faust resumes meanwhile (its stream buffer drained
-                # below the low mark) may have records buffered already, and nothing
-                # else wakes this wait for them (see RESUME_POLL_S).
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return {}
-                await _wait_for_fetch(fetcher, min(left, RESUME_POLL_S))
-                if fetcher._closed:
-                    return {}
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        # aiokafka holds back a broker's next fetch, for ALL its partitions, while any
-        # partition has fetched records nobody took, for up to its ``prefetch_backoff``
-        # (0.1 s, not a consumer option). faust never takes the records of the assigned
-        # partitions it does not read (the changelogs of its own active tables, which this
-        # worker writes all the time): every batch of changelog writes fetched stalled the
-        # session partitions for 0.1 s (measured: fetch gaps of ~100 ms every ~150 ms at
-        # 5,000 events/s, most of the latency tail). Records not taken are not fetched
-        # again until they are, so a short hold costs nothing but the stall.
-        consumer: Any = self._consumer
-        consumer._fetcher._prefetch_backoff = PREFETCH_BACKOFF_S
-
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        # Read by the fetcher that ``start()`` creates; faust passes no way to set it.
-        consumer._fetch_max_wait_ms = transport.fetch_max_wait_ms
-        # faust reads committed only under its own exactly-once; the session topic is
-        # written in the drivers' transactions, and an aborted one (a fenced zombie, a crash
-        # mid-batch) must never be folded: its seqs are written again by the next owner.
-        consumer._isolation_level = "read_committed"
-        return consumer
-
-
-def _positions(fetcher: Any) -> dict[Any, int | None]:
-    """aiokafka's position of every assigned partition (None: not yet known)."""
-    subscription = fetcher._subscriptions.subscription
-    assignment = subscription.assignment if subscription is not None else None
-    if assignment is None:
-        return {}
-    return {tp: assignment.state_value(tp)._position for tp in assignment.tps}
-
-
-def _moves(before: dict[Any, int | None], after: dict[Any, int | None]
-           ) -> list[tuple[Any, int, int]]:
-    found = []
-    for tp, end in after.items():
-        start = before.get(tp)
-        if start is not None and end is not None and end > start:
-            found.append((tp, start, end))
-    return found
-
-
-async def _wait_for_fetch(fetcher: Any, timeout: float) -> bool:
-    """Until aiokafka buffered new records (True) or ``timeout`` passed (False)."""
-    if timeout <= 0:
-        return False
-    waiter = fetcher._create_fetch_waiter()
-    done, pending = await asyncio.wait([waiter], timeout=timeout)
-    for future in pending:
-        future.cancel()
-    if not done or fetcher._closed:
-        return False
-    waiter.result()   # raises what the fetch routine failed with (authorization, ...)
-    return True
-
-
-class AskedPartitions:
-    """The consumer's live set of active partitions as aiokafka is asked for it.
-
-    aiokafka returns the records of *every* assigned partition when the set it is given is
-    empty (its test is ``if partitions and tp not in partitions``), and faust passes its
-    live set, which empties while every partition is paused (a rebalance, table recovery):
-    the records of paused partitions would be handed out, their position moved past them,
-    and faust would drop them. Never empty to aiokafka's eyes, this view makes it keep them.
-    """
-
-    __slots__ = ("_live",)
-
-    def __init__(self, live: Any) -> None:
-        self._live = live
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __contains__(self, tp: object) -> bool:
-        return tp in self._live
-
-    def __iter__(self) -> Any:
-        return iter(list(self._live))
-
-    def __len__(self) -> int:
-        return len(self._live)
 
 
 def committable(spans: Iterable[tuple[int, int]], committed: int | None) -> int | None:
@@ -308,6 +186,7 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._ledger = DeliveryLedger()
         self._seeks: set[asyncio.Future[Any]] = set()
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
+        self.before_commit: dict[str, Callable[[], Awaitable[None]]] = {}
 
     def _new_consumer_thread(self) -> Any:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -370,12 +249,10 @@ class BatchingConsumer(AIOKafkaConsumer):
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
             await super()._add_gap(tp, offset_from, offset_to)
 
-    def record_finished(self, message: Any, *, folded: bool) -> None:
-        """The agent finished ``message``. Folded, its span becomes committable once faust
-        counts its ack; two deliveries of the same records (a seek back), both folded,
-        cover the union of their spans. Batches handed over before it and never finished
-        are fetched again (:mod:`.delivery`). A batch of an earlier generation changes
-        nothing (its partition's commits start again from the broker's)."""
+    def record_received(self, message: Any) -> None:
+        """The agent took ``message``: batches handed over before it and never taken are
+        fetched again (:mod:`.delivery`). A batch of an earlier generation changes nothing
+        (its partition's commits start again from the broker's)."""
         if message.generation_id != self.app.consumer_generation_id:
             return
         rewind = self._ledger.finished(message.topic, message.tp, message.offset,
@@ -386,8 +263,31 @@ class BatchingConsumer(AIOKafkaConsumer):
             self._seeks.add(asyncio.ensure_future(
                 self._thread.seek_wait({ensure_aiokafka_TP(tp): start})))
         self._seeks = {seek for seek in self._seeks if not seek.done()}
-        if folded:
+
+    def record_folded(self, message: Any) -> None:
+        """``message`` is folded: its span becomes committable once faust counts its ack;
+        two deliveries of the same records (a seek back), both folded, cover the union of
+        their spans."""
+        if message.generation_id == self.app.consumer_generation_id:
             self._record_span(message)
+
+    async def _persist(self) -> None:
+        for name, persist in list(self.before_commit.items()):
+            try:
+                await persist()
+            except Exception:   # its batches stay uncommitted; the commit goes on
+                log.exception("persisting %s before the commit failed", name)
+
+    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True
+                           ) -> bool:
+        await self._persist()   # records the spans this commit may cover
+        did_commit: bool = await super().force_commit(
+            topics, start_new_transaction=start_new_transaction)
+        return did_commit
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._persist()   # before faust's revoke: the tables still take writes
+        await super().on_partitions_revoked(revoked)
 
     def _record_span(self, message: Any) -> None:
         self._batch_spans.setdefault(message.tp, set()).add(message.span)

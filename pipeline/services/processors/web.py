@@ -20,21 +20,33 @@ from faust.web import View
 
 from pipeline.core.projection import surface_seqs_at
 from pipeline.core.usage import session_record
-from pipeline.services.processors.folding import SessionState, next_expected
 from pipeline.services.processors.metrics import processors_metrics_text
+from pipeline.services.processors.session_state import SessionState, next_expected
 
 if TYPE_CHECKING:
     from pipeline.services.processors.app import Processors
 
 
+def current_state(processors: Processors, session_id: str) -> SessionState | None:
+    """The session as the worker folded it so far (None: it has no record here)."""
+    if processors.folder is not None:
+        return processors.folder.current(session_id)
+    raw = processors.tables.sessions.get(session_id)
+    return None if raw is None else SessionState.from_json(session_id, raw)
+
+
 def session_messages(processors: Processors, session_id: str, at_seq: int | None
                      ) -> dict[str, Any] | None:
-    """The derived messages of a session from the tables (None: session unknown here)."""
+    """The derived messages of a session as folded so far (None: session unknown here).
+
+    Read between two awaits of the folds, so the surface and the ``nodes`` it names agree
+    (a fold writes a node before it awaits anything)."""
     tables = processors.tables
-    if tables.sessions.get(session_id) is None and next_expected(tables, session_id) == 0:
+    state = current_state(processors, session_id)
+    next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
+    if state is None and next_seq == 0:
         return None
-    state = SessionState.from_json(session_id, tables.sessions.get(session_id))
-    next_seq = next_expected(tables, session_id)
+    state = state or SessionState(session_id)
     seqs = state.surface.seqs() if at_seq is None else surface_seqs_at(state.surface.ops, at_seq)
     messages = []
     for seq in seqs:
@@ -73,17 +85,16 @@ def register_views(processors: Processors) -> None:
         return view.json(body)
 
     async def fleet_session(view: Any, request: Any, session_id: str) -> Any:
-        raw = tables.sessions.get(session_id)
-        if raw is None:
+        state = current_state(processors, session_id)
+        if state is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
-        return view.json(SessionState.from_json(session_id, raw).to_json()["fleet"])
+        return view.json(state.to_json()["fleet"])
 
     async def usage_session(view: Any, request: Any, session_id: str) -> Any:
-        raw = tables.sessions.get(session_id)
-        if raw is None:
+        state = current_state(processors, session_id)
+        if state is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
-        totals = SessionState.from_json(session_id, raw).usage.totals
-        return view.json(session_record(session_id, totals))
+        return view.json(session_record(session_id, state.usage.totals))
 
     _routed(processors, "/sessions/{session_id}/messages", tables.sessions, messages)
     _routed(processors, "/fleet/sessions/{session_id}", tables.sessions, fleet_session)

@@ -1,0 +1,103 @@
+"""The state the session folds keep per session, and the fold of one event into it.
+
+:class:`SessionState` is the value of the ``sessions`` table (one record per session, see
+:mod:`.folding` and :mod:`.persisting`); :func:`plan_event` applies core's pure folds to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pipeline.core.errors import EventError
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
+from pipeline.core.fleet import FleetStatus
+from pipeline.core.projection import MessageChange, SurfaceSlots, with_session
+from pipeline.core.usage import SessionUsage, UsageSample
+from pipeline.core.validation import projected_message
+
+USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
+
+Table = MutableMapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTables:
+    """Co-partitioned tables (``sessions`` and ``chunk_marks`` by session, ``nodes`` by
+    ``<session>/<seq>``) and the in-memory cursors (ahead of the tables until the next
+    persist; cleared on every rebalance)."""
+
+    sessions: Table
+    nodes: Table
+    chunk_marks: Table
+    chunks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Everything the folds of one session need: the value of the ``sessions`` table."""
+
+    session_id: str
+    next_seq: int = 0
+    partition: int = -1
+    surface: SurfaceSlots = field(default_factory=SurfaceSlots)
+    usage: SessionUsage = field(default_factory=SessionUsage)
+    fleet: FleetStatus | None = None
+    stalled: bool = False  # a gap or an invalid event was reported and not yet filled
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """A fresh value: faust serialises table values later, so nothing may be shared
+        with this (cached, still changing) state."""
+        fleet = self.fleet or FleetStatus(self.session_id)
+        surface = {"nodes": [node[:] for node in self.surface.nodes],
+                   "ops": [op[:] for op in self.surface.ops]}
+        return {"next": self.next_seq, "partition": self.partition, "surface": surface,
+                "usage": self.usage.to_json(), "fleet": fleet.to_json(),
+                "stalled": self.stalled}
+
+    @classmethod
+    def from_json(cls, session_id: str, raw: JsonValue) -> SessionState:
+        if raw is None:
+            return cls(session_id, fleet=FleetStatus(session_id))
+        return cls(session_id, int(raw["next"]), int(raw["partition"]),
+                   SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
+                   FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
+
+
+def next_expected(tables: SessionTables, session_id: str) -> int:
+    """The seq the session's next record must carry (0 for an unknown session)."""
+    state = tables.sessions.get(session_id)
+    return max(int(state["next"]) if state else 0, int(tables.chunk_marks.get(session_id) or 0),
+               tables.chunks.get(session_id, 0))
+
+
+@dataclass(slots=True)
+class FoldPlan:
+    """What one event changed (the state itself is updated in place)."""
+
+    message: Any = None
+    changes: list[MessageChange] = field(default_factory=list)
+    sample: UsageSample | None = None
+    fleet_changed: bool = False
+
+
+def plan_event(state: SessionState, event: Event) -> FoldPlan:
+    """Fold ``event`` into ``state``; raises EventError having changed nothing."""
+    plan = FoldPlan()
+    totals, last_model = state.usage.totals, state.usage.last_model
+    try:
+        if event.type in USAGE_TYPES:
+            plan.sample = state.usage.apply(state.session_id, event)
+        if event.type in SURFACE_TYPES and event.surface_op is not None:
+            plan.message = projected_message(event)
+            # apply() refuses a bad replace before it changes the surface
+            plan.changes = with_session(state.surface.apply(event, plan.message),
+                                        state.session_id)
+    except EventError:
+        state.usage.totals, state.usage.last_model = totals, last_model
+        raise
+    fleet = state.fleet or FleetStatus(state.session_id)
+    plan.fleet_changed = fleet.apply(event)
+    state.fleet = fleet
+    return plan

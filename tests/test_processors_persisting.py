@@ -1,0 +1,175 @@
+"""When the session folds write their tables: once per commit, after their outputs' acks.
+
+No broker: tables are dicts and every send returns a future the test resolves (as the
+producer's delivery), so the order of acknowledgements, table writes and "folded" marks
+is observable. The real worker runs the same code in ``test_processors_recovery.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_processors_folding import Harness, batches, sessions
+
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.core.log import derive_messages
+from pipeline.services.processors import folding
+from pipeline.services.processors.folding import Outgoing
+
+
+class Acks:
+    """Sends whose deliveries the test acknowledges (or fails) when it chooses."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.pending: list[tuple[Outgoing, asyncio.Future[None]]] = []
+        harness.folder.send = self.send
+        self.harness = harness
+
+    async def send(self, out: Outgoing) -> asyncio.Future[None]:
+        self.harness.sent.append(out)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pending.append((out, future))
+        return future
+
+    def ack_all(self) -> None:
+        for _, future in self.pending:
+            if not future.done():
+                future.set_result(None)
+        self.pending = []
+
+    def fail_all(self) -> None:
+        for _, future in self.pending:
+            if not future.done():
+                future.set_exception(RuntimeError("broker said no"))
+        self.pending = []
+
+
+def on_partition(harness: Harness, records: list[InboxRecord], partition: int
+                 ) -> list[InboxRecord]:
+    return [InboxRecord(r.topic, partition, r.offset, r.key, r.value, r.headers)
+            for r in records]
+
+
+async def test_states_are_written_only_after_every_output_is_acknowledged() -> None:
+    harness = Harness()
+    acks = Acks(harness)
+    (sid, events), = sessions(21, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    marked: list[int] = []
+    for number, part in enumerate(batches(records, 40)):
+        await harness.folder.handle_batch(part, lambda n=number: marked.append(n))
+    persist = asyncio.ensure_future(harness.folder.persist())
+    await asyncio.sleep(0.01)
+    assert not persist.done()
+    assert harness.tables.sessions == {} and marked == []   # outputs not acknowledged yet
+    acks.ack_all()
+    await persist
+    assert harness.tables.sessions[sid]["next"] == len(events)
+    assert marked == list(range(len(batches(records, 40))))  # every batch, in fold order
+    assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_folds_go_on_while_a_persist_waits_and_the_next_persist_writes_them() -> None:
+    harness = Harness()
+    acks = Acks(harness)
+    (sid, events), = sessions(22, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    half = len(records) // 2
+    await harness.folder.handle_batch(records[:half])
+    persist = asyncio.ensure_future(harness.folder.persist())
+    await asyncio.sleep(0)
+    await harness.folder.handle_batch(records[half:])    # not blocked by the persist
+    acks.pending[0][1].set_result(None)
+    acks.ack_all()
+    await persist
+    # The record written is the state as the persist took it, not the state folded since.
+    assert harness.tables.sessions[sid]["next"] == half
+    await harness.folder.persist()
+    assert harness.tables.sessions[sid]["next"] == len(events)
+    assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_an_unacknowledged_output_gives_up_its_partition_alone() -> None:
+    harness = Harness()
+    acks = Acks(harness)
+    logs = sessions(23, 2)
+    (bad, bad_events), (good, good_events) = logs.items()
+    bad_records = on_partition(harness, [harness.record(bad, e) for e in bad_events], 0)
+    good_records = on_partition(harness, [harness.record(good, e) for e in good_events], 1)
+    marked: list[str] = []
+    await harness.folder.handle_batch(bad_records[:30], lambda: marked.append("bad"))
+    await harness.folder.handle_batch(good_records, lambda: marked.append("good"))
+    for out, future in acks.pending:
+        if out.key and bad.encode() in out.key:
+            future.set_exception(RuntimeError("broker said no"))
+    acks.ack_all()
+    await harness.folder.persist()
+    assert marked == ["good"]                         # the failed batch never commits
+    assert bad not in harness.tables.sessions
+    assert harness.tables.sessions[good]["next"] == len(good_events)
+    assert harness.counters.failed_batches == 1
+    # The partition goes on from its tables: the records held back are a gap.
+    await harness.folder.handle_batch(bad_records[30:])
+    acks.ack_all()
+    await harness.folder.persist()
+    assert harness.counters.gaps >= 1
+    assert bad not in harness.tables.sessions or harness.tables.sessions[bad]["stalled"]
+
+
+async def test_a_failing_fold_gives_up_its_partitions_unpersisted_batches() -> None:
+    harness = Harness()
+    logs = sessions(24, 2)
+    (one, one_events), (other, other_events) = logs.items()
+    one_records = on_partition(harness, [harness.record(one, e) for e in one_events], 0)
+    other_records = on_partition(harness, [harness.record(other, e) for e in other_events], 1)
+    await harness.folder.handle_batch(one_records[:20])
+    await harness.folder.handle_batch(other_records)
+    decode = harness.folder.decode
+
+    def broken(value: bytes) -> Any:
+        raise RuntimeError("a bug in the fold")
+
+    harness.folder.decode = broken
+    with pytest.raises(RuntimeError):
+        await harness.folder.handle_batch(
+            [r for r in one_records[20:] if dict(r.headers)["dsh.type"] != b"assistant/chunk"])
+    harness.folder.decode = decode
+    await harness.folder.persist()
+    assert one not in harness.tables.sessions          # given up with the failing batch
+    assert one not in harness.folder.states
+    assert harness.tables.sessions[other]["next"] == len(other_events)
+    assert harness.counters.failed_batches == 1        # the earlier batch of partition 0
+
+
+async def test_the_state_cache_never_evicts_a_state_the_tables_do_not_have(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(folding, "STATE_CACHE_MAX", 2)
+    harness = Harness()
+    logs = sessions(25, 6)
+    records = [harness.record(sid, e) for sid, events in logs.items() for e in events]
+    records.sort(key=lambda r: (int(dict(r.headers)["dsh.seq"]), r.key or b""))
+    for part in batches(records, 17):
+        await harness.folder.handle_batch(part)
+    await harness.folder.persist()
+    assert harness.counters.gaps == 0 and harness.counters.duplicates == 0
+    for sid, events in logs.items():
+        assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_a_rebalance_drops_what_was_not_persisted() -> None:
+    harness = Harness()
+    (sid, events), = sessions(26, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.feed_batch(records[:40])
+    persisted = dict(harness.tables.sessions[sid])
+    marked: list[int] = []
+    await harness.folder.handle_batch(records[40:], lambda: marked.append(1))
+    await harness.folder.forget()
+    await harness.folder.persist()
+    assert marked == [] and harness.tables.sessions[sid] == persisted
+    # Redelivery from the committed offset folds the rest exactly once.
+    await harness.feed_batch(records[40:])
+    assert harness.counters.gaps == 0
+    assert harness.messages(sid) == list(derive_messages(events))

@@ -20,7 +20,11 @@ class ProcessorsOptions:
     ``stream_buffer`` is how many fetched messages (for the session topic: whole fetched
     batches) may wait for the agent before faust pauses fetching; ``producer_buffer`` how many
     table writes may wait to be sent before faust does. ``fetch_max_wait_ms`` caps how long
-    the broker holds a fetch for partitions without new records (see :mod:`.transport`).
+    the broker holds a fetch for partitions without new records: such a fetch holds back
+    every busy partition of that broker until it returns (see :mod:`.fetching`), so it is
+    short. Measured at 5,000 events/s (3 runs each): 5 ms gave p50 11-13 ms and p99 43-71 ms
+    from append to derived change, 20 ms p50 15-29 and p99 67-95; it costs ~10% more CPU
+    under load, and an idle worker used 3.7 CPU-seconds per 30 s against 2.9.
     ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
     """
 
@@ -34,7 +38,7 @@ class ProcessorsOptions:
     session_timeout_s: float = 10.0
     stream_buffer: int = 8
     producer_buffer: int = 5_000
-    fetch_max_wait_ms: int = 20
+    fetch_max_wait_ms: int = 5
     freeze_gc: bool = True
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"

@@ -173,3 +173,31 @@ async def test_a_rebalance_drops_what_was_not_persisted() -> None:
     await harness.feed_batch(records[40:])
     assert harness.counters.gaps == 0
     assert harness.messages(sid) == list(derive_messages(events))
+
+
+async def test_a_fold_failing_while_a_persist_waits_continues_from_what_it_holds() -> None:
+    """The persist took the partition's changes and waits for acks; a later batch of the
+    same partition fails: its sessions go back to the record the persist is about to write,
+    not to the older table record (which would turn their next records into gaps)."""
+    harness = Harness()
+    acks = Acks(harness)
+    (sid, events), = sessions(27, 1).items()
+    records = [harness.record(sid, e) for e in events]
+    await harness.folder.handle_batch(records[:60])
+    persist = asyncio.ensure_future(harness.folder.persist())
+    await asyncio.sleep(0)                    # the persist holds the first 60 records
+
+    async def refused(out: Outgoing) -> Any:
+        raise RuntimeError("the producer refused it")
+
+    harness.folder.send = refused
+    with pytest.raises(RuntimeError):   # fails after folding into the cached state
+        await harness.folder.handle_batch(records[60:])
+    harness.folder.send = acks.send
+    await harness.folder.handle_batch(records[60:])   # redelivered while the persist waits
+    assert not persist.done()
+    acks.ack_all()
+    await persist
+    await harness.folder.persist()
+    assert harness.counters.gaps == 0
+    assert harness.messages(sid) == list(derive_messages(events))

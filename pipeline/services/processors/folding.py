@@ -237,9 +237,17 @@ class SessionFolder:
                 raise
 
     def _drop_sessions(self, session_ids: Iterable[str]) -> None:
+        """Forget what the folds cached of these sessions: they continue from their table
+        records, or from what a persist holds for them and has not written yet."""
         for session_id in session_ids:
             self.states.pop(session_id, None)
             self.tables.chunks.pop(session_id, None)
+            record, cursor = self.book.taken(session_id)
+            if record is not None:
+                self.states[session_id] = SessionState.from_json(session_id, record)
+                cursor = max(int(record["next"]), cursor or 0)
+            if cursor is not None:
+                self.tables.chunks[session_id] = cursor
 
     def _cursor(self, batch: _Batch, session_id: str) -> int:
         """The seq the session expects next (moved in the batch, into ``tables.chunks``

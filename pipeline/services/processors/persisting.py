@@ -119,7 +119,7 @@ class ChangeBook:
         self.lock = asyncio.Lock()           # held while a batch is folded
         self.changes: dict[int, PartitionChanges] = {}
         self._persisting = asyncio.Lock()
-        self._taken: set[str] = set()        # sessions of the writes a persist holds
+        self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
@@ -134,6 +134,14 @@ class ChangeBook:
             found |= changes.sessions()
         return found
 
+    def taken(self, session_id: str) -> tuple[Any, int | None]:
+        """The record and the cursor a persist holds for the session and has not written
+        yet ((None, None): none); newer than its table record until written."""
+        writes = self._taken.get(session_id)
+        if writes is None:
+            return None, None
+        return writes.records.get(session_id), writes.marks.get(session_id)
+
     async def persist(self, tables: SessionTables) -> None:
         """Write every partition's changes to ``tables`` (outputs acknowledged first) and
         mark their batches folded; a partition whose outputs failed is given up."""
@@ -142,12 +150,12 @@ class ChangeBook:
                 taken = [PartitionWrites.of(partition, changes)
                          for partition, changes in sorted(self.changes.items())]
                 self.changes = {}
-                self._taken = set().union(*(writes.sessions() for writes in taken))
+                self._taken = {sid: writes for writes in taken for sid in writes.sessions()}
             try:
                 for writes in taken:
                     await self._persist_partition(writes, tables)
             finally:
-                self._taken = set()
+                self._taken = {}
 
     async def _persist_partition(self, writes: PartitionWrites, tables: SessionTables
                                  ) -> None:
@@ -159,11 +167,15 @@ class ChangeBook:
             async with self.lock:
                 self._give_up(writes, exc)
             return
+        for sid in writes.sessions():
+            self._taken.pop(sid, None)
         for done in writes.batches:
             done()
 
     def _give_up(self, writes: PartitionWrites, error: Exception) -> None:
         """Under the lock: the partition's batches taken and since are never marked folded."""
+        for sid in writes.sessions():
+            self._taken.pop(sid, None)
         later = self.changes.pop(writes.partition, PartitionChanges())
         self.drop_sessions(writes.sessions() | later.sessions())
         count = writes.batch_count + later.batch_count

@@ -43,3 +43,23 @@ def test_a_second_delivery_of_the_same_records_replaces_the_first() -> None:
     assert ledger.finished("t", 0, 9, again) == {}
     ledger.forget()
     assert ledger.open_batches("t") == 0
+
+
+def test_batches_behind_lost_ones_wait_for_the_records_fetched_again() -> None:
+    ledger = DeliveryLedger()
+    ledger.handed_over("t", 0, 110, 60)               # lost on the way to the agent
+    later = ledger.handed_over("t", 0, 150, 111)
+    other = ledger.handed_over("t", 1, 40, 0)
+    assert ledger.finished("t", 0, 150, later) == {0: 60}
+    # Folded now, its records would be gaps behind the lost ones; they come again.
+    assert not ledger.admits(0, 111)
+    assert not ledger.admits(0, 151)                  # fetched before the seek took effect
+    assert ledger.finished("t", 1, 40, other) == {}
+    assert ledger.admits(1, 0)                        # other partitions are folded as usual
+    assert ledger.admits(0, 60)                       # the records fetched again
+    assert ledger.admits(0, 151)
+    ledger.finished("t", 0, 150, ledger.handed_over("t", 0, 150, 111))
+    ledger.handed_over("t", 0, 170, 151)              # lost again after the rewind
+    assert ledger.finished("t", 0, 190, ledger.handed_over("t", 0, 190, 171)) == {0: 151}
+    ledger.forget()                                   # a rebalance: commits are the truth
+    assert ledger.admits(0, 171)

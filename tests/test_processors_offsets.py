@@ -84,6 +84,44 @@ async def test_committed_offsets_reach_the_end_and_a_restart_redelivers_nothing(
         restarted.stop()
 
 
+async def test_a_graceful_stop_persists_and_commits_what_was_folded(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Tables are written right before each commit: SIGTERM right after the last batch was
+    folded must still write them and commit, so a restart folds nothing again."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
+                                 partitions=2, replication_factor=1,
+                                 group_id_prefix=f"{prefix}g-")
+    await ensure_topics(settings)
+    sessions = generated_sessions(35, 10, "stop", ["m"], int(time.time() * 1000),
+                                  max_chunks=40)
+    records = [r for sid, events in sessions.items() for r in event_records(settings, sid, events)]
+    worker = Worker(settings, free_port(), tmp_path)
+    try:
+        worker.wait_ready()
+        await send_records(settings, records)
+        assert (await verify_processors(worker.url(""), sessions, timeout_s=60)).ok
+    finally:
+        worker.stop()   # at once: the last batches are folded, maybe not yet persisted
+    assert worker.proc.returncode == 0, worker.tail()
+    committed, ends = await committed_and_ends(settings)
+    assert committed == ends, (committed, ends, worker.tail())
+
+    restarted = Worker(settings, free_port(), tmp_path)
+    try:
+        restarted.wait_ready()
+        more = generated_sessions(36, 4, "stop2", ["m"], int(time.time() * 1000))
+        await send_records(settings, [r for sid, events in more.items()
+                                      for r in event_records(settings, sid, events)])
+        report = await verify_processors(restarted.url(""), {**sessions, **more},
+                                         timeout_s=60)
+        assert report.ok, report.problems
+        assert _records(restarted) == sum(len(events) for events in more.values())
+        assert restarted.get("/health")[1]["counters"]["duplicates"] == 0
+    finally:
+        restarted.stop()
+
+
 async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: str,
                                                              tmp_path: Path) -> None:
     """A derived change too large to send (JSON doubles the quotes Avro keeps raw) makes

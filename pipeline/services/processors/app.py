@@ -282,7 +282,8 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
         app.producer.buffer.max_messages = processors.options.producer_buffer
         persist_before_commit(app, "fold-sessions", folder.persist)
         async for event in stream.events():
-            mark_received(app, event.message)
+            if not mark_received(app, event.message):
+                continue   # its records come again (transport: fetched again)
             async with _holding_back_on_failure(processors, event):
                 await folder.handle_batch(records_of(event.message),
                                           partial(mark_folded, app, event))
@@ -306,7 +307,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():
-            mark_received(app, event.message)
+            if not mark_received(app, event.message):
+                continue   # its records come again (transport: fetched again)
             async with _holding_back_on_failure(processors, event):
                 values = [json.loads(r.value) for r in records_of(event.message)]
                 await aggregator.handle_batch(event.message.partition, values)

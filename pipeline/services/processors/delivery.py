@@ -15,6 +15,10 @@ over *before* one the agent took, and not taken itself, was lost on the way.
 the first of them started (the folds skip what was folded already, by seq). A batch whose
 folding failed was taken: it stays uncommitted and is not fetched again until the worker
 restarts, as before (a poison batch must not be retried forever).
+
+Until the records fetched again arrive, the batches of that partition already on their way
+are not folded (:meth:`DeliveryLedger.admits`): they come again after the seek, and folded
+now they would be reported as gaps (dead-lettered) behind the records that were lost.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from typing import Any
 class DeliveryLedger:
     """Batches handed to the agents and not finished yet, by topic, in hand-over order."""
 
-    __slots__ = ("_next", "_open")
+    __slots__ = ("_next", "_open", "_refetching")
 
     def __init__(self) -> None:
         self._next = 0
         # topic -> (partition key, last offset) -> (hand-over number, first offset covered)
         self._open: dict[str, dict[tuple[Any, int], tuple[int, int]]] = {}
+        self._refetching: dict[Any, int] = {}   # partition key -> offset fetched again from
 
     def handed_over(self, topic: str, partition: Any, last: int, start: int) -> int:
         """Record a batch handed over; returns its hand-over number."""
@@ -53,11 +58,26 @@ class DeliveryLedger:
         for key, start in lost:
             del open_batches[key]
             rewind[key[0]] = min(start, rewind.get(key[0], start))
+        for partition, start in rewind.items():
+            self._refetching[partition] = min(start, self._refetching.get(partition, start))
         return rewind
+
+    def admits(self, partition: Any, start: int) -> bool:
+        """Whether a batch taken from ``partition``, covering offsets from ``start``, is to
+        be folded: not while the partition is fetched again from an earlier offset and this
+        batch does not start there (it comes again)."""
+        again = self._refetching.get(partition)
+        if again is None:
+            return True
+        if start <= again:
+            del self._refetching[partition]   # the records fetched again have arrived
+            return True
+        return False
 
     def forget(self) -> None:
         """A rebalance: every partition is fetched again from its committed offset."""
         self._open.clear()
+        self._refetching.clear()
 
     def open_batches(self, topic: str) -> int:
         return len(self._open.get(topic, {}))

@@ -125,12 +125,13 @@ class BatchMessage(ConsumerMessage):
         self.delivery = -1   # its hand-over number (see DeliveryLedger)
 
 
-def mark_received(app: Any, message: Any) -> None:
+def mark_received(app: Any, message: Any) -> bool:
     """The agent took ``message`` (batches handed over before it and never taken are
-    fetched again, :mod:`.delivery`; a no-op for a plain message)."""
+    fetched again, :mod:`.delivery`). False: do not fold it, its records come again."""
     consumer = app.consumer
     if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
-        consumer.record_received(message)
+        return consumer.record_received(message)
+    return True
 
 
 def mark_folded(app: Any, event: Any) -> None:
@@ -249,12 +250,13 @@ class BatchingConsumer(AIOKafkaConsumer):
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
             await super()._add_gap(tp, offset_from, offset_to)
 
-    def record_received(self, message: Any) -> None:
+    def record_received(self, message: Any) -> bool:
         """The agent took ``message``: batches handed over before it and never taken are
         fetched again (:mod:`.delivery`). A batch of an earlier generation changes nothing
-        (its partition's commits start again from the broker's)."""
+        (its partition's commits start again from the broker's). Returns whether to fold
+        it (:meth:`.delivery.DeliveryLedger.admits`)."""
         if message.generation_id != self.app.consumer_generation_id:
-            return
+            return True
         rewind = self._ledger.finished(message.topic, message.tp, message.offset,
                                        message.delivery)
         for tp, start in rewind.items():
@@ -263,6 +265,8 @@ class BatchingConsumer(AIOKafkaConsumer):
             self._seeks.add(asyncio.ensure_future(
                 self._thread.seek_wait({ensure_aiokafka_TP(tp): start})))
         self._seeks = {seek for seek in self._seeks if not seek.done()}
+        start = message.span[0] if message.span[0] is not None else message.records[0].offset
+        return self._ledger.admits(message.tp, start)
 
     def record_folded(self, message: Any) -> None:
         """``message`` is folded: its span becomes committable once faust counts its ack;

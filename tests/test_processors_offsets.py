@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from processors_support import (
@@ -69,15 +70,21 @@ async def test_committed_offsets_reach_the_end_and_a_restart_redelivers_nothing(
         worker.kill9()   # no graceful final commit: what was committed while running counts
 
     more = generated_sessions(32, 9, "off2", ["m"], int(time.time() * 1000), max_chunks=40)
+    await _restart_folds_only(settings, tmp_path, sessions, more)
+
+
+async def _restart_folds_only(settings: Settings, tmp_path: Path,
+                              before: dict[str, Any], more: dict[str, Any]) -> None:
+    """A restarted worker given ``more`` sessions shows all of them and ``before``, having
+    folded only the new records: nothing before the committed offsets came again."""
     restarted = Worker(settings, free_port(), tmp_path)
     try:
         restarted.wait_ready()
         await send_records(settings, [r for sid, events in more.items()
                                       for r in event_records(settings, sid, events)])
-        report = await verify_processors(restarted.url(""), {**sessions, **more},
+        report = await verify_processors(restarted.url(""), {**before, **more},
                                          timeout_s=60)
         assert report.ok, report.problems
-        # Only the new records were folded: nothing before the committed offsets came again.
         assert _records(restarted) == sum(len(events) for events in more.values())
         assert restarted.get("/health")[1]["counters"]["duplicates"] == 0
     finally:
@@ -107,19 +114,8 @@ async def test_a_graceful_stop_persists_and_commits_what_was_folded(
     committed, ends = await committed_and_ends(settings)
     assert committed == ends, (committed, ends, worker.tail())
 
-    restarted = Worker(settings, free_port(), tmp_path)
-    try:
-        restarted.wait_ready()
-        more = generated_sessions(36, 4, "stop2", ["m"], int(time.time() * 1000))
-        await send_records(settings, [r for sid, events in more.items()
-                                      for r in event_records(settings, sid, events)])
-        report = await verify_processors(restarted.url(""), {**sessions, **more},
-                                         timeout_s=60)
-        assert report.ok, report.problems
-        assert _records(restarted) == sum(len(events) for events in more.values())
-        assert restarted.get("/health")[1]["counters"]["duplicates"] == 0
-    finally:
-        restarted.stop()
+    more = generated_sessions(36, 4, "stop2", ["m"], int(time.time() * 1000))
+    await _restart_folds_only(settings, tmp_path, sessions, more)
 
 
 async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: str,

@@ -39,17 +39,23 @@ async def _wait_committed(settings: Settings, offsets: dict[int, int], worker: W
         await asyncio.sleep(0.5)
 
 
+async def _fresh_topics(bootstrap: str, partitions: int) -> Settings:
+    """Settings of a new topic prefix (and group), its topics created."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
+                                 partitions=partitions, replication_factor=1,
+                                 group_id_prefix=f"{prefix}g-")
+    await ensure_topics(settings)
+    return settings
+
+
 def _records(worker: Worker) -> int:
     return int(worker.get("/health")[1]["counters"]["records"])
 
 
 async def test_committed_offsets_reach_the_end_and_a_restart_redelivers_nothing(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
-                                 partitions=1, replication_factor=1,
-                                 group_id_prefix=f"{prefix}g-")
-    await ensure_topics(settings)
+    settings = await _fresh_topics(kafka_bootstrap, partitions=1)
     sessions = generated_sessions(31, 12, "off", ["m"], int(time.time() * 1000),
                                   max_chunks=40)
     worker = Worker(settings, free_port(), tmp_path)
@@ -95,11 +101,7 @@ async def test_a_graceful_stop_persists_and_commits_what_was_folded(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """Tables are written right before each commit: SIGTERM right after the last batch was
     folded must still write them and commit, so a restart folds nothing again."""
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
-                                 partitions=2, replication_factor=1,
-                                 group_id_prefix=f"{prefix}g-")
-    await ensure_topics(settings)
+    settings = await _fresh_topics(kafka_bootstrap, partitions=2)
     sessions = generated_sessions(35, 10, "stop", ["m"], int(time.time() * 1000),
                                   max_chunks=40)
     records = [r for sid, events in sessions.items() for r in event_records(settings, sid, events)]
@@ -123,11 +125,7 @@ async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: st
     """A derived change too large to send (JSON doubles the quotes Avro keeps raw) makes
     folding raise: the batch is held back (counted), the worker goes on, and the committed
     offset never passes the record, so a restart would fold it again."""
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=prefix,
-                                 partitions=1, replication_factor=1,
-                                 group_id_prefix=f"{prefix}g-")
-    await ensure_topics(settings)
+    settings = await _fresh_topics(kafka_bootstrap, partitions=1)
     from pipeline.core.events import Event
     message = {"id": "u0", "role": "user", "content": [{"type": "text", "text": '"' * 600_000}],
                "source": {"kind": "user"}}

@@ -27,7 +27,7 @@ from typing import Any
 
 
 class DeliveryLedger:
-    """Batches handed to the agents and not finished yet, by topic, in hand-over order."""
+    """Batches handed to the agents and not taken yet, by topic, in hand-over order."""
 
     __slots__ = ("_next", "_open", "_refetching")
 
@@ -44,11 +44,11 @@ class DeliveryLedger:
         self._open.setdefault(topic, {})[(partition, last)] = (number, start)
         return number
 
-    def finished(self, topic: str, partition: Any, last: int, number: int
+    def taken(self, topic: str, partition: Any, last: int, number: int
                  ) -> dict[Any, int]:
         """The agent took batch ``number``. Returns, per partition, the offset to
         fetch again from: where the earliest batch handed over before it, and never
-        finished, started. Those are forgotten (their records come again)."""
+        taken, started. Those are forgotten (their records come again)."""
         open_batches = self._open.get(topic, {})
         entry = open_batches.get((partition, last))
         if entry is not None and entry[0] <= number:

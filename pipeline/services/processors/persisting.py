@@ -59,8 +59,7 @@ class PartitionChanges:
     states: dict[str, SessionState] = field(default_factory=dict)   # records to write
     marks: dict[str, int] = field(default_factory=dict)      # cursors moved by chunks only
     deliveries: list[Awaitable[object]] = field(default_factory=list)   # outputs sent
-    batches: list[BatchDone] = field(default_factory=list)
-    batch_count: int = 0
+    batches: list[BatchDone] = field(default_factory=list)   # one per batch, fold order
     context: contextvars.Context | None = None
 
     def sessions(self) -> set[str]:
@@ -76,14 +75,13 @@ class PartitionWrites:
     marks: dict[str, int]
     deliveries: list[Awaitable[object]]
     batches: list[BatchDone]
-    batch_count: int
     context: contextvars.Context | None
 
     @classmethod
     def of(cls, partition: int, changes: PartitionChanges) -> PartitionWrites:
         return cls(partition, {sid: state.to_json() for sid, state in changes.states.items()},
                    dict(changes.marks), changes.deliveries, changes.batches,
-                   changes.batch_count, changes.context)
+                   changes.context)
 
     def sessions(self) -> set[str]:
         return set(self.records) | set(self.marks)
@@ -176,10 +174,10 @@ class ChangeBook:
         """Under the lock: the partition's batches taken and since are never marked folded."""
         for sid in writes.sessions():
             self._taken.pop(sid, None)
-        later = self.changes.pop(writes.partition, PartitionChanges())
-        self.drop_sessions(writes.sessions() | later.sessions())
-        count = writes.batch_count + later.batch_count
-        self.counters.failed_batches += count
+        later = self.changes.get(writes.partition)
+        count = len(writes.batches) + (len(later.batches) if later else 0)
+        self.drop_sessions(writes.sessions() | self.give_up_partition(writes.partition))
+        self.counters.failed_batches += len(writes.batches)   # and the later ones, above
         log.error("partition %d: %d folded batches given up (%s: %s); their offsets stay "
                   "uncommitted until the worker restarts", writes.partition, count,
                   type(error).__name__, error)
@@ -190,12 +188,12 @@ class ChangeBook:
         changes = self.changes.pop(partition, None)
         if changes is None:
             return set()
-        self.counters.failed_batches += changes.batch_count
+        self.counters.failed_batches += len(changes.batches)
         return changes.sessions()
 
     def give_up_all(self) -> int:
         """Under the lock: drop every change (partitions moved; the next owner folds them
         again from the committed offset). Returns how many batches were dropped."""
-        count = sum(changes.batch_count for changes in self.changes.values())
+        count = sum(len(changes.batches) for changes in self.changes.values())
         self.changes = {}
         return count

@@ -257,7 +257,7 @@ class BatchingConsumer(AIOKafkaConsumer):
         it (:meth:`.delivery.DeliveryLedger.admits`)."""
         if message.generation_id != self.app.consumer_generation_id:
             return True
-        rewind = self._ledger.finished(message.topic, message.tp, message.offset,
+        rewind = self._ledger.taken(message.topic, message.tp, message.offset,
                                        message.delivery)
         for tp, start in rewind.items():
             log.warning("records of %s[%d] from offset %d were fetched but never reached "

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pipeline.cli.cmd_processors import parse_windows
 from pipeline.cli.main import build_parser
+from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ConfigError
+from pipeline.services.processors.app import build_processors
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Settings
 
@@ -25,6 +29,7 @@ def test_bad_windows_are_refused_naming_the_part(text: str) -> None:
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("web_port", 0, "web port"), ("grace_ms", -1, "grace"), ("tick_interval_s", 0, "tick"),
     ("store", "redis://", "store"), ("session_timeout_s", 1, "session timeout"),
+    ("fetch_max_wait_ms", 0, "fetch max wait"), ("fetch_min_bytes", 0, "fetch min bytes"),
 ])
 def test_bad_options_are_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -41,6 +46,26 @@ def test_app_id_is_scoped_by_topic_and_group_prefix() -> None:
 def test_the_command_is_registered_with_its_options() -> None:
     args = build_parser().parse_args(["processors", "--web-port", "7001", "--grace", "2"])
     assert (args.web_port, args.grace, args.store) == (7001, 2.0, "memory://")
+    defaults = ProcessorsOptions()
+    assert (args.fetch_max_wait_ms, args.fetch_min_bytes) == (defaults.fetch_max_wait_ms,
+                                                              defaults.fetch_min_bytes)
+
+
+def test_the_fetch_options_reach_the_kafka_consumer() -> None:
+    """faust passes neither to aiokafka: the worker's consumer thread sets them."""
+    options = ProcessorsOptions(fetch_max_wait_ms=7, fetch_min_bytes=1234)
+    processors = build_processors(Settings.from_env({}), EventSerde().decode, options)
+
+    async def created() -> tuple[int, int, str]:
+        thread = processors.app.consumer._thread
+        consumer = thread._create_worker_consumer(processors.app.transport)
+        try:
+            return (consumer._fetch_max_wait_ms, consumer._fetch_min_bytes,
+                    consumer._isolation_level)
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(created()) == (7, 1234, "read_committed")
 
 
 @pytest.mark.skipif(__import__("importlib.util").util.find_spec("rocksdict") is not None,

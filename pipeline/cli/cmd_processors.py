@@ -44,6 +44,11 @@ def register(subparsers: Any) -> None:
                         help="usage windows as NAME=SECONDS[,NAME=SECONDS]")
     parser.add_argument("--session-timeout", type=float, default=10.0,
                         help="seconds before a dead worker's partitions move to the others")
+    parser.add_argument("--fetch-max-wait-ms", type=int, default=5,
+                        help="longest a fetch waits at the broker for new records (1..1500)")
+    parser.add_argument("--fetch-min-bytes", type=int, default=8192,
+                        help="the broker answers a fetch once this many bytes are ready "
+                             "(1: at once; more: fewer, larger batches, less CPU)")
     parser.add_argument("--registry", action="store_true",
                         help="register the output schemas and write the Confluent framing; "
                              "read session events by registry id too (default: Avro "
@@ -75,6 +80,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         web_port=port, web_host=args.web_host, store=args.store,
         standby_replicas=args.standby_replicas, grace_ms=int(args.grace * 1000),
         tick_interval_s=args.tick, session_timeout_s=args.session_timeout,
+        fetch_max_wait_ms=args.fetch_max_wait_ms, fetch_min_bytes=args.fetch_min_bytes,
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
     asyncio.run(ensure_topics(settings))

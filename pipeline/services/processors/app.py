@@ -185,7 +185,8 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         stream_buffer_maxsize=options.stream_buffer,
     )
     use_batching_transport(app, [settings.topics.session_events, options.usage_topic(settings)],
-                           fetch_max_wait_ms=options.fetch_max_wait_ms)
+                           fetch_max_wait_ms=options.fetch_max_wait_ms,
+                           fetch_min_bytes=options.fetch_min_bytes)
     return app
 
 

@@ -29,7 +29,8 @@ FETCH_ROUTINE_POLL_S: Final = 0.01
 
 class ShortPollConsumerThread(AIOKafkaConsumerThread):
     """faust's consumer thread, with the broker's fetch long-poll capped at
-    ``BatchingTransport.fetch_max_wait_ms`` instead of faust's fixed 1,500 ms.
+    ``BatchingTransport.fetch_max_wait_ms`` instead of faust's fixed 1,500 ms, and a fetch
+    answered once ``BatchingTransport.fetch_min_bytes`` are ready (faust passes neither).
 
     aiokafka keeps ONE fetch in flight per broker, for the partitions that have no unread
     records. A fetch that went out for idle partitions (the usage-by-model topic, a quiet
@@ -92,6 +93,7 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         # Read by the fetcher that ``start()`` creates; faust passes no way to set it.
         consumer._fetch_max_wait_ms = transport.fetch_max_wait_ms
+        consumer._fetch_min_bytes = transport.fetch_min_bytes
         consumer._consumer_timeout = FETCH_ROUTINE_POLL_S
         # faust reads committed only under its own exactly-once; the session topic is
         # written in the drivers' transactions, and an aborted one (a fenced zombie, a crash

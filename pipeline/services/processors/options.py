@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.util import find_spec
+from typing import Final
 
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
+
+# aiokafka's default fetch_max_bytes (50 MB): a fetch never waits for more than it may carry
+MAX_FETCH_MIN_BYTES: Final = 52_428_800
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,14 @@ class ProcessorsOptions:
     short. Measured at 5,000 events/s (3 runs each): 5 ms gave p50 11-13 ms and p99 43-71 ms
     from append to derived change, 20 ms p50 15-29 and p99 67-95; it costs ~10% more CPU
     under load, and an idle worker used 3.7 CPU-seconds per 30 s against 2.9.
+    ``fetch_min_bytes``: the broker answers a fetch once this much is ready (or the wait
+    above passed). With 1 byte every record that arrived was answered at once, ~430 fetches/s
+    at 5,000 events/s, each with a handful of records that the worker then folded, sent and
+    acknowledged as one batch per partition; the per-batch work was most of the worker's CPU.
+    8 KB made that ~160 fetches/s and cut the worker's CPU at 5,000 events/s from ~60% of a
+    core to ~36% (p50 +1-2 ms, p99 unchanged on a quiet machine; 2 runs each of
+    ``bench/bench_processors.py``, the figures are in BENCHMARKS.md). A backlog is fetched
+    in full-size fetches either way.
     ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
     """
 
@@ -39,6 +51,7 @@ class ProcessorsOptions:
     stream_buffer: int = 8
     producer_buffer: int = 5_000
     fetch_max_wait_ms: int = 5
+    fetch_min_bytes: int = 8_192
     freeze_gc: bool = True
     data_dir: str = ".cache/state/processors"
     app_name: str = "processors"
@@ -57,6 +70,9 @@ class ProcessorsOptions:
             raise ConfigError(f"stream buffer must be >= 1 message, got {self.stream_buffer}")
         if not 0 < self.fetch_max_wait_ms <= 1500:
             raise ConfigError(f"fetch max wait must be 1..1500 ms, got {self.fetch_max_wait_ms}")
+        if not 0 < self.fetch_min_bytes <= MAX_FETCH_MIN_BYTES:
+            raise ConfigError(f"fetch min bytes must be 1..{MAX_FETCH_MIN_BYTES}, got "
+                              f"{self.fetch_min_bytes}")
         if self.producer_buffer < 1:
             raise ConfigError(f"producer buffer must be >= 1 record, got {self.producer_buffer}")
         if not self.store.startswith(("memory://", "rocksdb://")):

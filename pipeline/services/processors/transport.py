@@ -380,16 +380,19 @@ class BatchingTransport(AIOKafkaTransport):
     Producer = FlushingProducer
 
     def __init__(self, url: Any, app: Any, batched_topics: Iterable[str] = (),
-                 fetch_max_wait_ms: int = 1500, **kwargs: Any) -> None:
+                 fetch_max_wait_ms: int = 1500, fetch_min_bytes: int = 1, **kwargs: Any
+                 ) -> None:
         super().__init__(url, app, **kwargs)
         self.batched_topics = frozenset(batched_topics)
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
 
 
 def use_batching_transport(app: Any, batched_topics: Iterable[str], *,
-                           fetch_max_wait_ms: int) -> None:
-    """Make ``app`` consume ``batched_topics`` in batches (call before declaring topics)."""
+                           fetch_max_wait_ms: int, fetch_min_bytes: int = 1) -> None:
+    """Make ``app`` consume ``batched_topics`` in batches (call before declaring topics);
+    the fetch options are the consumer's (see :class:`.options.ProcessorsOptions`)."""
     if getattr(app, "_transport", None) is not None:
         raise RuntimeError("the faust transport already exists: install batching first")
     app.transport = BatchingTransport(app.conf.broker_consumer, app, batched_topics,
-                                      fetch_max_wait_ms)
+                                      fetch_max_wait_ms, fetch_min_bytes)

@@ -188,6 +188,12 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._seeks: set[asyncio.Future[Any]] = set()
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
         self.before_commit: dict[str, Callable[[], Awaitable[None]]] = {}
+        # Commits come from faust's commit timer only. Its other trigger, every
+        # ``broker_commit_every`` acks, commits INSIDE the loop that hands fetched records
+        # to the agents, so every partition waited for the whole commit (the persist, the
+        # producer flush, the offset commit: 30-80 ms measured at 5,000 events/s), about
+        # every 20 s at that rate and more often the faster records come.
+        self._commit_every = None
 
     def _new_consumer_thread(self) -> Any:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)

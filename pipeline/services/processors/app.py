@@ -59,6 +59,7 @@ from pipeline.services.processors.transport import (
     mark_received,
     persist_before_commit,
     records_of,
+    release_records,
     use_batching_transport,
 )
 from pipeline.settings import Settings
@@ -288,6 +289,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
             async with _holding_back_on_failure(processors, event):
                 await folder.handle_batch(records_of(event.message),
                                           partial(mark_folded, app, event))
+            release_records(event.message)
 
     app.agent(source, name="fold-sessions")(fold_sessions)
     return folder

@@ -144,6 +144,15 @@ def mark_folded(app: Any, event: Any) -> None:
         consumer.record_folded(message)
 
 
+def release_records(message: Any) -> None:
+    """The agent folded ``message``: its records are not read again, so free them now.
+    The batch's "folded" mark keeps its event (and so this message) until the next commit
+    (:mod:`.persisting`); a commit's worth of records freed at once held the event loop
+    for ~10 ms at 5,000 events/s, in the middle of the persist."""
+    if isinstance(message, BatchMessage):
+        message.records = ()
+
+
 def persist_before_commit(app: Any, name: str, persist: Callable[[], Awaitable[None]]
                           ) -> None:
     """Run ``persist`` before every commit and before partitions are revoked (the folds

@@ -73,3 +73,12 @@ def test_the_fetch_options_reach_the_kafka_consumer() -> None:
 def test_rocksdb_store_without_rocksdict_says_what_to_install() -> None:
     with pytest.raises(ConfigError, match="pip install rocksdict"):
         ProcessorsOptions(store="rocksdb://")
+
+
+def test_offsets_are_committed_by_the_commit_timer_only() -> None:
+    """faust's other trigger (every ``broker_commit_every`` acks) commits inside the loop
+    that hands fetched records to the agents, stalling every partition meanwhile."""
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    assert processors.app.conf.broker_commit_every > 0     # faust's setting is still there
+    assert processors.app.consumer._commit_every is None   # and not used
+    assert processors.app.consumer.commit_interval == processors.app.conf.broker_commit_interval

@@ -15,7 +15,7 @@ from test_processors_folding import Harness, batches, sessions
 
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.core.log import derive_messages
-from pipeline.services.processors import folding
+from pipeline.services.processors import folding, persisting
 from pipeline.services.processors.folding import Outgoing
 
 
@@ -201,3 +201,28 @@ async def test_a_fold_failing_while_a_persist_waits_continues_from_what_it_holds
     await harness.folder.persist()
     assert harness.counters.gaps == 0
     assert harness.messages(sid) == list(derive_messages(events))
+
+
+@pytest.mark.parametrize("last_output_fails", [False, True])
+async def test_a_commits_worth_of_batches_is_marked_in_order_or_not_at_all(
+        last_output_fails: bool) -> None:
+    """The persist acknowledges outputs and marks batches a slice at a time (so that the
+    folds go on in between): every batch is marked, in fold order, once every output of its
+    partition is acknowledged; a failure in a late slice marks none."""
+    harness = Harness()
+    acks = Acks(harness)
+    records = [harness.record(sid, e) for sid, events in sessions(24, 8).items()
+               for e in events]
+    parts = batches(records, 1)
+    assert len(parts) > 2 * persisting.SLICE
+    marked: list[int] = []
+    for number, part in enumerate(parts):
+        await harness.folder.handle_batch(part, lambda n=number: marked.append(n))
+    assert len(acks.pending) > 2 * persisting.SLICE
+    if last_output_fails:
+        acks.pending[-1][1].set_exception(RuntimeError("broker said no"))
+    acks.ack_all()
+    await harness.folder.persist()
+    assert marked == ([] if last_output_fails else list(range(len(parts))))
+    assert harness.counters.failed_batches == (len(parts) if last_output_fails else 0)
+    assert (harness.tables.sessions == {}) is last_output_fails

@@ -221,30 +221,6 @@ async def paced_append(settings: Settings, sessions: dict[str, list[Event]], rat
     return sent, acked
 
 
-async def derived_stamps(settings: Settings, wanted: dict[tuple[str, int], float]
-                         ) -> list[float]:
-    """After the fact: CreateTime of each wanted derived change minus its append stamp
-    (when the worker's producer stamped it, not when it became readable)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    parts = [TopicPartition(settings.topics.derived_messages, p)
-             for p in range(settings.partitions)]
-    consumer.assign(parts)
-    latencies: list[float] = []
-    deadline = time.monotonic() + 120
-    try:
-        while len(latencies) < len(wanted) and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for r in records:
-                    key = _wanted_key(r.value)
-                    if key is not None and key in wanted:
-                        latencies.append(r.timestamp - wanted[key])
-    finally:
-        await consumer.stop()
-    return latencies
-
-
 def _wanted_key(raw: bytes | None, prefix: str) -> tuple[str, int] | None:
     """(session, seq) of a derived change that an event of this latency run (its sessions
     start with ``prefix``) appended or replaced into a slot. Changes of other sessions (a

@@ -84,10 +84,10 @@ def render(results: dict[str, list[Figure]], failures: dict[str, str], *, comman
         "# Benchmarks", "",
         f"Written by `{command}` on {when}, in {elapsed_s / 60:.1f} minutes.", "",
         f"- Machine: {machine()}.",
-        f"- Load average (1/5/15 min) before / after the run: {load[0]} / {load[1]}. The "
-        "machine was shared with other engineers' test runs: wall-time figures are lower "
-        "than the machine would give alone, and ratios to anchors measured in the same run "
-        "are the comparable numbers.",
+        f"- Load average (1/5/15 min) before / after the run: {load[0]} / {load[1]} (the "
+        "suite's own brokers and scale-out cluster count in it). Nothing keeps other "
+        "processes off the machine meanwhile: wall-time figures depend on what else ran, and "
+        "ratios to anchors measured in the same run are the comparable numbers.",
     ]
     if quick:
         lines.append("- **--quick run**: every benchmark ran briefly with small sizes; these "

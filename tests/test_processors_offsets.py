@@ -18,6 +18,7 @@ from processors_support import (
     event_records,
     free_port,
     generated_sessions,
+    read_topic,
 )
 
 from pipeline.adapters.kafka.admin import ensure_topics
@@ -120,11 +121,12 @@ async def test_a_graceful_stop_persists_and_commits_what_was_folded(
     await _restart_folds_only(settings, tmp_path, sessions, more)
 
 
-async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: str,
-                                                             tmp_path: Path) -> None:
-    """A derived change too large to send (JSON doubles the quotes Avro keeps raw) makes
-    folding raise: the batch is held back (counted), the worker goes on, and the committed
-    offset never passes the record, so a restart would fold it again."""
+async def test_a_message_too_large_for_a_table_record_stops_its_session_alone(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A message whose ``nodes`` record would be above the producer's record limit (JSON
+    doubles the quotes Avro keeps raw) is dead-lettered and stops its session, as an invalid
+    event does: the worker goes on and commits past it. (Written, the record would have
+    been refused at the next commit and stopped every later table write of the worker.)"""
     settings = await _fresh_topics(kafka_bootstrap, partitions=1)
     from pipeline.core.events import Event
     message = {"id": "u0", "role": "user", "content": [{"type": "text", "text": '"' * 600_000}],
@@ -136,17 +138,17 @@ async def test_a_batch_that_fails_to_fold_is_never_committed(kafka_bootstrap: st
         before = [r for sid, events in good.items() for r in event_records(settings, sid, events)]
         await send_records(settings, before)
         assert (await verify_processors(worker.url(""), good, timeout_s=60)).ok
-        await _wait_committed(settings, {0: len(before)}, worker)
-        await send_records(settings, event_records(
-            settings, "big", [Event("user/message", 0, 0, message, "append")]))
-        worker.wait_for("the failed batch counted", lambda: worker.get("/health")[1][
-            "counters"]["failed_batches"] >= 1)
+        big = event_records(settings, "big", [Event("user/message", 0, 0, message, "append")])
         more = generated_sessions(34, 2, "after", ["m"], int(time.time() * 1000))
-        await send_records(settings, [r for sid, events in more.items()
-                                      for r in event_records(settings, sid, events)])
+        after = [r for sid, events in more.items() for r in event_records(settings, sid, events)]
+        await send_records(settings, [*big, *after])
         assert (await verify_processors(worker.url(""), more, timeout_s=60)).ok
-        await asyncio.sleep(4)   # longer than faust's commit interval (2.8 s)
-        committed, ends = await committed_and_ends(settings)
-        assert committed[0] <= len(before) < ends[0]
+        counters = worker.get("/health")[1]["counters"]
+        assert (counters["invalid_events"], counters["failed_batches"]) == (1, 0)
+        letters = [h for _, _, h in await read_topic(settings, settings.topics.dlq(
+            settings.topics.session_events))]
+        assert [h["dsh.error.class"] for h in letters] == [b"EventError"]
+        assert b"message-record-size" in letters[0]["dsh.error.message"]
+        await _wait_committed(settings, {0: len(before) + 1 + len(after)}, worker)
     finally:
         worker.stop()

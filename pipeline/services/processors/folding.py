@@ -11,7 +11,9 @@ Delivery rules (DESIGN.md section 2): a seq below the next expected one is a dup
 (skipped, counted); a seq above it is a gap (counted, logged, dead-lettered with the reason,
 never folded past); an ``assistant/chunk`` is recognised by its ``dsh.type`` header and only
 advances the session's cursor, without being decoded; a record that does not decode, or an
-event that breaks a surface rule, is dead-lettered and processing goes on.
+event that breaks a surface rule, is dead-lettered and processing goes on. So is an event
+after which the session's table records could exceed the producer's record limit
+(:meth:`SessionFolder._refuse_oversize`): its session stops there, like at a broken rule.
 
 **Crash consistency.** Table writes reach their changelogs in the order they were made, a
 kill -9 loses a suffix of them, and a batch's offsets are committed only after its table
@@ -63,16 +65,21 @@ from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
-from pipeline.core.events import Event, dumps_json
+from pipeline.core.events import SURFACE_TYPES, Event, dumps_json
 from pipeline.core.usage import session_record
+from pipeline.core.validation import projected_message
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.persisting import BatchDone, ChangeBook
 from pipeline.services.processors.session_state import (
+    RECORD_FIXED_BYTES,
     FoldPlan,
     SessionState,
     SessionTables,
+    kept_chars,
+    kept_chars_after,
     next_expected,
     plan_event,
+    record_bytes_bound,
 )
 from pipeline.settings import TopicNames
 
@@ -81,6 +88,9 @@ log = logging.getLogger(__name__)
 CHUNK: Final = "assistant/chunk"
 _CHUNK_TYPE: Final = CHUNK.encode()
 MAX_RECORD_BYTES: Final = 1_000_000   # faust's producer_max_request_size default
+# An event's message as JSON is at most this many times the event's Avro bytes (a field's
+# name is in the JSON only: a few characters against at least one byte in Avro).
+MESSAGE_BYTES_PER_EVENT_BYTE: Final = 24
 STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unpersisted ones)
 
 Decoder = Callable[[bytes], tuple[str, Event]]
@@ -327,6 +337,7 @@ class SessionFolder:
         """Fold ``event``; False when it breaks a rule (dead-lettered, nothing changed)."""
         state = self._state(batch, session_id)
         try:
+            self._refuse_oversize(state, event, len(record.value or b""))
             plan = plan_event(state, event)
         except EventError as exc:
             # The fold cannot go on correctly: the session stops here (later seqs are gaps).
@@ -350,6 +361,34 @@ class SessionFolder:
         for out in outgoing:
             await self._send(out)
         return True
+
+    def _refuse_oversize(self, state: SessionState, event: Event, event_bytes: int) -> None:
+        """Raise :class:`EventError` for an event after which the session's table record,
+        or its message's ``nodes`` record, might exceed the producer's record limit: the
+        session stops there, dead-lettered, as at an invalid event. Written anyway, that
+        record would be refused at the next commit, and a refused table write stops every
+        later one of the worker (faust's producer buffer dies with it)."""
+        limit, advice = self.max_record_bytes, (
+            "the session stops here (a larger producer max request size, and max.message"
+            ".bytes on the changelog topics, lets it go on)")
+        # The event's strings replace some of those kept: it bounds what they can add.
+        bound = record_bytes_bound(state, event.seq,
+                                   kept_chars(state.usage, state.fleet) + event_bytes)
+        if bound > limit:   # a large event or session: what it really keeps, then
+            bound = record_bytes_bound(state, event.seq, kept_chars_after(state, event))
+        if bound > limit:
+            raise EventError(f"folded, it could make the session's table record {bound:,} "
+                             f"bytes, above the {limit:,}-byte record limit of the producer; "
+                             f"{advice}", seq=event.seq, type=event.type,
+                             rule="session-record-size")
+        if event.type not in SURFACE_TYPES or MESSAGE_BYTES_PER_EVENT_BYTE * event_bytes + \
+                RECORD_FIXED_BYTES <= limit:
+            return   # its message cannot be that large: not worth serialising it
+        size = len(dumps_json(projected_message(event)).encode()) + RECORD_FIXED_BYTES
+        if size > limit:
+            raise EventError(f"its message takes {size:,} bytes as a table record, above "
+                             f"the {limit:,}-byte record limit of the producer; {advice}",
+                             seq=event.seq, type=event.type, rule="message-record-size")
 
     def _outputs(self, session_id: str, seq: int, plan: FoldPlan, record: ConsumedRecord
                  ) -> list[Outgoing]:

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from pipeline.core.errors import EventError
@@ -18,6 +19,10 @@ from pipeline.core.usage import SessionUsage, UsageSample
 from pipeline.core.validation import projected_message
 
 USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
+# What a session's table record and its Kafka key take beyond its surface and its strings
+# (field names, numbers, brackets): ~800 bytes; the bound below only has to be an upper one.
+RECORD_FIXED_BYTES: Final = 2_048
+JSON_BYTES_PER_CHAR: Final = 6   # the worst case of a character in JSON: \uXXXX
 
 Table = MutableMapping[str, Any]
 
@@ -63,6 +68,42 @@ class SessionState:
         return cls(session_id, int(raw["next"]), int(raw["partition"]),
                    SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
                    FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
+
+
+def record_bytes_bound(state: SessionState, event_seq: int, kept_chars: int) -> int:
+    """An upper bound of the size of the session's table record (JSON) once the event at
+    ``event_seq`` is folded into ``state``, when the strings the record keeps (see
+    :func:`kept_chars`) take at most ``kept_chars`` characters then.
+
+    From counts, not by serialising the record (O(session) per event): every surface op
+    adds one entry to ``surface.ops`` (never shortened: it answers ``?at_seq=``) and at most
+    one to ``surface.nodes``, each a few seqs.
+    """
+    digits = len(str(max(event_seq, state.next_seq, 1)))
+    surface = ((len(state.surface.nodes) + 1) * (2 * digits + 6)
+               + (len(state.surface.ops) + 1) * (3 * digits + 8))
+    return (surface + JSON_BYTES_PER_CHAR * (len(state.session_id) + kept_chars)
+            + RECORD_FIXED_BYTES)
+
+
+def kept_chars(usage: SessionUsage, fleet: FleetStatus | None) -> int:
+    """Characters of the strings a session's record keeps from its events (a model, an
+    end reason, an error)."""
+    kept = [*(usage.last_model or ())]
+    if fleet is not None:
+        kept += [fleet.state, fleet.last_end_reason or "", fleet.last_error or ""]
+    return sum(len(text) for text in kept)
+
+
+def kept_chars_after(state: SessionState, event: Event) -> int:
+    """:func:`kept_chars` once ``event`` is folded, from a trial fold of copies."""
+    usage = SessionUsage(state.usage.totals, state.usage.last_model)
+    if event.type in USAGE_TYPES:
+        with suppress(EventError):   # the fold itself refuses the event
+            usage.apply(state.session_id, event)
+    fleet = replace(state.fleet or FleetStatus(state.session_id))
+    fleet.apply(event)
+    return kept_chars(usage, fleet)
 
 
 def next_expected(tables: SessionTables, session_id: str) -> int:

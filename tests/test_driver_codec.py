@@ -129,6 +129,22 @@ def test_dead_letter_keeps_key_bytes_and_headers_and_says_why() -> None:
     assert header_value(letter.headers, "dsh.original.offset") == b"77"
 
 
+def test_a_dead_letter_too_large_for_a_record_keeps_all_but_the_value() -> None:
+    """A refused dead letter would hold back the offset it stands for, for good: it names
+    where the value still is instead (the original topic, partition and offset)."""
+    record = InboxRecord(topic="x.session-events", partition=1, offset=9, key=b"s-1",
+                         value=b"v" * 999_500, headers=(("dsh.type", b"user/message"),))
+    kept = dead_letter(record, CodecError("bad"), max_record_bytes=1_048_576)
+    assert kept.value == record.value and header_value(kept.headers, "dsh.original.omitted") \
+        is None
+    letter = dead_letter(record, CodecError("bad"))   # 1,000,000 bytes by default
+    assert letter.value == b"" and letter.key == b"s-1"
+    assert header_value(letter.headers, "dsh.original.omitted") == b"999500 bytes"
+    assert header_value(letter.headers, "dsh.original.offset") == b"9"
+    assert header_value(letter.headers, "dsh.type") == b"user/message"
+    assert header_value(letter.headers, "dsh.error.class") == b"CodecError"
+
+
 def test_logged_message_ids_come_from_splices_user_messages_and_config_events() -> None:
     splice = Event("agent/inbox/spliced", 0, 1, {"target": "next-turn", "start": 0,
                                                  "inserted": [{"id": "m-1", "role": "user"}]})

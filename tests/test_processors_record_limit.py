@@ -12,6 +12,7 @@ import random
 from processors_support import SessionBuilder
 from test_processors_folding import TOPICS, Harness, sessions
 
+from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.log import derive_messages
 from pipeline.services.processors.session_state import (
@@ -95,3 +96,15 @@ async def test_a_message_above_the_limit_stops_its_session_alone() -> None:
     assert b"message-record-size" in dict(letter.headers)["dsh.error.message"]
     assert "big/0" not in harness.tables.nodes
     assert harness.messages(short_id) == list(derive_messages(short))
+
+
+async def test_a_dead_letter_above_the_limit_names_its_original_instead_of_carrying_it(
+        ) -> None:
+    harness = Harness()
+    harness.folder.max_record_bytes = 50_000
+    garbage = InboxRecord(TOPICS.session_events, 1, 5, b"s", b"\xc3\x01" + b"?" * 60_000, ())
+    await harness.feed([garbage])
+    (letter,) = harness.sent_to(TOPICS.dlq(TOPICS.session_events))
+    headers = dict(letter.headers)
+    assert letter.value == b"" and headers["dsh.original.omitted"] == b"60002 bytes"
+    assert (headers["dsh.original.partition"], headers["dsh.original.offset"]) == (b"1", b"5")

@@ -330,7 +330,8 @@ class SessionFolder:
         if not isinstance(error, SequenceError):
             log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
                         record.offset, type(error).__name__, error)
-        await self._send(Outgoing.of(dead_letter(_inbox_record(record), error)))
+        await self._send(Outgoing.of(dead_letter(_inbox_record(record), error,
+                                                 self.max_record_bytes)))
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:

@@ -33,9 +33,11 @@ each is the JSON object shown here, the one the HTTP API serves):
 
 The internal ``<app id>-usage-by-model`` topic (samples and ticks) stays JSON.
 
-Undecodable records, gaps and events that break a surface rule go to
+Undecodable records, gaps, events that break a surface rule and events after which a
+session's table records would exceed the producer's record limit go to
 ``<prefix>session-events.dlq`` with the original key, bytes and headers plus ``dsh.error.*``
-and ``dsh.original.*`` headers.
+and ``dsh.original.*`` headers (the bytes omitted when the dead letter would not fit a record:
+:mod:`pipeline.adapters.kafka.dlq`).
 
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
 (session stage), :mod:`.persisting` (its table writes, once per commit), :mod:`.aggregation`

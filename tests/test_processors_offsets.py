@@ -91,7 +91,8 @@ async def _restart_folds_only(settings: Settings, tmp_path: Path,
                                       for r in event_records(settings, sid, events)])
         report = await verify_processors(restarted.url(""), {**before, **more},
                                          timeout_s=60)
-        assert report.ok, report.problems
+        assert report.ok, (report.problems, restarted.get("/health")[1],
+                           await committed_and_ends(settings), restarted.tail(40))
         assert _records(restarted) == sum(len(events) for events in more.values())
         assert restarted.get("/health")[1]["counters"]["duplicates"] == 0
     finally:

@@ -44,22 +44,33 @@ class DeliveryLedger:
         self._open.setdefault(topic, {})[(partition, last)] = (number, start)
         return number
 
-    def taken(self, topic: str, partition: Any, last: int, number: int
-                 ) -> dict[Any, int]:
-        """The agent took batch ``number``. Returns, per partition, the offset to
-        fetch again from: where the earliest batch handed over before it, and never
-        taken, started. Those are forgotten (their records come again)."""
+    def taken(self, topic: str, partition: Any, last: int, number: int, start: int
+              ) -> dict[Any, int]:
+        """The agent took batch ``number`` (of ``partition``, offsets ``start``..``last``).
+        Returns, per partition, the offset to fetch again from: where the earliest batch
+        handed over before it, and never taken, started. Those are forgotten (their records
+        come again).
+
+        Not when the records of a lost batch are on their way already: a seek (faust's
+        recovery seeks to the committed offsets once fetching has begun) fetched them again
+        into this batch or into one handed over after it. Fetched a third time they would
+        be folded twice (duplicates, measured at a restart: 106 records)."""
         open_batches = self._open.get(topic, {})
         entry = open_batches.get((partition, last))
         if entry is not None and entry[0] <= number:
             del open_batches[(partition, last)]
-        lost = [(key, start) for key, (n, start) in open_batches.items() if n < number]
-        rewind: dict[Any, int] = {}
-        for key, start in lost:
+        lost = [(key, first) for key, (n, first) in open_batches.items() if n < number]
+        for key, _ in lost:
             del open_batches[key]
-            rewind[key[0]] = min(start, rewind.get(key[0], start))
-        for partition, start in rewind.items():
-            self._refetching[partition] = min(start, self._refetching.get(partition, start))
+        coming = [(key[0], first) for key, (n, first) in open_batches.items() if n > number]
+        coming.append((partition, start))
+        rewind: dict[Any, int] = {}
+        for (lost_partition, _), first in lost:
+            if any(p == lost_partition and begins <= first for p, begins in coming):
+                continue
+            rewind[lost_partition] = min(first, rewind.get(lost_partition, first))
+        for key, first in rewind.items():
+            self._refetching[key] = min(first, self._refetching.get(key, first))
         return rewind
 
     def admits(self, partition: Any, start: int) -> bool:

@@ -272,15 +272,15 @@ class BatchingConsumer(AIOKafkaConsumer):
         it (:meth:`.delivery.DeliveryLedger.admits`)."""
         if message.generation_id != self.app.consumer_generation_id:
             return True
+        start = message.span[0] if message.span[0] is not None else message.records[0].offset
         rewind = self._ledger.taken(message.topic, message.tp, message.offset,
-                                       message.delivery)
+                                    message.delivery, start)
         for tp, start in rewind.items():
             log.warning("records of %s[%d] from offset %d were fetched but never reached "
                         "the agent; fetching them again", tp.topic, tp.partition, start)
             self._seeks.add(asyncio.ensure_future(
                 self._thread.seek_wait({ensure_aiokafka_TP(tp): start})))
         self._seeks = {seek for seek in self._seeks if not seek.done()}
-        start = message.span[0] if message.span[0] is not None else message.records[0].offset
         return self._ledger.admits(message.tp, start)
 
     def record_folded(self, message: Any) -> None:

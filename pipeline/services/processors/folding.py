@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from pipeline.adapters.kafka.dlq import dead_letter
+from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
 from pipeline.adapters.kafka.records import (
     ConsumedRecord,
     Headers,
@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 
 CHUNK: Final = "assistant/chunk"
 _CHUNK_TYPE: Final = CHUNK.encode()
-MAX_RECORD_BYTES: Final = 1_000_000   # faust's producer_max_request_size default
 # An event's message as JSON is at most this many times the event's Avro bytes (a field's
 # name is in the JSON only: a few characters against at least one byte in Avro).
 MESSAGE_BYTES_PER_EVENT_BYTE: Final = 24

@@ -70,10 +70,10 @@ class SessionState:
                    FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
 
 
-def record_bytes_bound(state: SessionState, event_seq: int, kept_chars: int) -> int:
+def record_bytes_bound(state: SessionState, event_seq: int, strings_chars: int) -> int:
     """An upper bound of the size of the session's table record (JSON) once the event at
     ``event_seq`` is folded into ``state``, when the strings the record keeps (see
-    :func:`kept_chars`) take at most ``kept_chars`` characters then.
+    :func:`kept_chars`) take at most ``strings_chars`` characters then.
 
     From counts, not by serialising the record (O(session) per event): every surface op
     adds one entry to ``surface.ops`` (never shortened: it answers ``?at_seq=``) and at most
@@ -82,7 +82,7 @@ def record_bytes_bound(state: SessionState, event_seq: int, kept_chars: int) -> 
     digits = len(str(max(event_seq, state.next_seq, 1)))
     surface = ((len(state.surface.nodes) + 1) * (2 * digits + 6)
                + (len(state.surface.ops) + 1) * (3 * digits + 8))
-    return (surface + JSON_BYTES_PER_CHAR * (len(state.session_id) + kept_chars)
+    return (surface + JSON_BYTES_PER_CHAR * (len(state.session_id) + strings_chars)
             + RECORD_FIXED_BYTES)
 
 

@@ -142,7 +142,9 @@ class Fleet:
         ports = free_ports(self.plan.drivers + self.plan.workers)
         for n in range(self.plan.workers):
             port = ports.pop()
-            extra = ["--session-timeout", str(self.plan.worker_session_timeout_s)]
+            # INFO: the rebalances, recoveries and dropped batches, to read when a run fails
+            extra = ["--session-timeout", str(self.plan.worker_session_timeout_s),
+                     "--loglevel", "INFO"]
             process = start_processors(self.settings, port, self.workdir / f"worker-{n + 1}.log",
                                        extra=extra, name=f"worker {n + 1}")
             self.workers.append(Member(f"worker {n + 1}", process, port))

@@ -162,7 +162,9 @@ async def _replay_differences(settings: Settings, log: Log) -> dict[str, Any]:
 async def _diagnose(settings: Settings, worker_urls: Sequence[str],
                     problems: Sequence[str]) -> list[str]:
     """Where the tables went wrong: example sessions' partitions and the workers' nextSeq
-    for them, and the processors group's committed offsets against the topic's ends."""
+    for them, each worker's ``/health`` (partitions, recovery, counters: duplicates equal
+    to the records past the commit say a fold was dropped), and the processors group's
+    committed offsets against the topic's ends."""
     partitioner, every = DefaultPartitioner(), list(range(settings.partitions))
     found: list[str] = []
     for session_id in sorted({p.split(":", 1)[0] for p in problems})[:2]:
@@ -179,6 +181,12 @@ async def _diagnose(settings: Settings, worker_urls: Sequence[str],
         for isolation in ("read_committed", "read_uncommitted"):
             records = await _session_records(settings, partition, session_id, isolation)
             found.append(f"{session_id} {isolation} offset:seq:type {records}")
+    for url in worker_urls:
+        try:
+            body = await asyncio.to_thread(_get_json, f"{url}/health")
+        except (OSError, ValueError) as exc:
+            body = str(exc)
+        found.append(f"{url}/health: {json.dumps(body)}")
     found.append(f"processors group committed/end per partition: "
                  f"{await _group_lag(settings)}")
     return found

@@ -1,11 +1,27 @@
 """What the batching consumer commits (pure part of :mod:`pipeline.services.processors.transport`):
-the end of the run of folded spans that starts at the committed offset."""
+the end of the run of folded spans that starts at the committed offset; and when, in a
+rebalance, it has the folds forget what they cached (faust's own rebalance chain replaced by
+a recorder: the real one runs on the broker in ``test_processors_failover.py`` and
+``test_scale_out.py``)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
-from pipeline.services.processors.transport import RecordBatch, committable
+import pytest
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.types import TP
+
+from pipeline.codec.avro import EventSerde
+from pipeline.services.processors.app import build_processors
+from pipeline.services.processors.transport import (
+    RecordBatch,
+    committable,
+    forget_on_rebalance,
+    persist_before_commit,
+)
+from pipeline.settings import Settings
 
 # Offset 10 is a transaction marker: the batch 0..9 drained it (span end 11), so the next
 # batch's span starts at 11.
@@ -51,3 +67,40 @@ def test_a_batch_span_must_contain_its_records_or_the_records_are_the_span() -> 
     assert _span([11, 12], (None, None)) == (11, 13)
     # A position read after a seek elsewhere cannot claim offsets the records do not reach.
     assert _span([11, 12], (12, 12)) == (11, 13)
+
+
+async def test_a_rebalance_forgets_before_faust_and_with_the_new_partitions_paused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folds' cache is dropped at the start of an assignment, before faust's chain
+    (whose table recovery resumes the partitions; its signal came after their first batches
+    were folded, and dropped them for good), and after the persist on a revoke."""
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    consumer = processors.app.consumer
+    session_tp = TP(processors.settings.topics.session_events, 3)
+    other_tp = TP("some-changelog", 3)
+    seen: list[tuple[str, bool]] = []
+
+    async def forget() -> None:
+        seen.append(("forget", session_tp in consumer._paused_partitions))
+
+    async def persist() -> None:
+        seen.append(("persist", False))
+
+    async def faust_assigned(self: Any, assigned: Any, generation_id: int = 0) -> None:
+        seen.append(("faust assigned", session_tp in self._paused_partitions))
+
+    async def faust_revoked(self: Any, revoked: Any) -> None:
+        seen.append(("faust revoked", False))
+
+    monkeypatch.setattr(AIOKafkaConsumer, "on_partitions_assigned", faust_assigned)
+    monkeypatch.setattr(AIOKafkaConsumer, "on_partitions_revoked", faust_revoked)
+    forget_on_rebalance(processors.app, "folds", forget)
+    forget_on_rebalance(processors.app, "folds", forget)   # idempotent by name
+    persist_before_commit(processors.app, "folds", persist)
+
+    await consumer.on_partitions_assigned({session_tp, other_tp}, 3)
+    assert seen == [("forget", True), ("faust assigned", True)]
+    assert other_tp not in consumer._paused_partitions   # only batched topics
+    seen.clear()
+    await consumer.on_partitions_revoked({session_tp, other_tp})
+    assert [step for step, _ in seen] == ["persist", "forget", "faust revoked"]

@@ -55,6 +55,7 @@ from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.processors.transport import (
+    forget_on_rebalance,
     mark_folded,
     mark_received,
     persist_before_commit,
@@ -221,10 +222,7 @@ def build_processors(settings: Settings, decode: Decoder,
                                        list(out.headers) or None)   # the delivery
 
     follow = _wire_projection_follow(processors)
-    folder = _wire_sessions(processors, decode, send, follow, outputs)
-
-    async def forget_cached_state(*_args: Any, **_kwargs: Any) -> None:
-        await folder.forget()  # partitions moved: other workers folded meanwhile
+    _wire_sessions(processors, decode, send, follow, outputs)
 
     async def reread_pointer(*_args: Any, **_kwargs: Any) -> None:
         try:  # a handover may be pending for partitions this worker now owns
@@ -232,8 +230,6 @@ def build_processors(settings: Settings, decode: Decoder,
         except Exception as exc:  # the follower retries at its next poll
             log.warning("reading the projection pointer on assignment failed: %s", exc)
 
-    app.on_partitions_revoked.connect(forget_cached_state)
-    app.on_partitions_assigned.connect(forget_cached_state)
     app.on_partitions_assigned.connect(reread_pointer)
     _wire_usage(processors, send, sizes, outputs)
     from pipeline.services.processors.web import register_views  # after tables exist
@@ -268,7 +264,7 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
 
 
 def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
-                   route: ProjectionFollow, outputs: OutputCodecs | None) -> SessionFolder:
+                   route: ProjectionFollow, outputs: OutputCodecs | None) -> None:
     app, settings = processors.app, processors.settings
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
@@ -283,6 +279,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
         # would stall the next fetch). The agents run once the producer exists.
         app.producer.buffer.max_messages = processors.options.producer_buffer
         persist_before_commit(app, "fold-sessions", folder.persist)
+        forget_on_rebalance(app, "fold-sessions", folder.forget)   # partitions moved
         async for event in stream.events():
             if not mark_received(app, event.message):
                 continue   # its records come again (transport: fetched again)
@@ -292,7 +289,6 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
             release_records(event.message)
 
     app.agent(source, name="fold-sessions")(fold_sessions)
-    return folder
 
 
 def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],

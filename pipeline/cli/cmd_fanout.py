@@ -6,6 +6,7 @@
 - ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
 - ``replay``: rebuild derived-messages into a new version, verify, hand it over from the
   live processors (they hold while it catches up, then publish into it), switch readers;
+  ``replay --withdraw-handover`` clears the handover of a replay that died holding them;
   ``replay --session ID [--jsonl|--transcript]`` prints one session from the topic;
 - ``check [SESSION...]``: fsck of the session topic, JSON summary, exit 1 on any problem.
 """
@@ -33,7 +34,7 @@ from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.render import Renderer, transcript
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.transfer import Importer, export_session, read_session
-from pipeline.services.replay.versions import HANDOVER_TIMEOUT_S
+from pipeline.services.replay.versions import HANDOVER_TIMEOUT_S, withdraw_handover
 from pipeline.settings import Settings
 
 _MAX_LISTED = 200  # differences printed one per line; the rest counted
@@ -83,6 +84,9 @@ def _register_replay_and_check(subparsers: Any) -> None:
     replay.add_argument("--handover-timeout", type=float, default=HANDOVER_TIMEOUT_S,
                         metavar="S", help="seconds to wait for the live processors to hold "
                         f"(default {HANDOVER_TIMEOUT_S:.0f}); on a timeout nothing switches")
+    replay.add_argument("--withdraw-handover", action="store_true",
+                        help="withdraw the pending handover of a replay that is no longer "
+                             "running (the live processors hold until then) and exit")
     replay.add_argument("--registry", action="store_true",
                         help="write the new version Confluent-framed (dsh.DerivedMessageChange "
                              "registered under <prefix>derived-messages-value, the subject "
@@ -174,10 +178,22 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(_print_session(settings, args.session, jsonl=args.jsonl))
     if args.jsonl or args.transcript:
         raise ConfigError("--jsonl and --transcript print one session: add --session ID")
+    if args.withdraw_handover:
+        return asyncio.run(_withdraw_handover(settings))
     if args.handover_timeout <= 0:
         raise ConfigError(f"--handover-timeout must be positive, got {args.handover_timeout}")
     return asyncio.run(_replay(settings, force=args.force, timeout_s=args.handover_timeout,
                                registry=args.registry))
+
+
+async def _withdraw_handover(settings: Settings) -> int:
+    withdrawn = await withdraw_handover(settings, None)
+    if withdrawn is None:
+        _progress("no handover is pending: nothing withdrawn")
+    else:
+        _progress(f"withdrew the handover to version {withdrawn.version} ({withdrawn.topic}, "
+                  f"request {withdrawn.request}): the processors resume on the active version")
+    return 0
 
 
 async def _print_session(settings: Settings, session_id: str, *, jsonl: bool) -> int:

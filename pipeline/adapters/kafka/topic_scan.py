@@ -194,12 +194,15 @@ async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool
             response = await admin.create_topics(
                 [NewTopic(topic, settings.partitions, settings.replication_factor,
                           topic_configs=configs)], timeout_ms=ADMIN_TIMEOUT_MS)
+        created = True
         for _name, code, message in (tuple(e)[:3] for e in response.topic_errors):
-            if code != 0 and for_code(code) is not TopicAlreadyExistsError:
+            if code != 0 and for_code(code) is TopicAlreadyExistsError:
+                created = False   # created meanwhile by another client
+            elif code != 0:
                 raise BrokerError(f"create topic {topic!r}: {for_code(code).__name__}"
                                   + (f": {message}" if message else ""))
         await _wait_visible(admin, topic)
-        return True
+        return created
     finally:
         await admin.close()
 

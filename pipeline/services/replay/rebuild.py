@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pipeline.adapters.kafka.records import ConsumedRecord
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
 from pipeline.codec.outputs import DerivedChangeSerde, default_output_codecs
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
 from pipeline.core.errors import BrokerError, CodecError, EventError
@@ -51,7 +51,8 @@ from pipeline.services.replay.versions import (
     HANDOVER_TIMEOUT_S,
     activate,
     active_version,
-    next_version,
+    claim_version,
+    ensure_still_requested,
     request_handover,
     version_topic,
     withdraw_handover,
@@ -128,8 +129,7 @@ class Rebuilder:
         source = self.settings.topics.session_events
         async with TopicScan(self.settings, source, batch=self._scan_batch) as scan:
             if not scan.exists:
-                raise BrokerError(f"topic {source!r} does not exist: nothing to replay (check "
-                                  "DSH_BOOTSTRAP_SERVERS and DSH_TOPIC_PREFIX)")
+                raise _nothing_to_replay(source)
             await ensure_topic(self.settings, self.result.topic, compact=True)
             async with BulkProducer(self.settings) as out:
                 await self._fold_all(scan, out, started)
@@ -341,7 +341,9 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     writes the new version's records (default: single-object encoding)."""
     active = await active_version(settings)
     live = await read_version(settings, active.topic)
-    version = await next_version(settings, active)
+    if not await topic_exists(settings, settings.topics.session_events):
+        raise _nothing_to_replay(settings.topics.session_events)
+    version = await claim_version(settings, active)
     rebuilder = Rebuilder(settings, decode, version, with_core=not (live and live.conversations),
                           progress=progress, encoder=encoder)
     result = await rebuilder.run()
@@ -363,12 +365,18 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     return outcome
 
 
+def _nothing_to_replay(source: str) -> BrokerError:
+    return BrokerError(f"topic {source!r} does not exist: nothing to replay (check "
+                       "DSH_BOOTSTRAP_SERVERS and DSH_TOPIC_PREFIX)")
+
+
 async def hand_over(settings: Settings, rebuilder: Rebuilder, *,
                     timeout_s: float = HANDOVER_TIMEOUT_S) -> bool:
     """Steps 2-3 of the handover: hold the live writers (True when some were registered),
     extend the rebuilt version to the topic's end, activate it with what it covered."""
     version = rebuilder.result.version
-    held = await request_handover(settings, version, timeout_s=timeout_s)
+    request = await request_handover(settings, version, timeout_s=timeout_s)
+    held = request is not None
     try:
         if held:
             # The extension reads up to the last stable offset. A worker reading uncommitted
@@ -377,9 +385,11 @@ async def hand_over(settings: Settings, rebuilder: Rebuilder, *,
             # milliseconds) time to end, so that the stable offset is past them.
             await asyncio.sleep(SETTLE_S)
         await rebuilder.extend()
+        if request is not None:
+            await ensure_still_requested(settings, request)
     except BaseException:
-        if held:
-            await withdraw_handover(settings)  # the writers resume on the old version
+        if request is not None:   # the writers resume on the old version
+            await withdraw_handover(settings, request)
         raise
     await activate(settings, ActivePointer(version, rebuilder.result.topic,
                                            rebuilder.result.events, rebuilder.covered()))

@@ -55,6 +55,17 @@ stable offset the extension reads to; the second of settling before the extensio
 short transactions end, but only reading committed makes it exact (and keeps aborted records
 out of the tables altogether).
 
+**One replay at a time.** Two replays started together claim different versions (the
+version's topic is created by exactly one of them, :func:`claim_version`). The handover key
+holds one request, so only one of them may hand over: a replay refuses to request while
+another's request is pending, stops when its own is replaced while it waits (a request
+written in the same instant as another's), checks again right before it activates, and
+never withdraws a request that is not its own; the one that stops switches nothing and
+says which handover is pending. What remains is the moment between that last check and the
+activation record. A replay killed mid-handover leaves its request behind and the workers
+hold until ``replay --withdraw-handover`` clears it (the next replay refuses to start a
+handover meanwhile); they hold rather than guess whether the dead replay activated.
+
 Without registered writers (no processors running) step 2 is skipped: the pointer's
 ``covered`` still tells processors started later which records are in the topic already.
 A worker that crashed leaves its writer record behind; if no live worker answers for some
@@ -73,10 +84,11 @@ from typing import Final
 
 from pipeline.adapters.kafka.projection_pointer import (
     DERIVED_MESSAGES,
+    pointer_topic,
     read_pointer_state,
     write_pointer_records,
 )
-from pipeline.adapters.kafka.topic_scan import topic_exists
+from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue
 from pipeline.core.projection import (
@@ -121,28 +133,36 @@ async def write_pointer(settings: Settings, records: Mapping[str, JsonValue | No
     await write_pointer_records(settings, records)
 
 
-async def next_version(settings: Settings, active: ActiveVersion) -> int:
+async def claim_version(settings: Settings, active: ActiveVersion) -> int:
+    """The first version after ``active`` whose topic this call created. The broker creates
+    a topic once, so two replays started together never rebuild into the same version; a
+    topic that exists was left by an earlier rebuild that was not switched to, or belongs
+    to a concurrent one."""
     version = active.version + 1
-    while await topic_exists(settings, version_topic(settings, version)):
-        version += 1  # left by an earlier rebuild that was not switched to
+    while not await ensure_topic(settings, version_topic(settings, version), compact=True):
+        version += 1
     return version
 
 
 async def request_handover(settings: Settings, version: int, *,
-                           timeout_s: float = HANDOVER_TIMEOUT_S) -> bool:
+                           timeout_s: float = HANDOVER_TIMEOUT_S) -> HandoverRequest | None:
     """Step 2: ask the registered writers to hold for ``version`` and wait until every
-    partition is held. False when no writer is registered (nothing to wait for). On a
-    timeout the request is withdrawn and a BrokerError says what was missing."""
+    partition is held; the request written, or None when no writer is registered (nothing
+    to wait for). Refused while another replay's request is pending (see
+    :func:`ensure_still_requested`). On a timeout the request is withdrawn and a
+    BrokerError says what was missing."""
     state = await read_pointer(settings)
+    _refuse_a_concurrent_handover(state, settings, None)
     if not state.writers:
-        return False
+        return None
     request = HandoverRequest(version, version_topic(settings, version), uuid.uuid4().hex)
     await write_pointer(settings, {handover_key(PROJECTION): request.to_json()})
     wanted = set(range(settings.partitions))
     deadline = time.monotonic() + timeout_s
     while not wanted <= state.held_partitions(request.request):
+        _refuse_a_concurrent_handover(state, settings, request)
         if time.monotonic() > deadline:
-            await withdraw_handover(settings)
+            await withdraw_handover(settings, request)
             missing = sorted(wanted - state.held_partitions(request.request))
             raise BrokerError(
                 f"no live processors worker held partitions {missing} of "
@@ -152,11 +172,41 @@ async def request_handover(settings: Settings, version: int, *,
                 "record goes away when it restarts) and run replay again")
         await asyncio.sleep(_POLL_S)
         state = await read_pointer(settings)
-    return True
+    return request
 
 
-async def withdraw_handover(settings: Settings) -> None:
+def _refuse_a_concurrent_handover(state: PointerState, settings: Settings,
+                                  ours: HandoverRequest | None) -> None:
+    pending = state.pending()
+    if pending is None or (ours is not None and pending.request == ours.request):
+        return
+    lost = "" if ours is None else (f" Its request for version {ours.version} was replaced; "
+                                    "the live processors hold for the other one.")
+    raise BrokerError(
+        f"another replay is handing over version {pending.version} ({pending.topic}, "
+        f"request {pending.request}) on {pointer_topic(settings)!r}; nothing was "
+        f"switched.{lost} Run one replay at a time: wait for it to finish, or if it is no "
+        "longer running (the live processors hold until it is withdrawn), run "
+        "`dsh-pipeline replay --withdraw-handover` and run replay again")
+
+
+async def ensure_still_requested(settings: Settings, request: HandoverRequest) -> None:
+    """Right before activating: ``request`` is still the pending one (a BrokerError when
+    another replay's replaced it, see ``_refuse_a_concurrent_handover``)."""
+    _refuse_a_concurrent_handover(await read_pointer(settings), settings, request)
+
+
+async def withdraw_handover(settings: Settings, request: HandoverRequest | None
+                            ) -> HandoverRequest | None:
+    """Withdraw the pending request (the writers resume on the old version) when it is
+    ``request``, or any pending one when ``request`` is None (``replay
+    --withdraw-handover``: an operator clearing a replay that died mid-handover). Another
+    replay's request is left alone. Returns what was withdrawn."""
+    pending = (await read_pointer(settings)).pending()
+    if pending is None or (request is not None and pending.request != request.request):
+        return None
     await write_pointer(settings, {handover_key(PROJECTION): None})
+    return pending
 
 
 async def activate(settings: Settings, pointer: ActivePointer) -> None:

@@ -244,12 +244,15 @@ def test_the_processors_publish_into_the_version_replay_switched_to(
     try:
         worker.wait_ready()
         folded(0)
+        assert worker.get("/health")[1]["projection"]["version"] == 0
         assert main(["replay"]) == 0
         summary = json.loads(capsys.readouterr().out.splitlines()[-1])
         assert (summary["switched"], summary["processors_held"]) == (True, True)
         asyncio.run(publish_part(1))
         asyncio.run(publish_part(2))
         folded(2)
+        projection = worker.get("/health")[1]["projection"]
+        assert (projection["version"], projection["holding"]) == (1, None)
     finally:
         worker.stop()
     assert asyncio.run(derived_conversations(settings)) == _expected()

@@ -1,11 +1,13 @@
 """One replay at a time (``pipeline.services.replay.versions``, *One replay at a time*), on
 the real broker: two replays claim different versions, a second handover is refused while
 one is pending, a request replaced while it waits stops its replay without withdrawing the
-other, and ``replay --withdraw-handover`` clears the request a dead replay left."""
+other, and ``replay --withdraw-handover`` clears the request a dead replay left, which a
+live writer shows and reports while it holds for it."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
@@ -16,6 +18,8 @@ from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import BrokerError
 from pipeline.core.projection import HandoverRequest, handover_key, writer_key
+from pipeline.services.processors import projection_follow
+from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.versions import (
     ActiveVersion,
@@ -105,3 +109,28 @@ def test_a_request_replaced_while_it_waits_stops_its_replay_and_leaves_the_other
         assert await _pending(settings) == other   # not withdrawn by the replay that lost
 
     asyncio.run(scenario())
+
+
+def test_a_writer_shows_the_hold_and_reports_one_that_lasts(
+        kafka_bootstrap: str, topic_prefix: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+    monkeypatch.setattr(projection_follow, "LONG_HOLD_S", 0.0)   # every poll is "long"
+    follow = ProjectionFollow(settings, "w2", lambda: {0, 1, 2})
+
+    async def scenario() -> tuple[object, object]:
+        await follow.refresh()
+        idle = follow.status()["holding"]
+        planted = await _plant_request(settings, 5, "died-holding")
+        with caplog.at_level(logging.WARNING, projection_follow.__name__):
+            await follow.refresh()
+        holding = follow.status()["holding"]
+        assert isinstance(holding, dict)
+        assert (holding["version"], holding["request"]) == (5, planted.request)
+        assert await withdraw_handover(settings, None) == planted
+        await follow.refresh()
+        return idle, follow.status()["holding"]
+
+    assert asyncio.run(scenario()) == (None, None)
+    assert any("version 5 (request died-holding)" in r.getMessage()
+               and "--withdraw-handover" in r.getMessage() for r in caplog.records)

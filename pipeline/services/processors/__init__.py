@@ -11,7 +11,8 @@ HTTP (any worker answers; per-session requests are forwarded to the owning worke
     GET /usage/sessions/{id}                 session usage (gen_ai.* and dsh.usage.* counts)
     GET /fleet/sessions/{id}                 session status: idle / in-turn, turn, step, ...
     GET /fleet, GET /usage/models            counters / model totals of this worker's partitions
-    GET /health                              recovery progress (remaining offsets), counters
+    GET /health                              recovery progress (remaining offsets), counters,
+                                             projection version and any handover held for
     GET /metrics                             counters, Prometheus text format
 
 Compacted output topics, Avro values (:mod:`pipeline.codec.outputs`, ``schemas/``; decoded,

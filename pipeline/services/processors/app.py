@@ -82,6 +82,7 @@ class Processors:
     usage_agg: Any
     aggregator: UsageAggregator | None = None
     folder: SessionFolder | None = None
+    follow: ProjectionFollow | None = None
     counters: DeliveryCounters = field(default_factory=DeliveryCounters)
     step_rate: StepRate = field(default_factory=StepRate)
     steps_seen: int = 0
@@ -248,6 +249,7 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
     topic = processors.settings.topics.session_events
     follow = ProjectionFollow(processors.settings, worker_id(processors.options),
                               owned=lambda: processors.active_partitions(topic))
+    processors.follow = follow
 
     class FollowingProjection(faust.Service):
         async def on_start(self) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Collection
 from typing import Final
 
@@ -49,6 +50,7 @@ from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue
 from pipeline.core.projection import (
     ActivePointer,
+    HandoverRequest,
     HeldBy,
     PointerState,
     held_key,
@@ -64,6 +66,9 @@ PROJECTION: Final = DERIVED_MESSAGES
 # 1% of a core; while holding, the activation is awaited more often, so the hold is short.
 POLL_S: Final = 5.0
 HOLDING_POLL_S: Final = 0.5
+# A hold normally lasts as long as replay's extension (seconds); one this long is reported,
+# and again every as long, with what to do when the replay that asked is gone.
+LONG_HOLD_S: Final = 60.0
 
 
 async def write_pointer_record(settings: Settings, key: str, value: JsonValue | None) -> None:
@@ -84,6 +89,8 @@ class ProjectionFollow:
         self.holding_poll_s = holding_poll_s
         self.state = PointerState(PROJECTION)
         self._answered: tuple[str, frozenset[int]] | None = None  # request, partitions
+        self._holding_since: float | None = None   # monotonic, while a request is pending
+        self._reported_hold_s = 0.0
         self._changed = asyncio.Event()
         self._started = asyncio.Event()  # gate() waits for it: no record before the pointer
         self._task: asyncio.Task[None] | None = None
@@ -93,6 +100,17 @@ class ProjectionFollow:
     def active(self) -> ActivePointer:
         """The version this worker publishes to (version 0 until a switch is recorded)."""
         return self.state.active or ActivePointer(0, self.settings.topics.derived_messages)
+
+    def status(self) -> dict[str, JsonValue]:
+        """The version published to and the handover held for, if any (``/health``)."""
+        pending = self.state.pending()
+        holding: JsonValue = None
+        if pending is not None and self._holding_since is not None:
+            holding = {"version": pending.version, "topic": pending.topic,
+                       "request": pending.request,
+                       "seconds": round(time.monotonic() - self._holding_since, 1)}
+        return {"version": self.active.version, "topic": self.active.topic,
+                "holding": holding}
 
     async def start(self) -> None:
         """Register as a writer, read the pointer, follow it in the background. A failure
@@ -147,6 +165,7 @@ class ProjectionFollow:
         """Answer a pending request with the partitions owned now (again when they change);
         withdraw the answer once nothing is pending."""
         pending = self.state.pending()
+        self._watch_hold(pending)
         if pending is None:
             if self._answered is not None:
                 self._answered = None
@@ -160,6 +179,22 @@ class ProjectionFollow:
             self._answered = answer
             log.info("holding partitions %s for the handover to version %d",
                      sorted(answer[1]), pending.version)
+
+    def _watch_hold(self, pending: HandoverRequest | None) -> None:
+        """Time the hold; report one that lasts (its replay may have died holding us)."""
+        if pending is None:
+            self._holding_since, self._reported_hold_s = None, 0.0
+            return
+        now = time.monotonic()
+        if self._holding_since is None:
+            self._holding_since = now
+        held_s = now - self._holding_since
+        if held_s >= self._reported_hold_s + LONG_HOLD_S:
+            self._reported_hold_s = held_s
+            log.warning("holding for the handover to version %d (request %s) for %.0f s: "
+                        "nothing is folded meanwhile. If the replay that asked is no longer "
+                        "running, run `dsh-pipeline replay --withdraw-handover`",
+                        pending.version, pending.request, held_s)
 
     async def _follow(self) -> None:
         while True:

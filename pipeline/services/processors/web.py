@@ -8,7 +8,8 @@ Per-session views are routed by faust to the worker that owns the session's part
     GET /usage/sessions/{id}                 one session's usage (OTel names + dsh counts)
     GET /fleet                               counters over the sessions this worker owns
     GET /usage/models                        model totals this worker owns
-    GET /health                              recovery progress (remaining offsets), counters
+    GET /health                              recovery progress (remaining offsets), counters,
+                                             projection version and any handover held for
     GET /metrics                             the counters in the Prometheus text format
 """
 
@@ -126,10 +127,12 @@ def _register_worker_views(processors: Processors) -> None:
         return web.json({"models": aggregator.model_records() if aggregator else []})
 
     async def health(web: Any, request: Any) -> Any:
+        follow = processors.follow
         return web.json({"recovery": processors.recovery(),
                          "counters": processors.counters.to_json(),
                          "partitions": sorted(processors.active_partitions(
-                             processors.settings.topics.session_events))})
+                             processors.settings.topics.session_events)),
+                         "projection": follow.status() if follow is not None else None})
 
     async def metrics(web: Any, request: Any) -> Any:
         return web.text(processors_metrics_text(processors),

@@ -17,6 +17,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.services.processors.app import build_processors
 from pipeline.services.processors.transport import (
     RecordBatch,
+    before_assignment,
     committable,
     forget_on_rebalance,
     persist_before_commit,
@@ -69,11 +70,12 @@ def test_a_batch_span_must_contain_its_records_or_the_records_are_the_span() -> 
     assert _span([11, 12], (12, 12)) == (11, 13)
 
 
-async def test_a_rebalance_forgets_before_faust_and_with_the_new_partitions_paused(
+async def test_a_rebalance_forgets_and_prepares_before_faust_with_the_partitions_paused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The folds' cache is dropped at the start of an assignment, before faust's chain
-    (whose table recovery resumes the partitions; its signal came after their first batches
-    were folded, and dropped them for good), and after the persist on a revoke."""
+    """The folds' cache is dropped and the projection pointer re-read at the start of an
+    assignment, before faust's chain (whose table recovery resumes the partitions; its
+    signal came after their first batches were folded, and dropped them for good); on a
+    revoke the cache is dropped after the persist."""
     processors = build_processors(Settings.from_env({}), EventSerde().decode)
     consumer = processors.app.consumer
     session_tp = TP(processors.settings.topics.session_events, 3)
@@ -86,6 +88,9 @@ async def test_a_rebalance_forgets_before_faust_and_with_the_new_partitions_paus
     async def persist() -> None:
         seen.append(("persist", False))
 
+    async def reread_pointer() -> None:
+        seen.append(("reread pointer", session_tp in consumer._paused_partitions))
+
     async def faust_assigned(self: Any, assigned: Any, generation_id: int = 0) -> None:
         seen.append(("faust assigned", session_tp in self._paused_partitions))
 
@@ -97,10 +102,45 @@ async def test_a_rebalance_forgets_before_faust_and_with_the_new_partitions_paus
     forget_on_rebalance(processors.app, "folds", forget)
     forget_on_rebalance(processors.app, "folds", forget)   # idempotent by name
     persist_before_commit(processors.app, "folds", persist)
+    before_assignment(processors.app, "pointer", reread_pointer)
 
     await consumer.on_partitions_assigned({session_tp, other_tp}, 3)
-    assert seen == [("forget", True), ("faust assigned", True)]
+    assert seen == [("forget", True), ("reread pointer", True), ("faust assigned", True)]
     assert other_tp not in consumer._paused_partitions   # only batched topics
     seen.clear()
     await consumer.on_partitions_revoked({session_tp, other_tp})
     assert [step for step, _ in seen] == ["persist", "forget", "faust revoked"]
+
+
+async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """faust's recovery resumes the stream partitions, with the flow running, and only then
+    seeks them to the committed offsets: a batch handed out in between would be fetched
+    again by the seek (folded twice). Batched partitions resume when the seek is done;
+    later pauses and resumes (a stream buffer filling and draining) are faust's again."""
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    consumer = processors.app.consumer
+    session_tp = TP(processors.settings.topics.session_events, 1)
+    other_tp = TP("some-changelog", 1)
+
+    async def faust_assigned(self: Any, assigned: Any, generation_id: int = 0) -> None:
+        pass
+
+    async def faust_seek(self: Any) -> None:
+        self._committed_offset[session_tp] = 604   # committed: no seek to the beginning
+
+    monkeypatch.setattr(AIOKafkaConsumer, "on_partitions_assigned", faust_assigned)
+    monkeypatch.setattr(AIOKafkaConsumer, "perform_seek", faust_seek)
+    monkeypatch.setattr(consumer, "assignment", lambda: {session_tp, other_tp})
+
+    def active() -> set[TP]:
+        return {tp for tp in (session_tp, other_tp) if tp in consumer._get_active_partitions()}
+
+    await consumer.on_partitions_assigned({session_tp, other_tp}, 3)
+    consumer.resume_partitions({session_tp, other_tp})   # recovery, before its seek
+    assert active() == {other_tp}
+    await consumer.perform_seek()
+    assert active() == {session_tp, other_tp}
+    consumer.pause_partitions({session_tp})
+    consumer.resume_partitions({session_tp})
+    assert active() == {session_tp, other_tp}

@@ -55,6 +55,7 @@ from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.processors.transport import (
+    before_assignment,
     forget_on_rebalance,
     mark_folded,
     mark_received,
@@ -224,14 +225,6 @@ def build_processors(settings: Settings, decode: Decoder,
 
     follow = _wire_projection_follow(processors)
     _wire_sessions(processors, decode, send, follow, outputs)
-
-    async def reread_pointer(*_args: Any, **_kwargs: Any) -> None:
-        try:  # a handover may be pending for partitions this worker now owns
-            await follow.refresh()
-        except Exception as exc:  # the follower retries at its next poll
-            log.warning("reading the projection pointer on assignment failed: %s", exc)
-
-    app.on_partitions_assigned.connect(reread_pointer)
     _wire_usage(processors, send, sizes, outputs)
     from pipeline.services.processors.web import register_views  # after tables exist
     register_views(processors)
@@ -282,6 +275,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
         app.producer.buffer.max_messages = processors.options.producer_buffer
         persist_before_commit(app, "fold-sessions", folder.persist)
         forget_on_rebalance(app, "fold-sessions", folder.forget)   # partitions moved
+        before_assignment(app, "projection-pointer", partial(_reread_pointer, route))
         async for event in stream.events():
             if not mark_received(app, event.message):
                 continue   # its records come again (transport: fetched again)
@@ -291,6 +285,13 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
             release_records(event.message)
 
     app.agent(source, name="fold-sessions")(fold_sessions)
+
+
+async def _reread_pointer(follow: ProjectionFollow) -> None:
+    try:  # a handover may be pending for partitions this worker now owns
+        await follow.refresh()
+    except Exception as exc:  # the follower retries at its next poll
+        log.warning("reading the projection pointer on assignment failed: %s", exc)
 
 
 def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],

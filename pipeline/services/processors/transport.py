@@ -57,6 +57,14 @@ included). So aiokafka is asked through :class:`AskedPartitions`, never empty; b
 partitions are paused before faust's assignment starts; and the seek after recovery puts a
 batched partition without a committed offset at its beginning.
 
+*Records fetched before the seek.* faust's recovery resumes the stream partitions, with
+the flow already running, and only then seeks them to the committed offsets. Records handed
+out in between (aiokafka starts at the committed offset too) were folded, and the seek
+fetched them again: folded twice (skipped as duplicates, but fetched and counted twice;
+measured at a restart: 106 records, in 4 runs of 4 once the assignment awaited a pointer
+read), or dropped on the way and taken for lost (a needless rewind). A batched partition
+resumed between its assignment and the end of that seek is resumed when the seek is done.
+
 *Faust's read offset.* faust drops a fetched message whose offset is below the partition's
 "read offset", which its fetch loop sets *after* handing a message over; when that hand-over
 spans a rebalance, the value it writes is the last offset of a batch of the previous
@@ -74,7 +82,10 @@ too late: it is sent after the table recovery is started, and a short recovery h
 the partitions and their first batches are folded by then (measured on the scale-out run, a
 survivor taking over 6 partitions: the signal came 0.8 s after "Worker ready" and dropped
 the 12 batches folded meanwhile, which were never fetched again: the taken-over sessions
-stayed unfolded and the partitions' commits never moved; about 1 run in 3 failed so).
+stayed unfolded and the partitions' commits never moved; about 1 run in 3 failed so). The
+same goes for anything else a worker must do before it folds newly assigned partitions
+(:func:`before_assignment`: re-reading the projection pointer, so that a handover pending
+meanwhile holds them from their first record).
 
 **Durable before committed.** faust's commit calls ``producer.flush()`` first, but faust's
 flush can return with writes still unsent: its buffer drain gives up after 0.1 s without a
@@ -182,6 +193,15 @@ def forget_on_rebalance(app: Any, name: str, forget: Callable[[], Awaitable[None
         consumer.on_rebalance[name] = forget
 
 
+def before_assignment(app: Any, name: str, prepare: Callable[[], Awaitable[None]]) -> None:
+    """Run ``prepare`` when partitions are assigned, after the forgetting and before any of
+    them can be fetched (where faust's ``on_partitions_assigned`` signal is too late, see
+    *Forgetting on a rebalance*); ``name`` makes it idempotent."""
+    consumer = app.consumer
+    if isinstance(consumer, BatchingConsumer):
+        consumer.before_assignment[name] = prepare
+
+
 def records_of(message: Any) -> Sequence[Any]:
     """The aiokafka records behind a faust message (one, unless it is a batch)."""
     records: Sequence[Any] | None = getattr(message, "records", None)
@@ -216,8 +236,11 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._ledger = DeliveryLedger()
         self._seeks: set[asyncio.Future[Any]] = set()
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
+        self._seek_pending = False   # see *Records fetched before the seek*
+        self._resume_after_seek: set[Any] = set()
         self.before_commit: dict[str, Callable[[], Awaitable[None]]] = {}
         self.on_rebalance: dict[str, Callable[[], Awaitable[None]]] = {}
+        self.before_assignment: dict[str, Callable[[], Awaitable[None]]] = {}
         # Commits come from faust's commit timer only. Its other trigger, every
         # ``broker_commit_every`` acks, commits INSIDE the loop that hands fetched records
         # to the agents, so every partition waited for the whole commit (the persist, the
@@ -274,13 +297,26 @@ class BatchingConsumer(AIOKafkaConsumer):
     async def perform_seek(self) -> None:
         """Seek to the committed offsets, and a batched partition without one to its
         beginning: aiokafka's seek leaves such a partition where it is, past any records
-        fetched before and dropped (see *Records fetched for a paused partition*)."""
+        fetched before and dropped (see *Records fetched for a paused partition*). Then
+        the batched partitions resumed meanwhile are resumed (*Records fetched before the
+        seek*)."""
         await super().perform_seek()
         batched = cast(BatchingTransport, self.transport).batched_topics
         uncommitted = [tp for tp in self.assignment()
                        if tp.topic in batched and not self._committed_offset[tp]]
         if uncommitted:
             await self._thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
+        self._seek_pending = False
+        resume, self._resume_after_seek = self._resume_after_seek, set()
+        super().resume_partitions(resume & set(self.assignment()))
+
+    def resume_partitions(self, tps: Any) -> None:
+        if self._seek_pending:   # see *Records fetched before the seek*
+            batched = cast(BatchingTransport, self.transport).batched_topics
+            held = {tp for tp in tps if tp.topic in batched}
+            self._resume_after_seek |= held
+            tps = [tp for tp in tps if tp not in held]
+        super().resume_partitions(tps)
 
     async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
         if tp.topic not in cast(BatchingTransport, self.transport).batched_topics:
@@ -329,6 +365,11 @@ class BatchingConsumer(AIOKafkaConsumer):
         for forget in list(self.on_rebalance.values()):
             await forget()
 
+    async def _prepare_assignment(self) -> None:
+        await self._forget()
+        for prepare in list(self.before_assignment.values()):
+            await prepare()
+
     async def on_partitions_revoked(self, revoked: Any) -> None:
         await self._persist()   # before faust's revoke: the tables still take writes
         await self._forget()
@@ -342,9 +383,10 @@ class BatchingConsumer(AIOKafkaConsumer):
         # pauses them too, a few awaits later, and its recovery resumes them.
         batched = cast(BatchingTransport, self.transport).batched_topics
         self.pause_partitions({tp for tp in assigned if tp.topic in batched})
+        self._seek_pending, self._resume_after_seek = True, set()
         self._forget_batch_acks(assigned)   # acked by the previous generation
         self._ledger.forget()
-        await self._forget()   # see *Forgetting on a rebalance*
+        await self._prepare_assignment()   # see *Forgetting on a rebalance*
         await super().on_partitions_assigned(assigned, generation_id)
 
     def _forget_batch_acks(self, partitions: Any) -> None:

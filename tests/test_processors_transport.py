@@ -116,8 +116,9 @@ async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """faust's recovery resumes the stream partitions, with the flow running, and only then
     seeks them to the committed offsets: a batch handed out in between would be fetched
-    again by the seek (folded twice). Batched partitions resume when the seek is done;
-    later pauses and resumes (a stream buffer filling and draining) are faust's again."""
+    again by the seek (folded twice). Batched partitions resume when the seek is done (or
+    failed); later pauses and resumes (a stream buffer filling and draining) are faust's
+    again."""
     processors = build_processors(Settings.from_env({}), EventSerde().decode)
     consumer = processors.app.consumer
     session_tp = TP(processors.settings.topics.session_events, 1)
@@ -144,3 +145,13 @@ async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
     consumer.pause_partitions({session_tp})
     consumer.resume_partitions({session_tp})
     assert active() == {session_tp, other_tp}
+
+    async def failing_seek(self: Any) -> None:
+        raise RuntimeError("the broker timed out")
+
+    monkeypatch.setattr(AIOKafkaConsumer, "perform_seek", failing_seek)
+    await consumer.on_partitions_assigned({session_tp, other_tp}, 4)
+    consumer.resume_partitions({session_tp, other_tp})
+    with pytest.raises(RuntimeError):
+        await consumer.perform_seek()
+    assert active() == {session_tp, other_tp}   # a failed seek never leaves one paused

@@ -300,15 +300,17 @@ class BatchingConsumer(AIOKafkaConsumer):
         fetched before and dropped (see *Records fetched for a paused partition*). Then
         the batched partitions resumed meanwhile are resumed (*Records fetched before the
         seek*)."""
-        await super().perform_seek()
-        batched = cast(BatchingTransport, self.transport).batched_topics
-        uncommitted = [tp for tp in self.assignment()
-                       if tp.topic in batched and not self._committed_offset[tp]]
-        if uncommitted:
-            await self._thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
-        self._seek_pending = False
-        resume, self._resume_after_seek = self._resume_after_seek, set()
-        super().resume_partitions(resume & set(self.assignment()))
+        try:
+            await super().perform_seek()
+            batched = cast(BatchingTransport, self.transport).batched_topics
+            uncommitted = [tp for tp in self.assignment()
+                           if tp.topic in batched and not self._committed_offset[tp]]
+            if uncommitted:
+                await self._thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
+        finally:   # also when the seek failed or timed out: never paused for good
+            self._seek_pending = False
+            resume, self._resume_after_seek = self._resume_after_seek, set()
+            super().resume_partitions(resume & set(self.assignment()))
 
     def resume_partitions(self, tps: Any) -> None:
         if self._seek_pending:   # see *Records fetched before the seek*

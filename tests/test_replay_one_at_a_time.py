@@ -13,7 +13,7 @@ import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.adapters.kafka.topic_scan import ensure_topic, topic_exists
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import BrokerError
@@ -75,7 +75,9 @@ def test_a_second_handover_is_refused_and_only_an_operator_withdraws_the_first(
         with pytest.raises(BrokerError, match=r"another replay is handing over version 7 .*"
                                               r"first-replay.*--withdraw-handover"):
             await replay_projection(settings, SERDE.decode, handover_timeout_s=5)
-        # The refused replay withdrew nothing: the first's request is still pending.
+        # Refused before it rebuilt anything (no version claimed), and it withdrew nothing:
+        # the first's request is still pending.
+        assert not await topic_exists(settings, version_topic(settings, 1))
         assert await _pending(settings) == first
         assert await withdraw_handover(settings, HandoverRequest(8, "t", "other")) is None
         assert await _pending(settings) == first

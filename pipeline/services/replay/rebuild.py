@@ -53,6 +53,7 @@ from pipeline.services.replay.versions import (
     active_version,
     claim_version,
     ensure_still_requested,
+    refuse_while_handing_over,
     request_handover,
     version_topic,
     withdraw_handover,
@@ -343,6 +344,7 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     live = await read_version(settings, active.topic)
     if not await topic_exists(settings, settings.topics.session_events):
         raise _nothing_to_replay(settings.topics.session_events)
+    await refuse_while_handing_over(settings)
     version = await claim_version(settings, active)
     rebuilder = Rebuilder(settings, decode, version, with_core=not (live and live.conversations),
                           progress=progress, encoder=encoder)

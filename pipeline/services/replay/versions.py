@@ -57,14 +57,15 @@ out of the tables altogether).
 
 **One replay at a time.** Two replays started together claim different versions (the
 version's topic is created by exactly one of them, :func:`claim_version`). The handover key
-holds one request, so only one of them may hand over: a replay refuses to request while
-another's request is pending, stops when its own is replaced while it waits (a request
-written in the same instant as another's), checks again right before it activates, and
-never withdraws a request that is not its own; the one that stops switches nothing and
-says which handover is pending. What remains is the moment between that last check and the
-activation record. A replay killed mid-handover leaves its request behind and the workers
-hold until ``replay --withdraw-handover`` clears it (the next replay refuses to start a
-handover meanwhile); they hold rather than guess whether the dead replay activated.
+holds one request, so only one of them may hand over. A replay refuses to start while
+another's request is pending (checked before it rebuilds, and again before it requests),
+stops when its own is replaced while it waits (a request written in the same instant as
+another's), checks again right before it activates, and never withdraws a request that is
+not its own; the one that stops switches nothing and says which handover is pending. What
+remains is the moment between that last check and the activation record. A replay killed
+mid-handover leaves its request behind and the workers hold until ``replay
+--withdraw-handover`` clears it (the next replay refuses to start meanwhile); they hold
+rather than guess whether the dead replay activated.
 
 Without registered writers (no processors running) step 2 is skipped: the pointer's
 ``covered`` still tells processors started later which records are in the topic already.
@@ -148,9 +149,9 @@ async def request_handover(settings: Settings, version: int, *,
                            timeout_s: float = HANDOVER_TIMEOUT_S) -> HandoverRequest | None:
     """Step 2: ask the registered writers to hold for ``version`` and wait until every
     partition is held; the request written, or None when no writer is registered (nothing
-    to wait for). Refused while another replay's request is pending (see
-    :func:`ensure_still_requested`). On a timeout the request is withdrawn and a
-    BrokerError says what was missing."""
+    to wait for). Refused while another replay's request is pending, and stopped when that
+    happens meanwhile (*One replay at a time*). On a timeout the request is withdrawn and
+    a BrokerError says what was missing."""
     state = await read_pointer(settings)
     _refuse_a_concurrent_handover(state, settings, None)
     if not state.writers:
@@ -188,6 +189,12 @@ def _refuse_a_concurrent_handover(state: PointerState, settings: Settings,
         f"switched.{lost} Run one replay at a time: wait for it to finish, or if it is no "
         "longer running (the live processors hold until it is withdrawn), run "
         "`dsh-pipeline replay --withdraw-handover` and run replay again")
+
+
+async def refuse_while_handing_over(settings: Settings) -> None:
+    """A BrokerError naming the pending handover of another replay, if there is one: a
+    replay checks before it rebuilds (minutes on a long log), not only once it is done."""
+    _refuse_a_concurrent_handover(await read_pointer(settings), settings, None)
 
 
 async def ensure_still_requested(settings: Settings, request: HandoverRequest) -> None:

@@ -17,6 +17,7 @@ from pipeline.codec.avro import EventSerde
 from pipeline.services.processors.app import build_processors
 from pipeline.services.processors.transport import (
     RecordBatch,
+    awaiting_recovery_seek,
     before_assignment,
     committable,
     forget_on_rebalance,
@@ -137,11 +138,16 @@ async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
     def active() -> set[TP]:
         return {tp for tp in (session_tp, other_tp) if tp in consumer._get_active_partitions()}
 
+    await consumer.on_partitions_assigned({other_tp}, 2)   # nothing batched: no seek due
+    assert not awaiting_recovery_seek(processors.app)
     await consumer.on_partitions_assigned({session_tp, other_tp}, 3)
     consumer.resume_partitions({session_tp, other_tp})   # recovery, before its seek
     assert active() == {other_tp}
+    assert awaiting_recovery_seek(processors.app)   # /health: still in recovery
+    assert processors.recovery()["in_recovery"]
     await consumer.perform_seek()
     assert active() == {session_tp, other_tp}
+    assert not awaiting_recovery_seek(processors.app)
     consumer.pause_partitions({session_tp})
     consumer.resume_partitions({session_tp})
     assert active() == {session_tp, other_tp}

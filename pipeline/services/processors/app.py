@@ -55,6 +55,7 @@ from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.processors.transport import (
+    awaiting_recovery_seek,
     before_assignment,
     forget_on_rebalance,
     mark_folded,
@@ -117,10 +118,14 @@ class Processors:
         return counters.to_json()
 
     def recovery(self) -> dict[str, Any]:
+        """Recovery progress. ``in_recovery`` lasts until the batched partitions are
+        consumed again: faust ends its recovery before its seek to the committed offsets,
+        and those partitions wait for that seek (:mod:`.transport`)."""
         recovery = self.app.tables.recovery
         by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
                  for tp, n in recovery.active_remaining().items() if n}
-        return {"in_recovery": bool(recovery.in_recovery),
+        seeking = awaiting_recovery_seek(self.app)
+        return {"in_recovery": bool(recovery.in_recovery) or seeking,
                 "active_remaining": int(recovery.active_remaining_total()),
                 "standby_remaining": int(recovery.standby_remaining_total()),
                 "active_remaining_by_partition": by_tp}

@@ -202,6 +202,13 @@ def before_assignment(app: Any, name: str, prepare: Callable[[], Awaitable[None]
         consumer.before_assignment[name] = prepare
 
 
+def awaiting_recovery_seek(app: Any) -> bool:
+    """Whether the batched partitions assigned last wait for recovery's seek (*Records
+    fetched before the seek*): not consumed yet."""
+    consumer = app.consumer
+    return isinstance(consumer, BatchingConsumer) and consumer.seek_pending
+
+
 def records_of(message: Any) -> Sequence[Any]:
     """The aiokafka records behind a faust message (one, unless it is a batch)."""
     records: Sequence[Any] | None = getattr(message, "records", None)
@@ -236,7 +243,7 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._ledger = DeliveryLedger()
         self._seeks: set[asyncio.Future[Any]] = set()
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
-        self._seek_pending = False   # see *Records fetched before the seek*
+        self.seek_pending = False   # see *Records fetched before the seek*
         self._resume_after_seek: set[Any] = set()
         self.before_commit: dict[str, Callable[[], Awaitable[None]]] = {}
         self.on_rebalance: dict[str, Callable[[], Awaitable[None]]] = {}
@@ -308,12 +315,12 @@ class BatchingConsumer(AIOKafkaConsumer):
             if uncommitted:
                 await self._thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
         finally:   # also when the seek failed or timed out: never paused for good
-            self._seek_pending = False
+            self.seek_pending = False
             resume, self._resume_after_seek = self._resume_after_seek, set()
             super().resume_partitions(resume & set(self.assignment()))
 
     def resume_partitions(self, tps: Any) -> None:
-        if self._seek_pending:   # see *Records fetched before the seek*
+        if self.seek_pending:   # see *Records fetched before the seek*
             batched = cast(BatchingTransport, self.transport).batched_topics
             held = {tp for tp in tps if tp.topic in batched}
             self._resume_after_seek |= held
@@ -385,7 +392,9 @@ class BatchingConsumer(AIOKafkaConsumer):
         # pauses them too, a few awaits later, and its recovery resumes them.
         batched = cast(BatchingTransport, self.transport).batched_topics
         self.pause_partitions({tp for tp in assigned if tp.topic in batched})
-        self._seek_pending, self._resume_after_seek = True, set()
+        # Recovery seeks when anything is assigned (a new rebalance starts this again).
+        self.seek_pending = any(tp.topic in batched for tp in assigned)
+        self._resume_after_seek = set()
         self._forget_batch_acks(assigned)   # acked by the previous generation
         self._ledger.forget()
         await self._prepare_assignment()   # see *Forgetting on a rebalance*

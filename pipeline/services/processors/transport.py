@@ -104,7 +104,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
@@ -175,31 +175,37 @@ def release_records(message: Any) -> None:
         message.records = ()
 
 
-def persist_before_commit(app: Any, name: str, persist: Callable[[], Awaitable[None]]
-                          ) -> None:
+# Work the folds hand the consumer for one of its moments (see :class:`BatchingConsumer`).
+Hook = Callable[[], Awaitable[None]]
+BEFORE_COMMIT: Final = "before commit"   # and before partitions are revoked
+ON_REBALANCE: Final = "on rebalance"     # revoke (after the persist), assignment (first)
+BEFORE_ASSIGNMENT: Final = "before assignment"
+
+
+def persist_before_commit(app: Any, name: str, persist: Hook) -> None:
     """Run ``persist`` before every commit and before partitions are revoked (the folds
     write their tables there, :mod:`.persisting`); ``name`` makes it idempotent."""
-    consumer = app.consumer
-    if isinstance(consumer, BatchingConsumer):
-        consumer.before_commit[name] = persist
+    _add_hook(app, BEFORE_COMMIT, name, persist)
 
 
-def forget_on_rebalance(app: Any, name: str, forget: Callable[[], Awaitable[None]]) -> None:
+def forget_on_rebalance(app: Any, name: str, forget: Hook) -> None:
     """Run ``forget`` when partitions are revoked (after the persist) and when new ones are
     assigned, before any of them can be fetched (see *Forgetting on a rebalance*);
     ``name`` makes it idempotent."""
-    consumer = app.consumer
-    if isinstance(consumer, BatchingConsumer):
-        consumer.on_rebalance[name] = forget
+    _add_hook(app, ON_REBALANCE, name, forget)
 
 
-def before_assignment(app: Any, name: str, prepare: Callable[[], Awaitable[None]]) -> None:
+def before_assignment(app: Any, name: str, prepare: Hook) -> None:
     """Run ``prepare`` when partitions are assigned, after the forgetting and before any of
     them can be fetched (where faust's ``on_partitions_assigned`` signal is too late, see
     *Forgetting on a rebalance*); ``name`` makes it idempotent."""
+    _add_hook(app, BEFORE_ASSIGNMENT, name, prepare)
+
+
+def _add_hook(app: Any, moment: str, name: str, hook: Hook) -> None:
     consumer = app.consumer
     if isinstance(consumer, BatchingConsumer):
-        consumer.before_assignment[name] = prepare
+        consumer.hooks[moment][name] = hook
 
 
 def awaiting_recovery_seek(app: Any) -> bool:
@@ -245,9 +251,8 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
         self.seek_pending = False   # see *Records fetched before the seek*
         self._resume_after_seek: set[Any] = set()
-        self.before_commit: dict[str, Callable[[], Awaitable[None]]] = {}
-        self.on_rebalance: dict[str, Callable[[], Awaitable[None]]] = {}
-        self.before_assignment: dict[str, Callable[[], Awaitable[None]]] = {}
+        self.hooks: dict[str, dict[str, Hook]] = {
+            moment: {} for moment in (BEFORE_COMMIT, ON_REBALANCE, BEFORE_ASSIGNMENT)}
         # Commits come from faust's commit timer only. Its other trigger, every
         # ``broker_commit_every`` acks, commits INSIDE the loop that hands fetched records
         # to the agents, so every partition waited for the whole commit (the persist, the
@@ -357,7 +362,7 @@ class BatchingConsumer(AIOKafkaConsumer):
             self._record_span(message)
 
     async def _persist(self) -> None:
-        for name, persist in list(self.before_commit.items()):
+        for name, persist in list(self.hooks[BEFORE_COMMIT].items()):
             try:
                 await persist()
             except Exception:   # its batches stay uncommitted; the commit goes on
@@ -370,18 +375,14 @@ class BatchingConsumer(AIOKafkaConsumer):
             topics, start_new_transaction=start_new_transaction)
         return did_commit
 
-    async def _forget(self) -> None:
-        for forget in list(self.on_rebalance.values()):
-            await forget()
-
-    async def _prepare_assignment(self) -> None:
-        await self._forget()
-        for prepare in list(self.before_assignment.values()):
-            await prepare()
+    async def _run_hooks(self, *moments: str) -> None:
+        for moment in moments:
+            for hook in list(self.hooks[moment].values()):
+                await hook()
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         await self._persist()   # before faust's revoke: the tables still take writes
-        await self._forget()
+        await self._run_hooks(ON_REBALANCE)
         await super().on_partitions_revoked(revoked)
 
     def _record_span(self, message: Any) -> None:
@@ -397,7 +398,8 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._resume_after_seek = set()
         self._forget_batch_acks(assigned)   # acked by the previous generation
         self._ledger.forget()
-        await self._prepare_assignment()   # see *Forgetting on a rebalance*
+        # See *Forgetting on a rebalance*.
+        await self._run_hooks(ON_REBALANCE, BEFORE_ASSIGNMENT)
         await super().on_partitions_assigned(assigned, generation_id)
 
     def _forget_batch_acks(self, partitions: Any) -> None:

@@ -340,11 +340,11 @@ async def replay_projection(settings: Settings, decode: Decoder, *, force: bool 
     """Rebuild into a new version, verify it, and when it verified (or ``force``) hand it
     over from the live processors and switch readers to it (see ``versions``). ``encoder``
     writes the new version's records (default: single-object encoding)."""
-    active = await active_version(settings)
-    live = await read_version(settings, active.topic)
     if not await topic_exists(settings, settings.topics.session_events):
         raise _nothing_to_replay(settings.topics.session_events)
-    await refuse_while_handing_over(settings)
+    await refuse_while_handing_over(settings)   # before reading or rebuilding anything
+    active = await active_version(settings)
+    live = await read_version(settings, active.topic)
     version = await claim_version(settings, active)
     rebuilder = Rebuilder(settings, decode, version, with_core=not (live and live.conversations),
                           progress=progress, encoder=encoder)

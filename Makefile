@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium bench
+.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints
 
 setup: $(STAMP) artifacts
 
@@ -17,9 +17,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Re-run the (idempotent) editable install when pyproject.toml changes.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# Pins what the virtualenv holds now as the exact versions `make` and CI install.
+constraints: $(STAMP)
+	{ sed -n '1,2p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 artifacts: $(STAMP)
 	$(BIN)/dsh-pipeline broker --fetch-only

@@ -7,7 +7,8 @@ from shared_paths import SHARED_DIR
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 from pipeline.core.log import SessionLog
-from pipeline.core.turns import PendingCall, TurnState, repair_closers
+from pipeline.core.repair import repair_closers
+from pipeline.core.turns import PendingCall, TurnState
 
 FIXTURE = (SHARED_DIR / "fixtures/dsh-format0/tool-outcome-unknown.jsonl")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from fastavro.schema import to_parsing_canonical_form
 
@@ -31,6 +31,7 @@ from pipeline.codec.payload import (
     LONG_MAX,
     LONG_MIN,
     JsonRecordBuilder,
+    RecordPlan,
     Unrepresentable,
     json_text,
     parse_json_text,
@@ -42,8 +43,16 @@ from pipeline.codec.payload_writer import write_long as _wlong
 from pipeline.core.errors import CodecError
 from pipeline.core.events import APPEND, ENVELOPE_KEYS, Event, JsonValue, Replace, SurfaceOp
 
-if TYPE_CHECKING:
-    from pipeline.codec.schemas import WriterSchema
+
+class WriterPlans(Protocol):
+    """What decoding and the direct writer need of a parsed writer schema (the full one is
+    :class:`pipeline.codec.schemas.WriterSchema`, which builds on this module)."""
+
+    @property
+    def parsed(self) -> dict[str, Any]: ...
+
+    @property
+    def plans(self) -> dict[str, RecordPlan]: ...
 
 # The envelope fields a writer schema needs for the direct path; keyOrder came with v2.
 ENVELOPE_FIELDS: Final = ("sessionId", "seq", "time", "type", "surfaceOp", "sourceEventSeqs",
@@ -98,7 +107,7 @@ def _event_factory() -> Callable[..., Event]:
 make_event: Final = _event_factory()
 
 
-def event_from_record(record: Mapping[str, Any], writer: WriterSchema, *,
+def event_from_record(record: Mapping[str, Any], writer: WriterPlans, *,
                       json_payload: bool = False) -> tuple[str, Event]:
     """(session id, event) from an envelope record read with ``writer`` (record names
     returned, as ``return_record_name=True, return_record_name_override=True`` give them).
@@ -273,7 +282,7 @@ def _decline(buf: bytearray, data: JsonValue) -> None:
     raise Unrepresentable
 
 
-def direct_event_writer(writer: WriterSchema) -> EventWriter | None:
+def direct_event_writer(writer: WriterPlans) -> EventWriter | None:
     """A function writing the Avro body of ``(session id, event)`` with ``writer`` straight
     from the event (no envelope or payload dicts), or None when ``writer``'s envelope is not
     the one it is written for. It writes exactly the bytes of the record path

@@ -55,6 +55,7 @@ from pipeline.core.model import (
     error_finish,
     failure_of,
 )
+from pipeline.core.repair import repair_closers
 from pipeline.core.turn_config import CONFIG_TYPE, ConfigState
 from pipeline.core.turn_effects import (
     TOOL_CANCELED,
@@ -73,7 +74,6 @@ from pipeline.core.turn_effects import (
 from pipeline.core.turn_history import History, scan_history
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
 from pipeline.core.turn_tools import DueResult, ToolRound, calls_of, tool_result_data
-from pipeline.core.turns import repair_closers
 from pipeline.core.validation import validate_event
 
 NO_MODEL: Final = "NO_MODEL_CONFIGURED"

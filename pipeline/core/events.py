@@ -17,6 +17,21 @@ from typing import Any, Final, Literal, TypeAlias, TypeGuard
 
 from pipeline.core.errors import EventError
 
+__all__ = [
+    "APPEND",
+    "CANONICAL_ORDER",
+    "ENVELOPE_KEYS",
+    "SURFACE_TYPES",
+    "Event",
+    "JsonValue",
+    "Replace",
+    "SurfaceOp",
+    "dumps_json",
+    "event_from_json",
+    "key_order_of",
+    "surface_op_to_json",
+]
+
 JsonValue: TypeAlias = Any
 """Plain JSON: dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None."""
 

@@ -50,8 +50,8 @@ class StatusHttpServer:
     async def _serve_health(self, _request: web.Request) -> web.Response:
         alive, detail = self._health()
         body = json.dumps({"status": "ok" if alive else "down", **detail}) + "\n"
-        return web.Response(status=200 if alive else 503, text=body,
-                            content_type="application/json")
+        return web.Response(status=200 if alive else 503, body=body.encode("utf-8"),
+                            headers={"Content-Type": "application/json"})
 
     async def _serve_metrics(self, _request: web.Request) -> web.Response:
         text = generate_latest(self._registry).decode("utf-8")

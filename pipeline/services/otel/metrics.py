@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from pipeline.adapters.metrics.genai import GenAiClientMetrics
 from pipeline.core.genai_trace import Span
@@ -33,6 +33,9 @@ class OtelMetrics:
                                 registry=r)
         self.open_turns = Gauge("dsh_otel_open_turns", "Turns begun and not yet ended",
                                 registry=r)
+
+    def registry_text(self) -> str:
+        return generate_latest(self.registry).decode("utf-8")
 
     def chat_spans(self, spans: Iterable[Span]) -> None:
         """The GenAI client histograms from exported ``chat`` spans."""

@@ -82,6 +82,12 @@ async def otel_settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
     return settings
 
 
+def sample(metrics: OtelMetrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(name)
+    assert value is not None, name
+    return value
+
+
 def roots(receiver: OtlpReceiver) -> list[object]:
     return receiver.by_name("invoke_agent")
 
@@ -98,7 +104,8 @@ async def test_recorded_sessions_arrive_as_traces_with_core_token_sums(
     try:
         async with Running(otel_settings, url, group_id) as running:
             await receiver.wait_for(lambda: len(roots(receiver)) >= turns)
-        assert running.metrics.retries._value.get() >= 4  # lag, then delivery: no loss
+        # lag, then delivery: no loss
+        assert sample(running.metrics, "dsh_otel_export_retries_total") >= 4
     finally:
         await receiver.stop()
     assert len(roots(receiver)) == turns
@@ -132,9 +139,11 @@ async def test_restart_reexports_identical_ids_and_an_open_turn_once_it_ends(
     receiver = OtlpReceiver()
     url = await receiver.start()
     try:
-        async with Running(otel_settings, url, group_id):
+        async with Running(otel_settings, url, group_id) as first:
             await receiver.wait_for(lambda: len(roots(receiver)) == 1)
             await asyncio.sleep(1.0)  # a chance to (wrongly) export the open turn
+            assert sample(first.metrics, "dsh_otel_open_turns") == 1
+            assert sample(first.metrics, "dsh_otel_oldest_open_turn_seconds") > 0
         assert len(roots(receiver)) == 1
         await publish(otel_settings, "s", events[cut:])
         async with Running(otel_settings, url, group_id):  # the same group: a restart
@@ -175,7 +184,7 @@ async def test_a_refused_turn_is_dead_lettered_and_a_traceparent_is_the_parent(
                     break
                 await asyncio.sleep(0.2)
                 letters = await read_topic(otel_settings, dlq)
-        assert running.metrics.dead_letters._value.get() == 1
+        assert sample(running.metrics, "dsh_otel_dead_letters_total") == 1
     finally:
         await receiver.stop()
     assert receiver.refused >= 1

@@ -33,6 +33,9 @@ class OtelMetrics:
                                 registry=r)
         self.open_turns = Gauge("dsh_otel_open_turns", "Turns begun and not yet ended",
                                 registry=r)
+        self.oldest_open_turn = Gauge(
+            "dsh_otel_oldest_open_turn_seconds", "Age of the oldest turn begun and not yet "
+            "ended (now minus its turn/start time), 0 when none is open", registry=r)
 
     def registry_text(self) -> str:
         return generate_latest(self.registry).decode("utf-8")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -96,6 +97,16 @@ class OtelService:
         self.running = False
         self.turns_exported = 0
         self.dead_lettered = 0
+        self.metrics.oldest_open_turn.set_function(self.oldest_open_turn_seconds)
+
+    def oldest_open_turn_seconds(self, now_ms: int | None = None) -> float:
+        """How long the oldest open turn has been open (by its ``turn/start`` time)."""
+        starts = [traces.open.start_ms for _, traces in self._sessions.values()
+                  if traces.open is not None]
+        if not starts:
+            return 0.0
+        now = time.time() * 1000 if now_ms is None else now_ms
+        return max(0.0, (now - min(starts)) / 1000)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.running = True

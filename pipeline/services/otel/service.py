@@ -120,7 +120,8 @@ class OtelService:
         return self.running, {
             "partitions": sorted(self._partitions),
             "open_turns": sum(len(p.open) for p in self._partitions.values()),
-            "turns_exported": self.turns_exported, "dead_lettered": self.dead_lettered}
+            "turns_exported": self.turns_exported, "dead_lettered": self.dead_lettered,
+            "offsets_read": sum(p.read_up_to for p in self._partitions.values())}
 
     async def step(self) -> int:
         """One batch: fold, export, dead-letter, commit. Returns the records folded."""

@@ -56,10 +56,15 @@ DeadLetterSender = Callable[[Sequence[OutRecord]], Awaitable[object]]
 
 @dataclass(frozen=True, slots=True)
 class OtelOptions:
+    """``max_idle_sessions``: sessions without an open turn kept in memory (their last
+    request header's model, for a later failed step that names none); past it the oldest
+    are forgotten."""
+
     with_content: bool = False
     max_spans_per_request: int = 512
     batch_records: int = 2000
     poll_timeout_ms: int = 200
+    max_idle_sessions: int = 100_000
 
 
 @dataclass(slots=True)
@@ -176,7 +181,16 @@ class OtelService:
                                        build_spans(turn, with_content=self.options.with_content)))
         self.metrics.events.inc(len(batch.records))
         self.metrics.open_turns.set(sum(len(p.open) for p in self._partitions.values()))
+        if len(self._sessions) > self.options.max_idle_sessions:
+            self._forget_idle_sessions()
         return ended
+
+    def _forget_idle_sessions(self) -> None:
+        """Drop the oldest sessions without an open turn, down to 90% of the limit."""
+        excess = len(self._sessions) - int(self.options.max_idle_sessions * 0.9)
+        idle = [sid for sid, (_, traces) in self._sessions.items() if traces.open is None]
+        for session in idle[:excess]:
+            del self._sessions[session]
 
     async def _export(self, ended: list[EndedTurn]) -> list[OutRecord]:
         """Export every ended turn; the dead letters of those the receiver refused."""

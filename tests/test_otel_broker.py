@@ -6,12 +6,18 @@ letter topic with its reason, and a caller's traceparent."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import sys
+import urllib.request
 from collections.abc import Sequence
 
 import pytest
 from fanout_support import SERDE, fanout_settings
 from otlp_receiver import OtlpReceiver, attributes
-from processors_support import read_topic
+from processors_support import free_port, read_topic
+from prometheus_client.parser import text_string_to_metric_families
 from shared_paths import SHARED_DIR
 
 from pipeline.adapters.kafka.admin import ensure_topics
@@ -196,3 +202,38 @@ async def test_a_refused_turn_is_dead_lettered_and_a_traceparent_is_the_parent(
     assert bytes(root.trace_id).hex() == CALLER.split("-")[1]
     assert bytes(root.parent_span_id).hex() == CALLER.split("-")[2]
     assert all(bytes(s.trace_id) == bytes(root.trace_id) for s in receiver.spans)
+
+
+@pytest.mark.broker
+async def test_the_command_serves_health_and_metrics_and_stops_on_sigterm(
+        otel_settings: Settings) -> None:
+    await publish(otel_settings, "cli", fixture_logs()["tool-call-turn"])
+    receiver = OtlpReceiver()
+    url = await receiver.start()
+    port = free_port()
+    env = {**os.environ, **otel_settings.to_env(), "DSH_OTLP_ENDPOINT": url,
+           "DSH_OTEL_METRICS_PORT": str(port)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipeline.cli.main", "otel", "--loglevel", "WARNING", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await receiver.wait_for(lambda: len(roots(receiver)) == 1)
+        health = json.loads(await asyncio.to_thread(http_get, port, "/health"))
+        assert health["status"] == "ok" and health["turns_exported"] == 1
+        metrics = await asyncio.to_thread(http_get, port, "/metrics")
+        families = {f.name for f in text_string_to_metric_families(metrics)}
+        assert {"gen_ai_client_token_usage", "gen_ai_client_operation_duration_seconds",
+                "dsh_otel_spans_exported"} <= families
+        process.send_signal(signal.SIGTERM)
+        _, errors = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == 0, errors.decode()[-2000:]
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await receiver.stop()
+
+
+def http_get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+        return str(answer.read().decode())

@@ -37,8 +37,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--group", default=None,
                         help="consumer group (default <DSH_GROUP_ID_PREFIX>otel)")
     parser.add_argument("--start", choices=sorted(_STARTS), default="committed",
-                        help="where a new group starts (default: the committed offsets, "
-                             "else the beginning)")
+                        help="committed (default): the group's committed offsets, the "
+                             "beginning for a new group; beginning or end: ignore them "
+                             "(e.g. a replay into a new --group)")
     parser.add_argument("--metrics-port", type=int, default=None,
                         help="/health and /metrics port (default DSH_OTEL_METRICS_PORT; "
                              "0 picks a free one, -1 serves none)")

@@ -29,7 +29,8 @@ def attributes(span: Span) -> dict[str, object]:
 @dataclass
 class OtlpReceiver:
     unavailable_for: int = 0  # answer 503 to this many requests first
-    refuse: Callable[[list[Span]], bool] = lambda _spans: False  # answer 400 when true
+    refuse: Callable[[list[Span]], bool] = lambda _spans: False  # refuse when true
+    refuse_status: int = 400
     requests: int = 0
     refused: int = 0
     spans: list[Span] = field(default_factory=list)
@@ -65,7 +66,7 @@ class OtlpReceiver:
         spans = [s for rs in decoded.resource_spans for ss in rs.scope_spans for s in ss.spans]
         if self.refuse(spans):
             self.refused += 1
-            return web.Response(status=400, text="bad span data")
+            return web.Response(status=self.refuse_status, text="bad span data")
         self.spans.extend(spans)
         self.arrived.set()
         return web.Response(body=ExportTraceServiceResponse().SerializeToString(),

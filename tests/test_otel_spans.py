@@ -191,6 +191,10 @@ async def test_exporter_retries_503_then_delivers_and_sorts_final_statuses() -> 
         receiver.refuse = lambda _spans: True
         with pytest.raises(OtlpRejected):
             await exporter.export(export_request(spans))
+        receiver.refuse_status = 413  # too large: refused too (the caller splits it)
+        with pytest.raises(OtlpRejected) as refused:
+            await exporter.export(export_request(spans))
+        assert "413" in str(refused.value)
     finally:
         await exporter.close()
         await receiver.stop()

@@ -5,8 +5,9 @@ retry rules.
 - 429, 502, 503, 504, and a connection that fails or times out: retried, without end, with
   exponential backoff (capped), waiting at least what ``Retry-After`` asks (seconds or an
   HTTP date). A collector that is down means the caller waits, never that spans are lost;
-- 400: the receiver refuses the data: :class:`OtlpRejected` (the caller dead-letters it);
-- any other status (401, 403, 404, 413, other 5xx...) is a configuration error the
+- 400 (bad data) and 413 (too large): the receiver refuses the data: :class:`OtlpRejected`
+  (the caller sends smaller requests, and dead-letters what is still refused);
+- any other status (401, 403, 404, other 5xx...) is a configuration error the
   protocol says not to retry: :class:`OtlpFailed`, which stops the caller without
   committing anything.
 
@@ -39,7 +40,8 @@ TRACES_PATH: Final = "/v1/traces"
 
 
 class OtlpRejected(DshError):
-    """The receiver refused the request's data (HTTP 400): retrying cannot help."""
+    """The receiver refused the request's data (HTTP 400, or 413 for its size): retrying
+    the same request cannot help."""
 
 
 class OtlpFailed(DshError):
@@ -103,7 +105,8 @@ class OtlpHttpExporter:
     async def export(self, body: bytes) -> int:
         """Post ``body`` until acknowledged; returns the spans the receiver said it rejected.
 
-        Raises :class:`OtlpRejected` on 400 and :class:`OtlpFailed` on other final statuses.
+        Raises :class:`OtlpRejected` on 400 and 413, :class:`OtlpFailed` on other final
+        statuses.
         """
         attempt = 0
         while True:
@@ -137,8 +140,9 @@ class OtlpHttpExporter:
         self.stats.last_error = f"HTTP {status}{': ' + reason if reason else ''}"
         if status in RETRYABLE:
             return retry_after_s(response.headers.get("Retry-After"), time.time()) or 0.0
-        if status == 400:
-            raise OtlpRejected(f"the OTLP receiver refused the spans (HTTP 400): {reason}")
+        if status in (400, 413):
+            raise OtlpRejected(f"the OTLP receiver refused the spans (HTTP {status}): "
+                               f"{reason}")
         raise OtlpFailed(f"the OTLP receiver at {self.url} answered HTTP {status}"
                          f"{': ' + reason if reason else ''}; not retried (check the "
                          "endpoint and DSH_OTLP_HEADERS)")

@@ -7,7 +7,7 @@ A loop over batches of the session topic (its own consumer group, span types onl
 2. export the ended turns' spans (at most ``max_spans_per_request`` a request) and wait for
    the receiver's acknowledgement; the exporter retries 429/502/503/504 and an absent
    receiver without end (lag, not loss);
-3. a request refused with 400 is retried turn by turn; a turn still refused goes to the dead
+3. a request refused (400, 413) is retried turn by turn; a turn still refused goes to the dead
    letter topic (value: the OTLP request of that turn alone; headers: the reason and the
    ``turn/end`` record it came from), as does an undecodable record;
 4. commit, per partition, the offset after the last record read, but never past the first
@@ -15,7 +15,7 @@ A loop over batches of the session topic (its own consumer group, span types onl
 
 Exporting a turn twice (a restart between the ack and the commit) sends the same trace and
 span ids: receivers keyed by id keep one. A final receiver error (neither success, retryable
-nor 400) stops the service without committing (:class:`OtlpFailed`).
+nor refused) stops the service without committing (:class:`OtlpFailed`).
 """
 
 from __future__ import annotations

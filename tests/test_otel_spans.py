@@ -150,6 +150,13 @@ def test_an_open_turn_is_held_until_it_ends() -> None:
     assert traces.open_since == start
     assert traces.add(events[-2], 99) is None  # a redelivery is ignored
     assert traces.add(events[-1], len(events) - 1) is not None and traces.open_since is None
+    assert traces.skipped_partial == 0
+    cut = SessionTraces("s")  # a turn whose turn/end never came, then the next turn
+    for position, event in enumerate(events[:start + 3]):
+        cut.add(event, position)
+    again = [Event(e.type, e.seq + 1000, e.time, e.data) for e in events[start:]]
+    ended = [cut.add(e, 1000 + i) for i, e in enumerate(again)]
+    assert cut.skipped_partial == 1 and sum(t is not None for t in ended) == 1
 
 
 def test_encoding_round_trips_through_opentelemetry_proto() -> None:

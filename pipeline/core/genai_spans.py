@@ -4,8 +4,10 @@ turns as events arrive (:class:`SessionTraces`). Shapes and ids: :mod:`genai_tra
 A turn is exported once it ends: ``turn/end`` closes it, including the ``interrupted`` end
 crash repair appends, whose time is the repair's. Events of a session before its first
 ``turn/start`` seen (a stream joined mid-turn) build nothing: a turn is exported whole or not
-at all. :attr:`SessionTraces.open_since` names the first event of the open turn, which a
-consumer must read again after a restart (it commits no offset past it).
+at all (:attr:`SessionTraces.skipped_partial` counts the turns so left out, also one whose
+``turn/end`` never came before the next ``turn/start``). :attr:`SessionTraces.open_since`
+names the first event of the open turn, which a consumer must read again after a restart
+(it commits no offset past it).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _usage_attributes(counts: TokenCounts) -> dict[str, AttrValue]:
 def _agent_span(turn: TurnBuilder, trace: bytes, root_id: bytes,
                 children: list[Span]) -> Span:
     attributes = _common(turn, AGENT_SPAN)
+    attributes["session.id"] = turn.session_id  # how Langfuse groups traces into sessions
     first = turn.steps[min(turn.steps)].model if turn.steps else turn.model
     if first is not None:
         attributes.update(_model_attributes(first))
@@ -210,6 +213,8 @@ class SessionTraces:
         if (found := header_model(event)) is not None:
             self.model = found
         if event.type == "turn/start":
+            if self.open is not None:  # its turn/end never came: it cannot be exported whole
+                self.skipped_partial += 1
             turn = event.data.get("turn") if isinstance(event.data, Mapping) else None
             self.open = TurnBuilder(self.session_id, turn if isinstance(turn, int) else 0,
                                     event.time, self.model)

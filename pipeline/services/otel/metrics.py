@@ -31,6 +31,9 @@ class OtelMetrics:
         self.rejected = Counter("dsh_otel_spans_rejected",
                                 "Spans a receiver accepted the request of but rejected",
                                 registry=r)
+        self.partial_turns = Counter(
+            "dsh_otel_turns_partial", "Turns not exported: seen without their turn/start "
+            "(a stream joined mid-turn) or without their turn/end", registry=r)
         self.open_turns = Gauge("dsh_otel_open_turns", "Turns begun and not yet ended",
                                 registry=r)
         self.oldest_open_turn = Gauge(

@@ -168,8 +168,11 @@ class OtelService:
                     record.partition, SessionTraces(record.session_id))
             traces = entry[1]
             parent = header_value(record.headers, HEADER_TRACEPARENT)
+            partial = traces.skipped_partial
             turn = traces.add(record.event, record.offset,
                               parent.decode("ascii", "replace") if parent else None)
+            if traces.skipped_partial > partial:
+                self.metrics.partial_turns.inc()
             partition = self._partition(record.partition)
             if traces.open_since is not None:
                 partition.open[record.session_id] = traces.open_since

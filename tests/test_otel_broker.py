@@ -29,6 +29,7 @@ from pipeline.codec.records import event_headers, record_key
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import Event
 from pipeline.core.usage import UsageScan
+from pipeline.sdk import open_stream
 from pipeline.services.otel.metrics import OtelMetrics
 from pipeline.services.otel.run import OtelRun, serve_otel
 from pipeline.services.otel.service import OtelService
@@ -59,7 +60,8 @@ class Running:
         self.settings = Settings.from_env(settings.to_env(), otlp_endpoint=receiver_url,
                                           otlp_headers=Secret("Authorization=Bearer%20s3cret"))
         self.stop = asyncio.Event()
-        self.run = OtelRun(group_id=group, start=start, metrics_port=-1, backoff_s=0.02)
+        self.run = OtelRun(group_id=group, start=start, metrics_port=-1, backoff_s=0.02,
+                           group_probe_s=0.3)
         self.metrics = OtelMetrics()
         self.task: asyncio.Task[OtelService] | None = None
 
@@ -134,6 +136,32 @@ async def test_recorded_sessions_arrive_as_traces_with_core_token_sums(
             assert sum(int(a.get(key, 0)) for a in chats) == expected[key]  # type: ignore[call-overload]
     tools = [attributes(s) for s in receiver.by_name("execute_tool ")]
     assert {"bash", "read", "write_remote"} <= {a["gen_ai.tool.name"] for a in tools}
+
+
+@pytest.mark.broker
+async def test_a_group_left_by_its_members_shows_zero_members(
+        otel_settings: Settings) -> None:
+    await publish(otel_settings, "s", fixture_logs()["text-turn"])
+    idle = f"{otel_settings.group_id_prefix}idle"
+    async with open_stream(otel_settings, group_id=idle, start=Start.BEGINNING) as stream:
+        async for record in stream:
+            await stream.commit(record)
+            break
+    receiver = OtlpReceiver()
+    url = await receiver.start()
+    otel_group = f"{otel_settings.group_id_prefix}otel"
+    try:
+        async with Running(otel_settings, url, otel_group) as running:
+            def members(group: str) -> float | None:
+                return running.metrics.registry.get_sample_value(
+                    "dsh_consumer_group_members", {"group": group})
+            for _ in range(300):
+                if members(idle) is not None and members(otel_group):
+                    break
+                await asyncio.sleep(0.1)
+            assert members(idle) == 0 and members(otel_group) == 1
+    finally:
+        await receiver.stop()
 
 
 @pytest.mark.broker

@@ -36,6 +36,10 @@ class OtelMetrics:
             "(a stream joined mid-turn) or without their turn/end", registry=r)
         self.open_turns = Gauge("dsh_otel_open_turns", "Turns begun and not yet ended",
                                 registry=r)
+        self.group_members = Gauge(
+            "dsh_consumer_group_members", "Members of each of the project's consumer groups "
+            "(ids starting with DSH_GROUP_ID_PREFIX), as the otel service last saw them",
+            ("group",), registry=r)
         self.oldest_open_turn = Gauge(
             "dsh_otel_oldest_open_turn_seconds", "Age of the oldest turn begun and not yet "
             "ended (now minus its turn/start time), 0 when none is open", registry=r)

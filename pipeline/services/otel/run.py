@@ -13,9 +13,11 @@ from pipeline.adapters.kafka.event_batches import EventBatches
 from pipeline.adapters.kafka.event_stream import Decoder, Start
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.metrics.consumer_groups import ConsumerGroupProbe
 from pipeline.adapters.metrics.http import StatusHttpServer
 from pipeline.adapters.otlp.client import OtlpHttpExporter, parse_headers
 from pipeline.adapters.otlp.encode import export_request
+from pipeline.core.errors import DshError
 from pipeline.core.genai_trace import SEMCONV_OPT_IN, SEMCONV_VERSION, SPAN_EVENT_TYPES, Span
 from pipeline.services.otel.metrics import OtelMetrics
 from pipeline.services.otel.service import OtelOptions, OtelService
@@ -32,6 +34,7 @@ class OtelRun:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None  # None: settings.otel_metrics_port; -1: no server
     backoff_s: float = 0.5  # the exporter's first retry delay (doubles up to 30 s)
+    group_probe_s: float = 15.0  # how often the project's consumer groups are described
 
 
 def group_of(settings: Settings) -> str:
@@ -70,19 +73,45 @@ async def serve_otel(settings: Settings, decode: Decoder, stop: asyncio.Event, *
                           metrics=metrics, options=options)
     server = StatusHttpServer(service.health, metrics.registry)
     port = settings.otel_metrics_port if run.metrics_port is None else run.metrics_port
+    probe = ConsumerGroupProbe(settings, settings.group_id_prefix)
+    groups: asyncio.Task[None] | None = None
     try:
         await source.start()
         bound = await server.start(run.metrics_host, port) if port >= 0 else 0
         log.info("otel: GenAI semantic conventions v%s (%s=%s) to %s", SEMCONV_VERSION,
                  OPT_IN_VARIABLE, SEMCONV_OPT_IN, exporter.url)
+        groups = asyncio.create_task(_sample_groups(probe, metrics, run.group_probe_s))
         if on_started is not None and not on_started.done():
             on_started.set_result(bound)
         await _run_until(service, stop)
     finally:
+        if groups is not None:
+            groups.cancel()
+            await asyncio.gather(groups, return_exceptions=True)
+        await probe.stop()
         await server.close()
         await source.stop()
         await exporter.close()
     return service
+
+
+async def _sample_groups(probe: ConsumerGroupProbe, metrics: OtelMetrics,
+                         every_s: float) -> None:
+    """Keep ``dsh_consumer_group_members`` current; a failed sample is logged and retried."""
+    started = False
+    while True:
+        try:
+            if not started:
+                await probe.start()
+                started = True
+            found = await probe.sample()
+        except DshError as exc:
+            log.warning("otel: describing the consumer groups failed: %s", exc)
+        else:
+            metrics.group_members.clear()
+            for group in found:
+                metrics.group_members.labels(group.group).set(group.members)
+        await asyncio.sleep(every_s)
 
 
 async def _run_until(service: OtelService, stop: asyncio.Event) -> None:

@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
 
 def run_otel(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=args.loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per export request
     run = OtelRun(group_id=args.group or group_of(settings), start=Start[_STARTS[args.start]],
                   metrics_port=args.metrics_port)
     options = OtelOptions(with_content=args.with_content,

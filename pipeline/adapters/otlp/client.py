@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
@@ -60,6 +60,16 @@ def parse_headers(text: str) -> dict[str, str]:
     return headers
 
 
+def without_userinfo(url: str) -> str:
+    """``url`` without a ``user:password@`` part (credentials never reach a log line)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def retry_after_s(value: str | None, now: float) -> float | None:
     """Seconds a ``Retry-After`` header asks to wait (delta seconds or HTTP date)."""
     if not value:
@@ -90,6 +100,7 @@ class OtlpHttpExporter:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  on_retry: Callable[[str], None] | None = None) -> None:
         self.url = endpoint.rstrip("/") + TRACES_PATH
+        self.display_url = without_userinfo(self.url)  # what logs and errors name
         self._client = httpx.AsyncClient(
             headers={**(headers or {}), "Content-Type": CONTENT_TYPE}, timeout=timeout_s)
         self._backoff_s = backoff_s
@@ -121,7 +132,7 @@ class OtlpHttpExporter:
             if self._on_retry is not None:
                 self._on_retry(self.stats.last_error)
             if attempt == 1 or attempt % 10 == 0:
-                log.warning("OTLP export to %s: %s; retry %d in %.1fs", self.url,
+                log.warning("OTLP export to %s: %s; retry %d in %.1fs", self.display_url,
                             self.stats.last_error, attempt, delay)
             await self._sleep(delay)
 
@@ -143,7 +154,7 @@ class OtlpHttpExporter:
         if status in (400, 413):
             raise OtlpRejected(f"the OTLP receiver refused the spans (HTTP {status}): "
                                f"{reason}")
-        raise OtlpFailed(f"the OTLP receiver at {self.url} answered HTTP {status}"
+        raise OtlpFailed(f"the OTLP receiver at {self.display_url} answered HTTP {status}"
                          f"{': ' + reason if reason else ''}; not retried (check the "
                          "endpoint and DSH_OTLP_HEADERS)")
 

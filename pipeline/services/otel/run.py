@@ -79,7 +79,7 @@ async def serve_otel(settings: Settings, decode: Decoder, stop: asyncio.Event, *
         await source.start()
         bound = await server.start(run.metrics_host, port) if port >= 0 else 0
         log.info("otel: GenAI semantic conventions v%s (%s=%s) to %s", SEMCONV_VERSION,
-                 OPT_IN_VARIABLE, SEMCONV_OPT_IN, exporter.url)
+                 OPT_IN_VARIABLE, SEMCONV_OPT_IN, exporter.display_url)
         groups = asyncio.create_task(_sample_groups(probe, metrics, run.group_probe_s))
         if on_started is not None and not on_started.done():
             on_started.set_result(bound)

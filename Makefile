@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints
+.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints
 
 setup: $(STAMP) artifacts
 
@@ -57,7 +57,15 @@ chromium:
 	    $$sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq chromium; \
 	fi
 
-test: setup chromium
+# Debian's promtool (package prometheus) checks and unit-tests deploy/grafana's alert rules and
+# scrape configs (tests/test_grafana.py). Its service is not started.
+promtool:
+	@if ! command -v promtool >/dev/null; then \
+	    sudo_=""; [ "$$(id -u)" = 0 ] || sudo_=sudo; \
+	    $$sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
+
+test: setup chromium promtool
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory pytest
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from suite_core import CHECKOUT, Context, Figure, load_average
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory
+from suite_otel import bench_otel_export
 from suite_report import render
 from suite_scale import bench_scale
 from suite_services import bench_driver, bench_processors_worker
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "processors": (bench_processors_worker, True),
     "driver": (bench_driver, True),
     "replay": (bench_replay, True),
+    "otel": (bench_otel_export, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 

@@ -14,6 +14,7 @@ TITLES = {
     "processors": "Processors worker and end-to-end latency",
     "driver": "Driver (issue 4)",
     "replay": "Replay",
+    "otel": "OTLP trace export (issue 18)",
     "scaleout": "Scale-out on a 3-broker cluster (issue 9)",
 }
 

@@ -94,6 +94,9 @@ class Settings:
     processors_web_port: int = 6066
     driver_metrics_port: int = 9464
     state_dir: str = ".cache/state"
+    otlp_endpoint: str = "http://127.0.0.1:4318"
+    otlp_headers: Secret = Secret("")
+    otel_metrics_port: int = 9465
 
     @property
     def topics(self) -> TopicNames:

@@ -33,6 +33,7 @@ PORT_OF_WORKLOAD = {
     "driver": Settings().driver_metrics_port,
     "processors": Settings().processors_web_port,
     "dashboard": Settings().dashboard_port,
+    "otel": Settings().otel_metrics_port,
 }
 Resource = dict[str, Any]
 

@@ -370,7 +370,7 @@ async def test_cli_send_and_driver_process_with_graceful_sigterm(
         assert health["status"] == "ok" and health["ready"] is True
         assert health["partitions"] == [0, 1, 2]
         metrics = await asyncio.to_thread(http_get, f"http://127.0.0.1:{status_port}/metrics")
-        assert "dsh_driver_commands_total 1\n" in metrics
+        assert "dsh_driver_commands_total 1.0\n" in metrics
         driver.send_signal(signal.SIGTERM)
         rest, _ = await asyncio.wait_for(driver.communicate(), WAIT_S)
         assert driver.returncode == 0

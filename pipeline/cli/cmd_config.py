@@ -45,6 +45,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "driver_metrics_port": "HTTP port of the driver's `/health` and `/metrics`.",
     "state_dir": "Directory of the processors' local table state (RocksDB); keep it on a "
                  "persistent volume.",
+    "otlp_endpoint": "Base URL of the OTLP/HTTP receiver `dsh-pipeline otel` posts to "
+                     "(`<endpoint>/v1/traces`, protobuf).",
+    "otlp_headers": "Headers of every OTLP request, `name=value,...` with percent-encoded "
+                    "values, e.g. `Authorization=Basic%20...` (secret).",
+    "otel_metrics_port": "HTTP port of `dsh-pipeline otel`'s `/health` and `/metrics`.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

@@ -26,11 +26,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.transactional import PartitionProducer
-from pipeline.codec.records import event_headers
+from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.turn_config import CONFIG_TYPE
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
+MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
 
@@ -174,10 +175,23 @@ class PartitionSink:
         self._urgent = False
         self._wait_for_commit = wait_for_commit
         self._max_buffered = max_buffered
+        self._traced: dict[str, str] = {}  # follow-up message id -> caller's traceparent
+        self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
+
+    def trace_follow_up(self, message_id: str, traceparent: str) -> None:
+        """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
+        turn it starts carry it as a record header, from the turn's ``turn/start`` (when
+        emitted together with the claim) or its ``user/message``, to its ``turn/end``."""
+        if len(self._traced) >= MAX_TRACED_FOLLOW_UPS:
+            del self._traced[next(iter(self._traced))]  # the oldest: its turn never came
+        self._traced[message_id] = traceparent
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
         """Encode and buffer ``events``; they commit with the next transaction."""
         self._raise_if_failed()
+        if self._traced or self._turn_traces:
+            self._emit_traced(session_id, events)
+            return
         key = session_id.encode("utf-8")
         topic, partition, encode, append = (self._events_topic, self.partition, self._encode,
                                             self._buffer.append)
@@ -189,6 +203,44 @@ class PartitionSink:
                     self._on_logged(session_id, message_id)
         self._emitted_gen += 1
         self._wake.set()
+
+    def _emit_traced(self, session_id: str, events: Sequence[Event]) -> None:
+        """:meth:`emit` while some follow-up carries a traceparent (see
+        :meth:`trace_follow_up`)."""
+        key = session_id.encode("utf-8")
+        trace = self._turn_traces.get(session_id)
+        turn_start: int | None = None
+        for event in events:
+            if event.type == "turn/start":
+                turn_start, trace = len(self._buffer), None
+                self._turn_traces.pop(session_id, None)
+            elif trace is None and event.type == "user/message":
+                trace = self._claimed_trace(session_id, event, turn_start)
+            self._buffer.append(OutRecord(
+                self._events_topic, key, self._encode(session_id, event),
+                tuple(event_headers(event, traceparent=trace)), self.partition))
+            if event.type in _LOGS_MESSAGE_IDS:
+                for message_id in logged_message_ids(event):
+                    self._on_logged(session_id, message_id)
+            if event.type == "turn/end":
+                trace = None
+                self._turn_traces.pop(session_id, None)
+        self._emitted_gen += 1
+        self._wake.set()
+
+    def _claimed_trace(self, session_id: str, message: Event, turn_start: int | None
+                       ) -> str | None:
+        data = message.data
+        message_id = data.get("id") if isinstance(data, Mapping) else None
+        trace = self._traced.pop(message_id, None) if isinstance(message_id, str) else None
+        if trace is None:
+            return None
+        self._turn_traces[session_id] = trace
+        if turn_start is not None:  # the turn's first records, emitted with the claim
+            header = (HEADER_TRACEPARENT, trace.encode("ascii"))
+            self._buffer[turn_start:] = [replace(r, headers=(*r.headers, header))
+                                         for r in self._buffer[turn_start:]]
+        return trace
 
     async def flush(self, session_id: str) -> None:
         """A step boundary: commit soon; wait until what was emitted so far is committed.

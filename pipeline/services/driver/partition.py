@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.adapters.kafka.dlq import dead_letter
-from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.records import InboxRecord, header_value
 from pipeline.adapters.kafka.session_reader import Decoder, read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.codec.records import HEADER_TRACEPARENT
 from pipeline.core.errors import CodecError, DshError, EventError
 from pipeline.core.events import Event
+from pipeline.core.genai_trace import TraceParent
 from pipeline.core.inbox import Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.services.driver.kafka_sink import (
@@ -233,12 +235,21 @@ class OwnedPartition:
         except DshError as exc:
             self._dead_letter(record, exc)
             return
+        if isinstance(command, FollowUp):
+            self._carry_trace(record, command.message_id)
         if logged:
             slot.awaiting[command.message_id] = record.offset
         else:
             offsets.applied_control(record.offset, command.message_id)
         slot.offsets.append(record.offset)
         self.drive(slot)
+
+    def _carry_trace(self, record: InboxRecord, message_id: str) -> None:
+        """A caller's valid ``traceparent`` goes with the turn the follow-up starts."""
+        raw = header_value(record.headers, HEADER_TRACEPARENT)
+        parent = TraceParent.parse(raw.decode("ascii", "replace")) if raw else None
+        if parent is not None:
+            self.sink.trace_follow_up(message_id, parent.header())
 
     # -- running sessions ----------------------------------------------------------------
 

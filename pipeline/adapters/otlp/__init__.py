@@ -1,0 +1,1 @@
+"""OTLP/HTTP: spans encoded with ``opentelemetry-proto`` and posted with httpx."""

@@ -43,8 +43,11 @@ DEFAULT_SAMPLES = CHECKOUT_ROOT / "samples" / "sessions"
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo", help="publish the sample sessions through Kafka and read them back",
-        description="Start the local stack, publish the sample dsh sessions, read them back.")
+        "demo", help="run the whole pipeline on a local stack and check it",
+        description="Start the local stack (or use DSH_BOOTSTRAP_SERVERS with --external) and "
+                    "the dashboard, publish the sample sessions and read them back, run "
+                    "scripted agent sessions through the driver and a processors worker, check "
+                    "every derived table against the log, print one summary line.")
     parser.add_argument("--external", action="store_true",
                         help="use the broker of DSH_BOOTSTRAP_SERVERS instead of starting one")
     parser.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES, metavar="DIR",

@@ -5,8 +5,10 @@ turns until SIGTERM or Ctrl-C, then shuts down gracefully (stops claiming, lets 
 for ``--grace`` seconds, commits or aborts, closes producers, leaves the group).
 
 ``send SESSION`` puts one command on the inbox: ``--followup TEXT``, ``--steer TEXT``,
-``--inject TEXT``, ``--cancel [--keep-queue]`` or ``--configure`` with any of ``--provider``,
-``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``, ``--max-tokens``. It prints
+``--inject TEXT`` (or the text from a file or stdin: ``--followup --text-file F|-``, for texts
+longer than a command line may be), ``--cancel [--keep-queue]`` or ``--configure`` with any
+of ``--provider``, ``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``,
+``--max-tokens``. It prints
 one JSON line ``{"sessionId", "messageId", "kind", "partition", "offset"}``.
 """
 
@@ -36,7 +38,7 @@ from pipeline.adapters.registry.client import (
 )
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, SessionFileError
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
@@ -107,11 +109,16 @@ def _register_send(subparsers: Any) -> None:
     send = subparsers.add_parser("send", help="put one command on a session's inbox")
     send.add_argument("session", help="session id (the record key)")
     kind = send.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--followup", metavar="TEXT", help="a follow-up (next turn)")
-    kind.add_argument("--steer", metavar="TEXT", help="steering (next step; wakes)")
-    kind.add_argument("--inject", metavar="TEXT", help="context (next step; does not wake)")
+    for flag, what in (("followup", "a follow-up (next turn)"),
+                       ("steer", "steering (next step; wakes)"),
+                       ("inject", "context (next step; does not wake)")):
+        kind.add_argument(f"--{flag}", metavar="TEXT", nargs="?", const=FROM_FILE,
+                          help=f"{what}; without TEXT, the text comes from --text-file")
     kind.add_argument("--cancel", action="store_true", help="abort the current turn")
     kind.add_argument("--configure", action="store_true", help="change the configuration")
+    send.add_argument("--text-file", metavar="FILE",
+                      help="read the text of --followup, --steer or --inject from FILE (- for "
+                           "stdin; UTF-8)")
     send.add_argument("--keep-queue", action="store_true", help="with --cancel")
     for name in ("provider", "model", "system", "reasoning-effort"):
         send.add_argument(f"--{name}", help="with --configure")
@@ -133,6 +140,7 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     for flag, cls in (("followup", FollowUp), ("steer", Steer), ("inject", Inject)):
         text = getattr(args, flag)
         if text is not None:
+            text = _text_of(flag, text, args.text_file)
             return cls(**common, content=({"type": "text", "text": text},))
     if args.cancel:
         return Cancel(**common, keep_queue=args.keep_queue)
@@ -146,12 +154,38 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     return configure
 
 
+FROM_FILE = "\0from --text-file"  # --followup/--steer/--inject given without TEXT
+
+
+def _text_of(flag: str, given: str, text_file: str | None) -> str:
+    """The text of a follow-up, steer or inject: the argument, or the file's content."""
+    if given != FROM_FILE:
+        if text_file is not None:
+            raise ConfigError(f"send --{flag} TEXT and --text-file: give the text once")
+        return given
+    if text_file is None:
+        raise ConfigError(f"send --{flag} needs TEXT or --text-file FILE")
+    try:
+        if text_file == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        with open(text_file, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SessionFileError(f"{text_file}: cannot read: {exc.strerror or exc}",
+                               path=text_file) from None
+    except UnicodeDecodeError as exc:
+        raise SessionFileError(f"{text_file}: not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})", path=text_file) from None
+
+
 CONFIGURE_OPTIONS = ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")
 
 
 def _check_send_options(args: argparse.Namespace) -> None:
     if args.keep_queue and not args.cancel:
         raise ConfigError("send --keep-queue only goes with --cancel")
+    if args.text_file is not None and not (args.followup or args.steer or args.inject):
+        raise ConfigError("send --text-file only goes with --followup, --steer or --inject")
     given = [f"--{o.replace('_', '-')}" for o in CONFIGURE_OPTIONS if getattr(args, o) is not None]
     if given and not args.configure:
         raise ConfigError(f"send {' '.join(given)} only go(es) with --configure")
@@ -160,7 +194,7 @@ def _check_send_options(args: argparse.Namespace) -> None:
 def run_send(args: argparse.Namespace, settings: Settings) -> int:
     try:
         command = command_from_args(args)
-    except ConfigError:
+    except (ConfigError, SessionFileError):
         raise
     except Exception as exc:  # EventError from the command's own checks
         raise ConfigError(f"send: {exc}") from None

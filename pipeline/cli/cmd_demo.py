@@ -29,6 +29,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.cli.common import add_duration
 from pipeline.cli.demo_fleet import run_demo_fleet
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
@@ -54,12 +55,12 @@ def register(subparsers: Any) -> None:
                         help="folder of dsh session files (*.jsonl, *.jsonl.zstd) to publish "
                              "(default: samples/sessions of the checkout)")
     parser.add_argument("--sessions", type=int, default=8, metavar="N",
-                        help="scripted agent sessions to run through the driver (8; 0: only "
+                        help="scripted agent sessions to run through the driver (0: only "
                              "publish the samples)")
     parser.add_argument("--turns", type=int, default=2, metavar="N",
-                        help="turns per scripted session (2)")
-    parser.add_argument("--ready-timeout", type=float, default=180.0, metavar="S",
-                        help="seconds each of Kafka and the registry may take to answer (180)")
+                        help="turns per scripted session")
+    add_duration(parser, "--ready-timeout", default=180.0,
+                 help="how long each of Kafka and the registry may take to answer")
     parser.set_defaults(func=run)
 
 

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import signal
 import sys
 import uuid
@@ -35,6 +34,14 @@ from pipeline.adapters.registry.client import (
     RegistryClient,
     event_serde_for_topic,
     value_subject,
+)
+from pipeline.cli.common import (
+    add_duration,
+    add_listen_options,
+    add_logging_options,
+    add_session_argument,
+    configure_logging,
+    port_number,
 )
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -64,50 +71,69 @@ def register(subparsers: Any) -> None:
 
 
 def _register_driver(subparsers: Any) -> None:
-    driver = subparsers.add_parser("driver", help="run agent turns from the inbox topic")
-    driver.add_argument("--group", help="consumer group (default <prefix>driver)")
-    driver.add_argument("--linger-ms", type=float, default=25.0,
-                        help="longest time events wait before their transaction commits")
+    driver = subparsers.add_parser(
+        "driver", help="run agent turns from the inbox topic",
+        description="Join the consumer group <DSH_GROUP_ID_PREFIX>driver on the inbox topic "
+                    "and run agent turns until SIGTERM or Ctrl-C, then stop gracefully: stop "
+                    "claiming, let running turns finish for --grace, commit or abort, leave "
+                    "the group. Serves /health and /metrics on --host:--port.")
+    driver.add_argument("--group", help="consumer group (default: <prefix>driver)")
+    add_duration(driver, "--linger", default=0.025, ms=True, dest="linger_ms",
+                 help="longest time events wait before their transaction commits")
+    driver.add_argument("--linger-ms", type=float, dest="linger_ms", help=argparse.SUPPRESS)
     driver.add_argument("--max-turns", type=int, default=256,
                         help="pause the inbox when this many sessions run a turn")
     driver.add_argument("--resume-below", type=int,
                         help="resume the inbox when at most this many turns run "
                              "(default: three quarters of --max-turns)")
-    driver.add_argument("--grace", type=float, default=10.0,
-                        help="seconds running turns get to finish on shutdown")
+    add_duration(driver, "--grace", default=10.0,
+                 help="how long running turns may take to finish on shutdown")
     driver.add_argument("--enable-host-tools", action="store_true",
                         help="offer tools that touch the host (bash); off by default")
     driver.add_argument("--instance-id",
                         help="static group membership id (e.g. the pod name): a restarted "
                              "driver with the same id gets its partitions back at once")
-    driver.add_argument("--session-timeout-ms", type=int, default=10_000,
-                        help="group session timeout: how long a dead driver keeps partitions")
+    add_duration(driver, "--session-timeout", default=10.0, ms=True,
+                 dest="session_timeout_ms",
+                 help="group session timeout: how long a dead driver keeps partitions")
+    driver.add_argument("--session-timeout-ms", type=int, dest="session_timeout_ms",
+                        help=argparse.SUPPRESS)
     driver.add_argument("--script", choices=sorted(SCRIPTS), default="echo",
                         help="scripted provider only: 'echo' answers in one step; 'tool-loop' "
                              "calls the echo tool, then answers its result (two steps)")
-    driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
-                        help="scripted provider only: wait this long between stream chunks "
-                             "(to watch chunks arrive live)")
+    add_duration(driver, "--script-chunk-delay", default=0.0, ms=True,
+                 dest="script_chunk_delay_ms",
+                 help="scripted provider only: wait this long between stream chunks (to "
+                      "watch chunks arrive live)")
+    driver.add_argument("--script-chunk-delay-ms", type=int, dest="script_chunk_delay_ms",
+                        help=argparse.SUPPRESS)
     driver.add_argument("--pipelined-flush", action="store_true",
                         help="a step boundary does not wait for its transaction to commit "
                              "(more steps/s; a crash may then lose the last step or two)")
-    driver.add_argument("--metrics-host", default="0.0.0.0",
-                        help="address of the /health and /metrics server (counters only)")
-    driver.add_argument("--metrics-port", type=int,
-                        help="port of /health and /metrics (default DSH_DRIVER_METRICS_PORT; "
-                             "-1 = no server, 0 = any free port)")
+    add_listen_options(driver, what="the /health and /metrics server", host_default="0.0.0.0",
+                       port_help="port of /health and /metrics (default: "
+                                 "DSH_DRIVER_METRICS_PORT; -1: no server, 0: any free port)")
+    driver.add_argument("--metrics-host", dest="host", help=argparse.SUPPRESS)
+    driver.add_argument("--metrics-port", type=port_number, dest="port",
+                        help=argparse.SUPPRESS)
     driver.add_argument("--rebuild-mode", choices=("strict", "ingest"), default="strict",
                         help="validation of logs rebuilt from the session topic: 'ingest' "
                              "also accepts imported logs with simplified message shapes")
     driver.add_argument("--registry", action="store_true",
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
+    add_logging_options(driver, default="info")
     driver.set_defaults(func=run_driver)
 
 
 def _register_send(subparsers: Any) -> None:
-    send = subparsers.add_parser("send", help="put one command on a session's inbox")
-    send.add_argument("session", help="session id (the record key)")
+    send = subparsers.add_parser(
+        "send", help="put one command on a session's inbox",
+        description="Put one command on the inbox topic, keyed by SESSION: a follow-up, a "
+                    "steer, an inject (text as an argument, or from --text-file FILE or stdin "
+                    "with -), a cancel or a configure. Prints one JSON line {sessionId, "
+                    "messageId, kind, partition, offset}.")
+    add_session_argument(send)
     kind = send.add_mutually_exclusive_group(required=True)
     for flag, what in (("followup", "a follow-up (next turn)"),
                        ("steer", "steering (next step; wakes)"),
@@ -120,11 +146,13 @@ def _register_send(subparsers: Any) -> None:
                       help="read the text of --followup, --steer or --inject from FILE (- for "
                            "stdin; UTF-8)")
     send.add_argument("--keep-queue", action="store_true", help="with --cancel")
-    for name in ("provider", "model", "system", "reasoning-effort"):
-        send.add_argument(f"--{name}", help="with --configure")
+    for name, what in (("provider", "model provider"), ("model", "model name"),
+                       ("system", "system prompt"),
+                       ("reasoning-effort", "reasoning effort (provider-specific)")):
+        send.add_argument(f"--{name}", help=f"with --configure: the {what}")
     send.add_argument("--tools", help="with --configure: comma-separated tool names ('' = none)")
-    send.add_argument("--max-tokens", type=int, help="with --configure")
-    send.add_argument("--message-id", help="default: a new UUID")
+    send.add_argument("--max-tokens", type=int, help="with --configure: the output token limit")
+    send.add_argument("--message-id", help="the command's message id (default: a new UUID)")
     send.add_argument("--registry", action="store_true",
                       help="Confluent framing with the id registered at DSH_REGISTRY_URL")
     send.set_defaults(func=run_send)
@@ -259,8 +287,7 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     resume_below = args.resume_below
     if resume_below is None:
         resume_below = args.max_turns * 3 // 4
@@ -280,8 +307,8 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
                              rebuild_mode=args.rebuild_mode)
         service = DriverService(ctx, config)
-        port = settings.driver_metrics_port if args.metrics_port is None else args.metrics_port
-        asyncio.run(_serve(settings, service, args.metrics_host, port))
+        port = settings.driver_metrics_port if args.port is None else args.port
+        asyncio.run(_serve(settings, service, args.host, port))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
 
@@ -306,7 +333,7 @@ async def _serve(settings: Settings, service: DriverService, metrics_host: str,
         except OSError as exc:
             raise ConfigError(f"cannot serve /health and /metrics on {metrics_host}:"
                               f"{metrics_port}: {exc.strerror or exc} (DSH_DRIVER_METRICS_PORT "
-                              f"or --metrics-port; -1 disables)") from None
+                              f"or --port; -1 disables)") from None
         print(f"status http://{metrics_host}:{bound}/health /metrics", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -40,9 +40,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_processors",
+    "pipeline.cli.cmd_tail",
     "pipeline.cli.cmd_fanout",
     "pipeline.cli.cmd_dashboard",
+    "pipeline.cli.cmd_schemas",
     "pipeline.cli.cmd_bench",
+    "pipeline.cli.cmd_completion",
 )
 
 # command -> (its module, its summary in the top-level --help). A test keeps the summaries
@@ -64,7 +67,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "send": ("pipeline.cli.cmd_driver", "put one command on a session's inbox"),
     "processors": ("pipeline.cli.cmd_processors", "run a stream-processors worker (derived "
                                                   "messages, usage, fleet)"),
-    "tail": ("pipeline.cli.cmd_fanout", "live readable view of session events"),
+    "tail": ("pipeline.cli.cmd_tail", "live readable view of session events"),
     "export": ("pipeline.cli.cmd_fanout", "write a session as a dsh JSONL file"),
     "import": ("pipeline.cli.cmd_fanout", "publish dsh session files (idempotent)"),
     "ship": ("pipeline.cli.cmd_fanout", "follow a directory of dsh session files"),
@@ -73,8 +76,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("pipeline.cli.cmd_fanout", "fsck of the session topic (JSON summary)"),
     "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "
                                                 "JSON/SSE API, /metrics)"),
+    "schemas": ("pipeline.cli.cmd_schemas", "list, show and check the Avro schemas offline"),
     "bench": ("pipeline.cli.cmd_bench", "run the benchmarks against their anchors and write "
                                         "BENCHMARKS.md"),
+    "completion": ("pipeline.cli.cmd_completion", "print a shell completion script (bash, zsh)"),
 }
 
 
@@ -125,7 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     command = command_in(words)
     parser = build_parser(None if command is None else command)
-    args = parser.parse_args(words)
+    try:
+        args = parser.parse_args(words)
+    except SystemExit as exc:  # --help, --version, or a usage error argparse printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         settings = Settings.from_env() if getattr(args, "uses_settings", True) else Settings()
         code: int = args.func(args, settings)

@@ -1,7 +1,8 @@
 """``dsh-pipeline config``: every setting with its environment variable, default and value.
 
 The output is the generated configuration reference: ``--markdown`` prints the table that
-``deploy/README.md`` embeds (a test keeps the guide in step with :class:`Settings`), ``--env``
+``docs/configuration.md`` and ``deploy/README.md`` embed (tests keep both in step with
+:class:`Settings`), ``--env``
 prints an env file of the current values. Secret values are always masked.
 """
 
@@ -28,7 +29,9 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "replication_factor": "Replication factor of topics created by the project.",
     "security_protocol": "Kafka security protocol: `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, "
                          "`SASL_SSL`.",
-    "sasl_mechanism": "SASL mechanism (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`); empty: no SASL.",
+    "sasl_mechanism": "SASL mechanism when `DSH_SECURITY_PROTOCOL` is `SASL_PLAINTEXT` or "
+                      "`SASL_SSL`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; empty means "
+                      "`PLAIN`. Not used by the other protocols.",
     "sasl_username": "SASL user name.",
     "sasl_password": "SASL password (secret).",
     "ssl_cafile": "Path of the CA bundle that signs the brokers' certificates.",

@@ -36,8 +36,14 @@ EXIT_CODES: Final = (
     (EXIT_FAILED, "invalid input or a failed check (the reason on stderr)"),
     (EXIT_USAGE, "usage error: bad options or arguments, or a bad DSH_* setting"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGINT)"),
-    (EXIT_BROKEN_PIPE, "the reader of stdout went away (SIGPIPE, e.g. `| head`)"),
+    (EXIT_BROKEN_PIPE, "the reader of stdout went away (SIGPIPE: piped into `head`, say)"),
 )
+
+
+def exit_code_table() -> str:
+    """The exit codes as the Markdown table of docs/cli.md (a test keeps them equal)."""
+    rows = [f"| {code} | {meaning} |" for code, meaning in EXIT_CODES]
+    return "\n".join(["| code | meaning |", "|---|---|", *rows]) + "\n"
 
 STDIO: Final = "-"  # as a file argument: stdin to read, stdout to write
 

@@ -130,3 +130,35 @@ def test_bash_completion_is_generated_from_the_parser() -> None:
     zsh = subprocess.run([sys.executable, "-m", "pipeline.cli.main", "completion", "zsh"],
                          capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert zsh.startswith("#compdef dsh-pipeline") and "bashcompinit" in zsh
+
+
+@pytest.mark.broker
+def test_a_service_logs_json_lines(kafka_bootstrap: str, topic_prefix: str,
+                                   tmp_path: Path) -> None:
+    """``driver --log-format json``: every log record on stderr is one JSON object."""
+    import json
+    import os
+    import signal
+
+    env = {**os.environ, "DSH_BOOTSTRAP_SERVERS": kafka_bootstrap,
+           "DSH_TOPIC_PREFIX": topic_prefix, "DSH_PARTITIONS": "3",
+           "DSH_GROUP_ID_PREFIX": f"{topic_prefix}g-"}
+    log = tmp_path / "stderr.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.main", "driver", "--port",
+                                 "-1", "--log-format", "json", "--log-level", "debug"],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
+                                env=env)
+        assert proc.stdout is not None
+        try:
+            ready = proc.stdout.readline()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+    lines = log.read_text().splitlines()
+    assert ready.startswith("ready group="), "\n".join(lines[-20:])
+    records = [json.loads(line) for line in lines if line.strip()]
+    assert records, "no log record at debug level"
+    for record in records:
+        assert {"time", "level", "logger", "message"} <= set(record), record
+    assert {"debug", "info"} <= {record["level"] for record in records}

@@ -98,6 +98,12 @@ def _register_driver(subparsers: Any) -> None:
                  help="group session timeout: how long a dead driver keeps partitions")
     driver.add_argument("--session-timeout-ms", type=int, dest="session_timeout_ms",
                         help=argparse.SUPPRESS)
+    _add_driver_io_options(driver)
+    driver.set_defaults(func=run_driver)
+
+
+def _add_driver_io_options(driver: argparse.ArgumentParser) -> None:
+    """The scripted provider's, the status server's, the framing's and the log's options."""
     driver.add_argument("--script", choices=sorted(SCRIPTS), default="echo",
                         help="scripted provider only: 'echo' answers in one step; 'tool-loop' "
                              "calls the echo tool, then answers its result (two steps)")
@@ -123,7 +129,6 @@ def _register_driver(subparsers: Any) -> None:
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
     add_logging_options(driver, default="info")
-    driver.set_defaults(func=run_driver)
 
 
 def _register_send(subparsers: Any) -> None:

@@ -24,7 +24,14 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics, registry_lookup
-from pipeline.cli.common import STDIO, add_duration, add_session_argument, is_stdio
+from pipeline.cli.common import (
+    STDIO,
+    add_duration,
+    add_logging_options,
+    add_session_argument,
+    configure_logging,
+    is_stdio,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import DerivedChangeSerde
 from pipeline.codec.schemas import SchemaTable
@@ -80,6 +87,7 @@ def register(subparsers: Any) -> None:
     ship.add_argument("--follow", action="store_true", help="keep following (Ctrl-C stops)")
     add_duration(ship, "--interval", default=1.0, help="time between passes")
     ship.add_argument("--batch", type=int, default=5000, help="events per transaction")
+    add_logging_options(ship)
     ship.set_defaults(func=run_ship)
 
     _register_replay_and_check(subparsers)
@@ -182,6 +190,7 @@ async def _import(settings: Settings, files: list[str], session_id: str | None) 
 
 
 def run_ship(args: argparse.Namespace, settings: Settings) -> int:
+    configure_logging(args)
     return asyncio.run(_ship(settings, args))
 
 

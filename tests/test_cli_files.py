@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -94,6 +95,13 @@ def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     before = avro.read_bytes()
     assert run("decode", str(avro), "-o", str(avro)).returncode == 2
     assert avro.read_bytes() == before
+    controller, terminal = pty.openpty()  # binary Avro is not written to a terminal
+    on_tty = subprocess.run([sys.executable, "-m", "pipeline.cli.main", "encode", str(source),
+                             "-o", "-"], stdout=terminal, stderr=subprocess.PIPE, cwd=ROOT,
+                            timeout=60)
+    os.close(terminal)
+    os.close(controller)
+    assert on_tty.returncode == 2 and b"to a terminal" in on_tty.stderr
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from pipeline.cli.common import STDIO, binary_input, is_stdio, refuse_overwrite
 from pipeline.codec.container import read_container, write_container
 from pipeline.codec.sessionfile import encode_lines, read_session_file, write_session_file
-from pipeline.core.errors import CodecError, SessionFileError
+from pipeline.core.errors import CodecError, ConfigError, SessionFileError
 from pipeline.settings import Settings
 
 
@@ -55,6 +55,9 @@ def register(subparsers: Any) -> None:
 
 def run_encode(args: argparse.Namespace, settings: Settings) -> int:
     refuse_overwrite(args.output, args.file)
+    if is_stdio(args.output) and sys.stdout.isatty():
+        raise ConfigError("refusing to write binary Avro to a terminal: redirect stdout, or "
+                          "give -o FILE")
     name = "<stdin>" if is_stdio(args.file) else args.file
     with binary_input(args.file) as handle:
         session_file = read_session_file(name, handle=handle)

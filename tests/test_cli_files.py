@@ -136,11 +136,23 @@ def test_exit_codes_follow_the_table(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.main", "send", "s1",
                              "--followup", "--text-file", "-"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-    time.sleep(1.5)
+    _wait_until_reading_stdin(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert b"Traceback" not in err
+
+
+def _wait_until_reading_stdin(pid: int, timeout_s: float = 60.0) -> None:
+    """Until the process blocks in read(0, ...) (x86-64: syscall 0 on fd 0): started, not
+    still importing, whatever the load of the machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/syscall") as handle:
+            if handle.read().startswith("0 0x0 "):
+                return
+        time.sleep(0.05)
+    raise AssertionError("the command never waited for stdin")
 
 
 def test_send_text_file_usage_errors(tmp_path: Path) -> None:

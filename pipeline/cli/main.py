@@ -129,11 +129,13 @@ def command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     command = command_in(words)
-    parser = build_parser(None if command is None else command)
     try:
+        parser = build_parser(None if command is None else command)
         args = parser.parse_args(words)
     except SystemExit as exc:  # --help, --version, or a usage error argparse printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:  # while the command's modules were still loading
+        return EXIT_INTERRUPTED
     try:
         settings = Settings.from_env() if getattr(args, "uses_settings", True) else Settings()
         code: int = args.func(args, settings)

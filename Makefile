@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints
+.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints docs
 
 setup: $(STAMP) artifacts
 
@@ -78,3 +78,7 @@ broker: setup
 # The benchmark suite (bench/suite.py): rewrites BENCHMARKS.md; BENCH_ARGS=--quick for a short run.
 bench: setup
 	$(BIN)/dsh-pipeline bench $(BENCH_ARGS)
+
+# The docs' generated blocks (settings reference, exit codes) rewritten from the code.
+docs: $(STAMP)
+	$(BIN)/python bench/regenerate_docs.py

@@ -97,7 +97,7 @@ def export_rate(settings: Settings, total: int, turns: int) -> tuple[float, floa
            "DSH_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli.main", "otel", "--start", "beginning",
-         "--metrics-port", str(port), "--loglevel", "WARNING"], cwd=ROOT, env=env)
+         "--metrics-port", str(port), "--log-level", "warning"], cwd=ROOT, env=env)
     try:
         first: tuple[float, int, float] | None = None
         deadline = time.monotonic() + 900
@@ -130,7 +130,7 @@ def run(bootstrap: str, events: int) -> dict[str, float]:
     turns = sum(1 for es in sessions.values() for e in es if e.type == "turn/end")
     print(f"published {total} events, {turns} ended turns, in {len(sessions)} sessions")
     with tempfile.TemporaryDirectory() as state:
-        worker = Worker(settings, free_port(), Path(state), ["--loglevel", "WARNING"])
+        worker = Worker(settings, free_port(), Path(state), ["--log-level", "warning"])
         try:
             worker.wait_ready()
             load = bench_processors.load_average()

@@ -83,11 +83,11 @@ def test_generated_logs_survive_the_container(events: list[Event]) -> None:
 def test_bad_files_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     not_avro = tmp_path / "x.avro"
     not_avro.write_bytes(b"{\"type\":\"session\"}\n")
-    assert main(["decode", str(not_avro)]) == 2
+    assert main(["decode", str(not_avro)]) == 1
     assert "x.avro: not a readable Avro container" in capsys.readouterr().err
-    assert main(["decode", str(tmp_path / "missing.avro")]) == 2
+    assert main(["decode", str(tmp_path / "missing.avro")]) == 1
     assert "cannot read" in capsys.readouterr().err
-    assert main(["encode", str(tmp_path / "missing.jsonl"), "-o", str(not_avro)]) == 2
+    assert main(["encode", str(tmp_path / "missing.jsonl"), "-o", str(not_avro)]) == 1
 
     merged = tmp_path / "merged.avro"
     records = EventRecords()
@@ -95,7 +95,7 @@ def test_bad_files_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     with open(merged, "wb") as handle:
         fastavro.writer(handle, records.schema.parsed,
                         [records.to_record("a", event), records.to_record("b", event)])
-    assert main(["decode", str(merged)]) == 2
+    assert main(["decode", str(merged)]) == 1
     assert "holds 2 sessions" in capsys.readouterr().err
 
 

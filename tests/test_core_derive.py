@@ -83,7 +83,7 @@ def test_derive_at_seq_gives_what_the_model_saw_then(capsys: pytest.CaptureFixtu
 
 def test_derive_of_a_missing_file_is_a_clear_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["derive", str(tmp_path / "nope.jsonl")]) == 2
+    assert main(["derive", str(tmp_path / "nope.jsonl")]) == 1
     err = capsys.readouterr().err
     assert "nope.jsonl" in err and "cannot read" in err
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fanout_support import FIXTURES
 
-from pipeline.cli.cmd_fanout import parse_duration_ms
+from pipeline.cli.common import parse_duration_ms
 from pipeline.codec.sessionfile import encode_lines, read_session_file
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event

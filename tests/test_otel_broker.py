@@ -242,7 +242,7 @@ async def test_the_command_serves_health_and_metrics_and_stops_on_sigterm(
     env = {**os.environ, **otel_settings.to_env(), "DSH_OTLP_ENDPOINT": url,
            "DSH_OTEL_METRICS_PORT": str(port)}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pipeline.cli.main", "otel", "--loglevel", "WARNING", env=env,
+        sys.executable, "-m", "pipeline.cli.main", "otel", "--log-level", "warning", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         await receiver.wait_for(lambda: len(roots(receiver)) == 1)

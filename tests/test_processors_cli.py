@@ -45,7 +45,7 @@ def test_app_id_is_scoped_by_topic_and_group_prefix() -> None:
 
 def test_the_command_is_registered_with_its_options() -> None:
     args = build_parser().parse_args(["processors", "--web-port", "7001", "--grace", "2"])
-    assert (args.web_port, args.grace, args.store) == (7001, 2.0, "memory://")
+    assert (args.port, args.grace, args.store) == (7001, 2.0, "memory://")
     defaults = ProcessorsOptions()
     assert (args.fetch_max_wait_ms, args.fetch_min_bytes) == (defaults.fetch_max_wait_ms,
                                                               defaults.fetch_min_bytes)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.cli.common import add_duration, add_logging_options, configure_logging
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -42,16 +43,18 @@ def register(subparsers: Any) -> None:
                         help="Kafka port (default: the port of DSH_BOOTSTRAP_SERVERS; 0: free)")
     parser.add_argument("--registry-port", type=int, default=None,
                         help="registry port (default: the port of DSH_REGISTRY_URL; 0: free)")
-    parser.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds each of Kafka and the registry may take to answer (60)")
+    add_duration(parser, "--ready-timeout", default=60.0,
+                 help="how long each of Kafka and the registry may take to answer")
     parser.add_argument("--fetch-only", action="store_true",
                         help="only resolve the Java artifacts into the cache, then exit")
     parser.add_argument("--with-tools", action="store_true",
                         help="also resolve Kafka's perf tools (for bench/)")
+    add_logging_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    configure_logging(args)
     artifacts = Artifacts.default()
     ensure_artifacts(artifacts, with_tools=args.with_tools, progress=_progress)
     if args.fetch_only:

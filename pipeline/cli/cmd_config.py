@@ -1,17 +1,22 @@
 """``dsh-pipeline config``: every setting with its environment variable, default and value.
 
 The output is the generated configuration reference: ``--markdown`` prints the table that
-``deploy/README.md`` embeds (a test keeps the guide in step with :class:`Settings`), ``--env``
+``docs/configuration.md`` and ``deploy/README.md`` embed (tests keep both in step with
+:class:`Settings`), ``--env``
 prints an env file of the current values. Secret values are always masked.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final, TextIO
 
+from pipeline.cli.common import EXIT_USAGE
+from pipeline.core.errors import ConfigError
 from pipeline.settings import Secret, Settings
 
 # Why each setting exists, for the reference table. A setting missing here is shown as
@@ -24,7 +29,9 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "replication_factor": "Replication factor of topics created by the project.",
     "security_protocol": "Kafka security protocol: `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, "
                          "`SASL_SSL`.",
-    "sasl_mechanism": "SASL mechanism (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`); empty: no SASL.",
+    "sasl_mechanism": "SASL mechanism when `DSH_SECURITY_PROTOCOL` is `SASL_PLAINTEXT` or "
+                      "`SASL_SSL`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; empty means "
+                      "`PLAIN`. Not used by the other protocols.",
     "sasl_username": "SASL user name.",
     "sasl_password": "SASL password (secret).",
     "ssl_cafile": "Path of the CA bundle that signs the brokers' certificates.",
@@ -124,7 +131,24 @@ def render_table(rows: list[SettingRow]) -> str:
     return "\n".join(out) + "\n"
 
 
+def settings_and_errors(env: Mapping[str, str] | None = None
+                        ) -> tuple[Settings, list[str]]:
+    """The environment's settings, leaving out (at their defaults) the variables that do not
+    parse, and what is wrong with each of those: the table still shows every other value."""
+    source = dict(os.environ if env is None else env)
+    errors: list[str] = []
+    for name in sorted(k for k in source if k.startswith("DSH_")):
+        try:
+            Settings.from_env({name: source[name]})
+        except ConfigError as exc:
+            errors.append(str(exc))
+            del source[name]
+    return Settings.from_env(source), errors
+
+
 def run(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
+    """Exit 2 (a usage error) when a variable does not parse, after the table."""
+    settings, errors = settings_and_errors()
     rows = setting_rows(settings)
     if args.markdown:
         text = render_markdown(rows)
@@ -133,7 +157,9 @@ def run(args: argparse.Namespace, settings: Settings, out: TextIO | None = None)
     else:
         text = render_table(rows)
     (out or sys.stdout).write(text)
-    return 0
+    for error in errors:
+        print(f"dsh-pipeline config: error: {error} (its default is shown)", file=sys.stderr)
+    return EXIT_USAGE if errors else 0
 
 
 def register(subparsers: Any) -> None:
@@ -148,4 +174,4 @@ def register(subparsers: Any) -> None:
                       help="the reference table of deploy/README.md (defaults, descriptions)")
     mode.add_argument("--env", action="store_true",
                       help="an env file of the current values (set secrets masked)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, uses_settings=False)

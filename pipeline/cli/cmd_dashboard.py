@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from typing import Any
 
+from pipeline.cli.common import add_listen_options, add_logging_options, configure_logging
 from pipeline.codec.avro import EventSerde
 from pipeline.services.dashboard.server import serve_until, start_dashboard
 from pipeline.settings import Settings
@@ -25,15 +25,16 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "dashboard", help="serve the live fleet dashboard (web page, JSON/SSE API, /metrics)",
         description="Serve the read-only live dashboard of the fleet, fed by the session topic.")
-    parser.add_argument("--host", default=None, help="bind host (default DSH_DASHBOARD_HOST)")
-    parser.add_argument("--port", type=int, default=None,
-                        help="bind port (default DSH_DASHBOARD_PORT; 0 picks a free one)")
-    parser.add_argument("--loglevel", default="WARNING")
+    add_listen_options(parser, what="the dashboard", host_default=None,
+                       host_help="interface the dashboard binds to (default: "
+                                 "DSH_DASHBOARD_HOST)",
+                       port_help="port (default: DSH_DASHBOARD_PORT; 0 picks a free one)")
+    add_logging_options(parser)
     parser.set_defaults(func=run_dashboard)
 
 
 def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=args.loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     asyncio.run(_serve(settings, args.host, args.port))
     return 0
 

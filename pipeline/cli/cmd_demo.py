@@ -3,9 +3,10 @@
 Starts the local stack in-process (or uses ``DSH_BOOTSTRAP_SERVERS`` with ``--external``),
 ensures the project's topics and starts the dashboard (its URL printed first). Then:
 
-1. publishes every event of the sample sessions (``<fixtures>/dsh-format0/*.jsonl``) to the
-   session-events topic, Avro-encoded, keyed by session id, with the type and seq headers,
-   and reads them back byte for byte;
+1. publishes every event of the sample sessions (``samples/sessions/*.jsonl`` of the
+   checkout, recorded from the project's own driver by ``bench/record_samples.py``;
+   ``--samples DIR`` for others) to the session-events topic, Avro-encoded, keyed by session
+   id, with the type and seq headers, and reads them back byte for byte;
 2. unless ``--sessions 0``: runs N scripted agent sessions through the Kafka driver and a
    processors worker (:mod:`pipeline.cli.demo_fleet`), and checks every session's derived
    messages and usage in the processors against core's folds of its log.
@@ -28,6 +29,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.cli.common import add_duration
 from pipeline.cli.demo_fleet import run_demo_fleet
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
@@ -37,32 +39,35 @@ from pipeline.core.events import Event
 from pipeline.services.dashboard.background import BackgroundDashboard
 from pipeline.settings import Settings
 
-DEFAULT_FIXTURES = CHECKOUT_ROOT.parent / "shared" / "fixtures"
+DEFAULT_SAMPLES = CHECKOUT_ROOT / "samples" / "sessions"
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo", help="publish the sample sessions through Kafka and read them back",
-        description="Start the local stack, publish the sample dsh sessions, read them back.")
+        "demo", help="run the whole pipeline on a local stack and check it",
+        description="Start the local stack (or use DSH_BOOTSTRAP_SERVERS with --external) and "
+                    "the dashboard, publish the sample sessions and read them back, run "
+                    "scripted agent sessions through the driver and a processors worker, check "
+                    "every derived table against the log, print one summary line.")
     parser.add_argument("--external", action="store_true",
                         help="use the broker of DSH_BOOTSTRAP_SERVERS instead of starting one")
-    parser.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES, metavar="DIR",
-                        help="folder holding dsh-format0/*.jsonl (default: ../shared/fixtures "
-                             "beside the checkout)")
+    parser.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES, metavar="DIR",
+                        help="folder of dsh session files (*.jsonl, *.jsonl.zstd) to publish "
+                             "(default: samples/sessions of the checkout)")
     parser.add_argument("--sessions", type=int, default=8, metavar="N",
-                        help="scripted agent sessions to run through the driver (8; 0: only "
+                        help="scripted agent sessions to run through the driver (0: only "
                              "publish the samples)")
     parser.add_argument("--turns", type=int, default=2, metavar="N",
-                        help="turns per scripted session (2)")
-    parser.add_argument("--ready-timeout", type=float, default=180.0, metavar="S",
-                        help="seconds each of Kafka and the registry may take to answer (180)")
+                        help="turns per scripted session")
+    add_duration(parser, "--ready-timeout", default=180.0,
+                 help="how long each of Kafka and the registry may take to answer")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.sessions < 0 or args.turns < 1:
         raise ConfigError("--sessions must be 0 or more and --turns 1 or more")
-    sessions = load_sessions(args.fixtures)
+    sessions = load_sessions(args.samples)
     if args.external:
         _progress(f"using the broker at {settings.bootstrap_servers}")
         return _with_dashboard(settings, sessions, args)
@@ -81,19 +86,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         stack.stop()
 
 
-def load_sessions(fixtures: Path) -> dict[str, list[Event]]:
-    """Session id -> its events, from every ``dsh-format0/*.jsonl`` under ``fixtures``."""
-    files = sorted((fixtures / "dsh-format0").glob("*.jsonl"))
+def load_sessions(folder: Path) -> dict[str, list[Event]]:
+    """Session id -> its events, from every ``*.jsonl`` and ``*.jsonl.zstd`` in ``folder``."""
+    files = sorted([*folder.glob("*.jsonl"), *folder.glob("*.jsonl.zstd")])
     if not files:
-        raise ConfigError(f"no sample sessions in {fixtures / 'dsh-format0'}: give the "
-                          "fixtures folder with --fixtures DIR")
+        raise ConfigError(f"no sample sessions (*.jsonl, *.jsonl.zstd) in {folder}: give a "
+                          "folder of session files with --samples DIR")
     sessions: dict[str, list[Event]] = {}
     for path in files:
         session = read_session_file(path)
         session_id = session.session_id or ""
         if not session_id or "{{" in session_id or session_id in sessions:
             # Some samples carry a template placeholder as id: the file name keeps them apart.
-            session_id = path.stem
+            session_id = path.name.split(".")[0]
         sessions[session_id] = list(session.events)
         _progress(f"read {path.name}: session {session_id}, {len(session.events)} events")
     return sessions

@@ -4,9 +4,12 @@
 calls, other events) and then the derived messages the model sees, like the example of the
 spec. ``derive --json FILE`` prints exactly one JSON array: the derived messages, each as it
 stands in its event. ``validate FILE...`` prints one line per problem,
-``FILE:LINE: seq N, type T: message [rule: R]``, and exits 1 if there is any.
+``FILE:LINE: seq N, type T: message [rule: R]``, and exits 1 if there is any, or if a torn
+tail (an unterminated last line, a cut last zstd frame) had to be dropped, unless
+``--allow-torn-tail`` accepts that (the dropped bytes are reported either way).
 
-Both read files in ingest mode (the spec's simplified shapes accepted) unless ``--strict``.
+Both read files in ingest mode (the spec's simplified shapes accepted) unless ``--strict``;
+``-`` reads stdin. Neither reads the ``DSH_*`` settings.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, TextIO
+from typing import IO, Any, Final, TextIO
 
+from pipeline.cli.common import STDIO, binary_input
 from pipeline.codec.sessionfile import (
     FileProblem,
     SessionFile,
@@ -38,7 +42,8 @@ def register(subparsers: Any) -> None:
         "derive", help="show a session file's turns and the messages the model sees",
         description="Read a dsh session file (.jsonl or .jsonl.zstd) and print its turn/step "
                     "structure followed by the derived messages (what the model sees).")
-    derive.add_argument("file", metavar="FILE", help="session file (.jsonl or .jsonl.zstd)")
+    derive.add_argument("file", metavar="FILE",
+                        help="session file (.jsonl or .jsonl.zstd; - for stdin)")
     derive.add_argument("--json", action="store_true",
                         help="print only the derived messages, as one JSON array")
     derive.add_argument("--strict", action="store_true",
@@ -46,16 +51,22 @@ def register(subparsers: Any) -> None:
                              "writes) instead of ingest mode")
     derive.add_argument("--at-seq", type=int, metavar="SEQ", default=None,
                         help="derive the messages as of just after event SEQ")
-    derive.set_defaults(func=run_derive)
+    derive.set_defaults(func=run_derive, uses_settings=False)
 
     validate = subparsers.add_parser(
         "validate", help="check session files against the session-log rules",
         description="Check each FILE; print one line per problem "
-                    "(FILE:LINE: seq N, type T: message [rule: R]); exit 1 if any.")
-    validate.add_argument("files", metavar="FILE", nargs="+", help="session files to check")
+                    "(FILE:LINE: seq N, type T: message [rule: R]); exit 1 if any, or if a "
+                    "torn tail was dropped (unless --allow-torn-tail).")
+    validate.add_argument("files", metavar="FILE", nargs="+",
+                          help="session files to check (- for stdin)")
     validate.add_argument("--strict", action="store_true",
                           help="require dsh's strict message shapes (what the driver writes)")
-    validate.set_defaults(func=run_validate)
+    validate.add_argument("--allow-torn-tail", action="store_true",
+                          help="accept a file whose torn tail (unterminated last line, cut "
+                               "last zstd frame) was dropped, as a crash mid-write leaves it; "
+                               "the dropped bytes are still reported")
+    validate.set_defaults(func=run_validate, uses_settings=False)
 
 
 def _mode(args: argparse.Namespace) -> Mode:
@@ -64,7 +75,8 @@ def _mode(args: argparse.Namespace) -> Mode:
 
 def run_derive(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    session_file, log = load_session(args.file, mode=_mode(args))
+    with binary_input(args.file) as handle:
+        session_file, log = load_session(_name(args.file), mode=_mode(args), handle=handle)
     for warning in session_file.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     messages = log.messages() if args.at_seq is None else log.messages_at(args.at_seq)
@@ -81,21 +93,45 @@ def run_validate(args: argparse.Namespace, settings: Settings,
     out = out or sys.stdout
     failed = False
     for path in args.files:
-        problems, session_file = validate_file(path, _mode(args))
-        for warning in session_file.warnings if session_file else ():
-            print(f"warning: {warning}", file=sys.stderr)
+        try:
+            with binary_input(path) as handle:
+                problems, session_file = validate_file(_name(path), _mode(args),
+                                                       handle=handle)
+        except SessionFileError as exc:  # cannot be opened: reported, the others checked
+            problems, session_file = [FileProblem(path, None, exc)], None
         for problem in problems[:MAX_PROBLEMS_SHOWN]:
             out.write(printable(str(problem)) + "\n")
         if len(problems) > MAX_PROBLEMS_SHOWN:
             out.write(f"{path}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems\n")
-        if problems:
+        if session_file is None:
             failed = True
-        elif session_file is not None:
-            out.write(f"{path}: valid ({len(session_file.events)} events)\n")
+            continue
+        torn = _torn_tail_note(session_file)
+        refused = bool(torn) and not args.allow_torn_tail
+        if refused:
+            out.write(f"{_name(path)}: {torn}: data is missing (--allow-torn-tail accepts "
+                      "it)\n")
+        if problems or refused:
+            failed = True
+        else:
+            accepted = f"; {torn}, accepted" if torn else ""
+            out.write(f"{_name(path)}: valid ({len(session_file.events)} events{accepted})\n")
     return 1 if failed else 0
 
 
-def validate_file(path: str, mode: Mode) -> tuple[list[FileProblem], SessionFile | None]:
+def _name(path: str) -> str:
+    return "<stdin>" if path == STDIO else path
+
+
+def _torn_tail_note(session_file: SessionFile) -> str:
+    """What was dropped at the end of the file, or "" when nothing was."""
+    if not session_file.dropped_bytes:
+        return ""
+    return f"torn tail of {session_file.dropped_bytes} bytes dropped"
+
+
+def validate_file(path: str, mode: Mode, *, handle: IO[bytes] | None = None
+                  ) -> tuple[list[FileProblem], SessionFile | None]:
     """Every line problem of ``path`` and every event the fold refuses.
 
     A refused event is replaced by an inert placeholder (an unknown ``ignorable`` event) so
@@ -103,7 +139,7 @@ def validate_file(path: str, mode: Mode) -> tuple[list[FileProblem], SessionFile
     left by a bad line ends the fold (the events after it cannot be placed).
     """
     try:
-        session_file, problems = scan_session_file(path)
+        session_file, problems = scan_session_file(path, handle=handle)
     except SessionFileError as exc:  # the file cannot be opened at all
         return [FileProblem(path, None, exc)], None
     log = SessionLog(session_file.session_id or "", mode=mode)

@@ -5,8 +5,10 @@ turns until SIGTERM or Ctrl-C, then shuts down gracefully (stops claiming, lets 
 for ``--grace`` seconds, commits or aborts, closes producers, leaves the group).
 
 ``send SESSION`` puts one command on the inbox: ``--followup TEXT``, ``--steer TEXT``,
-``--inject TEXT``, ``--cancel [--keep-queue]`` or ``--configure`` with any of ``--provider``,
-``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``, ``--max-tokens``. It prints
+``--inject TEXT`` (or the text from a file or stdin: ``--followup --text-file F|-``, for texts
+longer than a command line may be), ``--cancel [--keep-queue]`` or ``--configure`` with any
+of ``--provider``, ``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``,
+``--max-tokens``. It prints
 one JSON line ``{"sessionId", "messageId", "kind", "partition", "offset"}``.
 """
 
@@ -17,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import signal
 import sys
 import uuid
@@ -34,9 +35,17 @@ from pipeline.adapters.registry.client import (
     event_serde_for_topic,
     value_subject,
 )
+from pipeline.cli.common import (
+    add_duration,
+    add_listen_options,
+    add_logging_options,
+    add_session_argument,
+    configure_logging,
+    port_number,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, SessionFileError
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
@@ -62,62 +71,93 @@ def register(subparsers: Any) -> None:
 
 
 def _register_driver(subparsers: Any) -> None:
-    driver = subparsers.add_parser("driver", help="run agent turns from the inbox topic")
-    driver.add_argument("--group", help="consumer group (default <prefix>driver)")
-    driver.add_argument("--linger-ms", type=float, default=25.0,
-                        help="longest time events wait before their transaction commits")
+    driver = subparsers.add_parser(
+        "driver", help="run agent turns from the inbox topic",
+        description="Join the consumer group <DSH_GROUP_ID_PREFIX>driver on the inbox topic "
+                    "and run agent turns until SIGTERM or Ctrl-C, then stop gracefully: stop "
+                    "claiming, let running turns finish for --grace, commit or abort, leave "
+                    "the group. Serves /health and /metrics on --host:--port.")
+    driver.add_argument("--group", help="consumer group (default: <prefix>driver)")
+    add_duration(driver, "--linger", default=0.025, ms=True, dest="linger_ms",
+                 help="longest time events wait before their transaction commits")
+    driver.add_argument("--linger-ms", type=float, dest="linger_ms", help=argparse.SUPPRESS)
     driver.add_argument("--max-turns", type=int, default=256,
                         help="pause the inbox when this many sessions run a turn")
     driver.add_argument("--resume-below", type=int,
                         help="resume the inbox when at most this many turns run "
                              "(default: three quarters of --max-turns)")
-    driver.add_argument("--grace", type=float, default=10.0,
-                        help="seconds running turns get to finish on shutdown")
+    add_duration(driver, "--grace", default=10.0,
+                 help="how long running turns may take to finish on shutdown")
     driver.add_argument("--enable-host-tools", action="store_true",
                         help="offer tools that touch the host (bash); off by default")
     driver.add_argument("--instance-id",
                         help="static group membership id (e.g. the pod name): a restarted "
                              "driver with the same id gets its partitions back at once")
-    driver.add_argument("--session-timeout-ms", type=int, default=10_000,
-                        help="group session timeout: how long a dead driver keeps partitions")
+    add_duration(driver, "--session-timeout", default=10.0, ms=True,
+                 dest="session_timeout_ms",
+                 help="group session timeout: how long a dead driver keeps partitions")
+    driver.add_argument("--session-timeout-ms", type=int, dest="session_timeout_ms",
+                        help=argparse.SUPPRESS)
+    _add_driver_io_options(driver)
+    driver.set_defaults(func=run_driver)
+
+
+def _add_driver_io_options(driver: argparse.ArgumentParser) -> None:
+    """The scripted provider's, the status server's, the framing's and the log's options."""
     driver.add_argument("--script", choices=sorted(SCRIPTS), default="echo",
                         help="scripted provider only: 'echo' answers in one step; 'tool-loop' "
                              "calls the echo tool, then answers its result (two steps)")
-    driver.add_argument("--script-chunk-delay-ms", type=int, default=0,
-                        help="scripted provider only: wait this long between stream chunks "
-                             "(to watch chunks arrive live)")
+    add_duration(driver, "--script-chunk-delay", default=0.0, ms=True,
+                 dest="script_chunk_delay_ms",
+                 help="scripted provider only: wait this long between stream chunks (to "
+                      "watch chunks arrive live)")
+    driver.add_argument("--script-chunk-delay-ms", type=int, dest="script_chunk_delay_ms",
+                        help=argparse.SUPPRESS)
     driver.add_argument("--pipelined-flush", action="store_true",
                         help="a step boundary does not wait for its transaction to commit "
                              "(more steps/s; a crash may then lose the last step or two)")
-    driver.add_argument("--metrics-host", default="0.0.0.0",
-                        help="address of the /health and /metrics server (counters only)")
-    driver.add_argument("--metrics-port", type=int,
-                        help="port of /health and /metrics (default DSH_DRIVER_METRICS_PORT; "
-                             "-1 = no server, 0 = any free port)")
+    add_listen_options(driver, what="the /health and /metrics server", host_default="0.0.0.0",
+                       port_help="port of /health and /metrics (default: "
+                                 "DSH_DRIVER_METRICS_PORT; -1: no server, 0: any free port)")
+    driver.add_argument("--metrics-host", dest="host", help=argparse.SUPPRESS)
+    driver.add_argument("--metrics-port", type=port_number, dest="port",
+                        help=argparse.SUPPRESS)
     driver.add_argument("--rebuild-mode", choices=("strict", "ingest"), default="strict",
                         help="validation of logs rebuilt from the session topic: 'ingest' "
                              "also accepts imported logs with simplified message shapes")
     driver.add_argument("--registry", action="store_true",
                         help="register the schemas at DSH_REGISTRY_URL and write the Confluent "
                              "framing (default: Avro single-object encoding, no registry)")
-    driver.set_defaults(func=run_driver)
+    add_logging_options(driver, default="info")
 
 
 def _register_send(subparsers: Any) -> None:
-    send = subparsers.add_parser("send", help="put one command on a session's inbox")
-    send.add_argument("session", help="session id (the record key)")
+    send = subparsers.add_parser(
+        "send", help="put one command on a session's inbox",
+        description="Put one command on the inbox topic, keyed by SESSION: a follow-up, a "
+                    "steer, an inject (text as an argument, or from --text-file FILE or stdin "
+                    "with -), a cancel or a configure. Prints one JSON line {sessionId, "
+                    "messageId, kind, partition, offset}.")
+    add_session_argument(send)
     kind = send.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--followup", metavar="TEXT", help="a follow-up (next turn)")
-    kind.add_argument("--steer", metavar="TEXT", help="steering (next step; wakes)")
-    kind.add_argument("--inject", metavar="TEXT", help="context (next step; does not wake)")
+    for flag, what in (("followup", "a follow-up (next turn)"),
+                       ("steer", "steering (next step; wakes)"),
+                       ("inject", "context (next step; does not wake)")):
+        kind.add_argument(f"--{flag}", metavar="TEXT", nargs="?", const=FROM_FILE,
+                          help=f"{what}; without TEXT, the text comes from --text-file")
     kind.add_argument("--cancel", action="store_true", help="abort the current turn")
     kind.add_argument("--configure", action="store_true", help="change the configuration")
+    send.add_argument("--text-file", metavar="FILE",
+                      help="read the text of --followup, --steer or --inject from FILE (- for "
+                           "stdin; UTF-8)")
     send.add_argument("--keep-queue", action="store_true", help="with --cancel")
-    for name in ("provider", "model", "system", "reasoning-effort"):
-        send.add_argument(f"--{name}", help="with --configure")
+    for name, what in (("provider", "model provider"), ("model", "model name"),
+                       ("system", "system prompt"),
+                       ("reasoning-effort", "reasoning effort (provider-specific)")):
+        send.add_argument(f"--{name}", help=f"with --configure: the {what}")
     send.add_argument("--tools", help="with --configure: comma-separated tool names ('' = none)")
-    send.add_argument("--max-tokens", type=int, help="with --configure")
-    send.add_argument("--message-id", help="default: a new UUID")
+    send.add_argument("--max-tokens", type=int, help="with --configure: the output token limit")
+    send.add_argument("--message-id", help="the command's message id (default: a new UUID)")
     send.add_argument("--registry", action="store_true",
                       help="Confluent framing with the id registered at DSH_REGISTRY_URL")
     send.set_defaults(func=run_send)
@@ -133,6 +173,7 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     for flag, cls in (("followup", FollowUp), ("steer", Steer), ("inject", Inject)):
         text = getattr(args, flag)
         if text is not None:
+            text = _text_of(flag, text, args.text_file)
             return cls(**common, content=({"type": "text", "text": text},))
     if args.cancel:
         return Cancel(**common, keep_queue=args.keep_queue)
@@ -146,12 +187,38 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     return configure
 
 
+FROM_FILE = "\0from --text-file"  # --followup/--steer/--inject given without TEXT
+
+
+def _text_of(flag: str, given: str, text_file: str | None) -> str:
+    """The text of a follow-up, steer or inject: the argument, or the file's content."""
+    if given != FROM_FILE:
+        if text_file is not None:
+            raise ConfigError(f"send --{flag} TEXT and --text-file: give the text once")
+        return given
+    if text_file is None:
+        raise ConfigError(f"send --{flag} needs TEXT or --text-file FILE")
+    try:
+        if text_file == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        with open(text_file, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise SessionFileError(f"{text_file}: cannot read: {exc.strerror or exc}",
+                               path=text_file) from None
+    except UnicodeDecodeError as exc:
+        raise SessionFileError(f"{text_file}: not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})", path=text_file) from None
+
+
 CONFIGURE_OPTIONS = ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")
 
 
 def _check_send_options(args: argparse.Namespace) -> None:
     if args.keep_queue and not args.cancel:
         raise ConfigError("send --keep-queue only goes with --cancel")
+    if args.text_file is not None and not (args.followup or args.steer or args.inject):
+        raise ConfigError("send --text-file only goes with --followup, --steer or --inject")
     given = [f"--{o.replace('_', '-')}" for o in CONFIGURE_OPTIONS if getattr(args, o) is not None]
     if given and not args.configure:
         raise ConfigError(f"send {' '.join(given)} only go(es) with --configure")
@@ -160,7 +227,7 @@ def _check_send_options(args: argparse.Namespace) -> None:
 def run_send(args: argparse.Namespace, settings: Settings) -> int:
     try:
         command = command_from_args(args)
-    except ConfigError:
+    except (ConfigError, SessionFileError):
         raise
     except Exception as exc:  # EventError from the command's own checks
         raise ConfigError(f"send: {exc}") from None
@@ -225,8 +292,7 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     resume_below = args.resume_below
     if resume_below is None:
         resume_below = args.max_turns * 3 // 4
@@ -246,8 +312,8 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
                              rebuild_mode=args.rebuild_mode)
         service = DriverService(ctx, config)
-        port = settings.driver_metrics_port if args.metrics_port is None else args.metrics_port
-        asyncio.run(_serve(settings, service, args.metrics_host, port))
+        port = settings.driver_metrics_port if args.port is None else args.port
+        asyncio.run(_serve(settings, service, args.host, port))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
 
@@ -272,7 +338,7 @@ async def _serve(settings: Settings, service: DriverService, metrics_host: str,
         except OSError as exc:
             raise ConfigError(f"cannot serve /health and /metrics on {metrics_host}:"
                               f"{metrics_port}: {exc.strerror or exc} (DSH_DRIVER_METRICS_PORT "
-                              f"or --metrics-port; -1 disables)") from None
+                              f"or --port; -1 disables)") from None
         print(f"status http://{metrics_host}:{bound}/health /metrics", file=sys.stderr)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,13 +1,14 @@
-"""Fan-out and replay commands: ``tail``, ``export``, ``import``, ``ship``, ``replay``, ``check``.
+"""Fan-out and replay commands: ``export``, ``import``, ``ship``, ``replay``, ``check``
+(``tail``: :mod:`pipeline.cli.cmd_tail`).
 
-- ``tail [SESSION] [--from-beginning]``: a live readable view of the session topic;
-- ``export SESSION -o FILE``: the session as a dsh file (header + events, packed rows);
+- ``export SESSION [-o FILE|-] [--from-seq N] [--to-seq M]``: the session as a dsh file
+  (header + events, packed rows), or some of its events;
 - ``import FILE...``: idempotent, transactional per file; a conflicting file is refused;
 - ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
 - ``replay``: rebuild derived-messages into a new version, verify, hand it over from the
   live processors (they hold while it catches up, then publish into it), switch readers;
   ``replay --withdraw-handover`` clears the handover of a replay that died holding them;
-  ``replay --session ID [--jsonl|--transcript]`` prints one session from the topic;
+  ``replay SESSION [--jsonl|--transcript]`` prints one session from the topic;
 - ``check [SESSION...]``: fsck of the session topic, JSON summary, exit 1 on any problem.
 """
 
@@ -21,18 +22,27 @@ import time
 from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.event_stream import EventStream, Start
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics, registry_lookup
+from pipeline.cli.common import (
+    STDIO,
+    add_duration,
+    add_logging_options,
+    add_session_argument,
+    configure_logging,
+    is_stdio,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import DerivedChangeSerde
 from pipeline.codec.schemas import SchemaTable
+from pipeline.codec.sessionfile import encode_lines, write_session_file
 from pipeline.core.errors import ConfigError
 from pipeline.services.processors.verify import verify_processors
 from pipeline.services.replay.check import CheckSummary, check_topic
 from pipeline.services.replay.rebuild import replay_projection
-from pipeline.services.replay.render import Renderer, transcript
+from pipeline.services.replay.render import transcript
 from pipeline.services.replay.ship import Shipper
+from pipeline.services.replay.topic import minimal_header
 from pipeline.services.replay.transfer import Importer, export_session, read_session
 from pipeline.services.replay.versions import HANDOVER_TIMEOUT_S, withdraw_handover
 from pipeline.settings import Settings
@@ -41,31 +51,43 @@ _MAX_LISTED = 200  # differences printed one per line; the rest counted
 
 
 def register(subparsers: Any) -> None:
-    tail = subparsers.add_parser("tail", help="live readable view of session events")
-    tail.add_argument("session", nargs="?", help="only this session (default: all)")
-    tail.add_argument("--from-beginning", action="store_true",
-                      help="start at the beginning of the topic instead of its end")
-    tail.set_defaults(func=run_tail)
-
-    export = subparsers.add_parser("export", help="write a session as a dsh JSONL file")
-    export.add_argument("session")
-    export.add_argument("-o", "--output", required=True, metavar="FILE",
-                        help="file to write (.jsonl, or .jsonl.zstd for zstd)")
+    export = subparsers.add_parser(
+        "export", help="write a session as a dsh JSONL file",
+        description="Write SESSION from the session topic as a dsh session file: its header "
+                    "line, then its events, chunk runs packed as dsh packs them. A file that "
+                    "was imported comes back byte for byte. --from-seq/--to-seq write only "
+                    "those events (for looking at: a file must start at seq 0 to be imported).")
+    add_session_argument(export)
+    export.add_argument("-o", "--output", default=STDIO, metavar="FILE",
+                        help="file to write (.jsonl, or .jsonl.zstd for zstd; - for stdout)")
+    export.add_argument("--from-seq", type=int, default=0, metavar="N",
+                        help="first event to write")
+    export.add_argument("--to-seq", type=int, default=None, metavar="M",
+                        help="last event to write (default: the last one)")
     export.add_argument("--unpacked", action="store_true",
                         help="one line per chunk event instead of dsh's packed rows")
     export.set_defaults(func=run_export)
 
-    imp = subparsers.add_parser("import", help="publish dsh session files (idempotent)")
-    imp.add_argument("files", nargs="+", metavar="FILE")
+    imp = subparsers.add_parser(
+        "import", help="publish dsh session files (idempotent)",
+        description="Validate each FILE, then publish the events the topic does not hold yet, "
+                    "one transaction per file (all or nothing). A file with a different event "
+                    "at a seq the topic holds is refused. One JSON line per file.")
+    imp.add_argument("files", nargs="+", metavar="FILE", help="dsh session files")
     imp.add_argument("--session-id", help="session id to use (one file only; default: the "
                                           "header's id)")
     imp.set_defaults(func=run_import)
 
-    ship = subparsers.add_parser("ship", help="follow a directory of dsh session files")
-    ship.add_argument("directory", metavar="DIR")
+    ship = subparsers.add_parser(
+        "ship", help="follow a directory of dsh session files",
+        description="Publish every *.jsonl / *.jsonl.zstd under DIR exactly once across "
+                    "restarts (the topic is the checkpoint); with --follow, keep publishing "
+                    "what is appended. Exit 1 if a file had a problem.")
+    ship.add_argument("directory", metavar="DIR", help="the folder to publish")
     ship.add_argument("--follow", action="store_true", help="keep following (Ctrl-C stops)")
-    ship.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    add_duration(ship, "--interval", default=1.0, help="time between passes")
     ship.add_argument("--batch", type=int, default=5000, help="events per transaction")
+    add_logging_options(ship)
     ship.set_defaults(func=run_ship)
 
     _register_replay_and_check(subparsers)
@@ -73,17 +95,23 @@ def register(subparsers: Any) -> None:
 
 def _register_replay_and_check(subparsers: Any) -> None:
     replay = subparsers.add_parser(
-        "replay", help="rebuild derived messages into a new version (or print one session)")
-    replay.add_argument("--session", metavar="ID", help="print this session instead")
+        "replay", help="rebuild derived messages into a new version (or print one session)",
+        description="Without SESSION: rebuild derived-messages from offset 0 into a new "
+                    "version, verify it against the active one, hand over from the live "
+                    "processors and switch readers (exit 1 when it did not switch). With "
+                    "SESSION: print that session from the topic.")
+    add_session_argument(replay, optional=True,
+                         help="print this session (a transcript, or --jsonl) instead")
+    replay.add_argument("--session", dest="session_option", help=argparse.SUPPRESS)
     form = replay.add_mutually_exclusive_group()
     form.add_argument("--jsonl", action="store_true", help="print the session as dsh JSONL")
     form.add_argument("--transcript", action="store_true",
                       help="print a readable transcript (the default with --session)")
     replay.add_argument("--force", action="store_true",
                         help="switch readers to the new version even if it differs")
-    replay.add_argument("--handover-timeout", type=float, default=HANDOVER_TIMEOUT_S,
-                        metavar="S", help="seconds to wait for the live processors to hold "
-                        f"(default {HANDOVER_TIMEOUT_S:.0f}); on a timeout nothing switches")
+    add_duration(replay, "--handover-timeout", default=HANDOVER_TIMEOUT_S,
+                 help="how long to wait for the live processors to hold; on a timeout "
+                      "nothing switches")
     replay.add_argument("--withdraw-handover", action="store_true",
                         help="withdraw the pending handover of a replay that is no longer "
                              "running (the live processors hold until then) and exit")
@@ -94,51 +122,53 @@ def _register_replay_and_check(subparsers: Any) -> None:
                              "single-object encoding, no registry)")
     replay.set_defaults(func=run_replay)
 
-    check = subparsers.add_parser("check", help="fsck of the session topic (JSON summary)")
-    check.add_argument("sessions", nargs="*", metavar="SESSION")
-    check.add_argument("--open-turn-max-age", default="1h", type=parse_duration_ms,
-                       help="an open turn older than this is a problem (e.g. 90s, 30m, 1h)")
+    check = subparsers.add_parser(
+        "check", help="fsck of the session topic (JSON summary)",
+        description="Check the session topic: seqs contiguous from 0, every event valid, no "
+                    "open turn older than --open-turn-max-age, every tool call of a finished "
+                    "turn answered, undecodable records. Prints a JSON summary; exit 1 on any "
+                    "problem.")
+    add_session_argument(check, many=True, help="only these sessions (default: all)")
+    add_duration(check, "--open-turn-max-age", default=3600.0, ms=True,
+                 help="an open turn older than this is a problem")
     check.add_argument("--processors", metavar="URL",
                        help="also compare a processors worker's derived tables with the log")
     check.set_defaults(func=run_check)
-
-
-def parse_duration_ms(text: str) -> int:
-    """``90s``, ``30m``, ``1h``, ``2d`` or plain seconds -> milliseconds."""
-    units = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-    for unit in ("ms", "s", "m", "h", "d"):
-        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
-            return int(float(text[: -len(unit)]) * units[unit])
-    if text.replace(".", "", 1).isdigit():
-        return int(float(text) * 1000)
-    raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m or 1h")
 
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_tail(args: argparse.Namespace, settings: Settings) -> int:
-    return asyncio.run(_tail(settings, args.session, args.from_beginning))
-
-
-async def _tail(settings: Settings, session: str | None, from_beginning: bool) -> int:
-    serde = EventSerde()
-    renderer = Renderer(colour=sys.stdout.isatty(), show_session=session is None)
-    start = Start.BEGINNING if from_beginning else Start.END
-    async with EventStream(settings, decode=serde.decode, start=start) as stream:
-        async for record in stream:
-            if session is None or record.session_id == session:
-                sys.stdout.write(renderer.feed(record.session_id, record.event))
-                sys.stdout.flush()
-    return 0
-
-
 def run_export(args: argparse.Namespace, settings: Settings) -> int:
-    count = asyncio.run(export_session(settings, args.session, args.output,
-                                       EventSerde().decode, packed=not args.unpacked))
+    if args.from_seq < 0 or (args.to_seq is not None and args.to_seq < args.from_seq):
+        raise ConfigError("export needs 0 <= --from-seq <= --to-seq")
+    whole = args.from_seq == 0 and args.to_seq is None
+    if whole and not is_stdio(args.output):
+        count = asyncio.run(export_session(settings, args.session, args.output,
+                                           EventSerde().decode, packed=not args.unpacked))
+    else:
+        count = asyncio.run(_export_some(settings, args))
     _progress(f"exported session {args.session}: {count} events to {args.output}")
     return 0
+
+
+async def _export_some(settings: Settings, args: argparse.Namespace) -> int:
+    """Some of the session's events, or all of them to stdout."""
+    session = await read_session(settings, args.session, EventSerde().decode)
+    if not session.events:
+        raise ConfigError(f"session {args.session!r} has no events on "
+                          f"{settings.topics.session_events!r}")
+    last = args.to_seq if args.to_seq is not None else session.events[-1].seq
+    events = [e for e in session.events if args.from_seq <= e.seq <= last]
+    header = session.header or minimal_header(args.session)
+    if is_stdio(args.output):
+        for line in encode_lines(events, header=header, packed=not args.unpacked):
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    else:
+        write_session_file(args.output, events, header=header, packed=not args.unpacked)
+    return len(events)
 
 
 def run_import(args: argparse.Namespace, settings: Settings) -> int:
@@ -160,6 +190,7 @@ async def _import(settings: Settings, files: list[str], session_id: str | None) 
 
 
 def run_ship(args: argparse.Namespace, settings: Settings) -> int:
+    configure_logging(args)
     return asyncio.run(_ship(settings, args))
 
 
@@ -174,10 +205,11 @@ async def _ship(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace, settings: Settings) -> int:
-    if args.session:
-        return asyncio.run(_print_session(settings, args.session, jsonl=args.jsonl))
+    session = args.session or args.session_option
+    if session:
+        return asyncio.run(_print_session(settings, session, jsonl=args.jsonl))
     if args.jsonl or args.transcript:
-        raise ConfigError("--jsonl and --transcript print one session: add --session ID")
+        raise ConfigError("--jsonl and --transcript print one session: give a SESSION")
     if args.withdraw_handover:
         return asyncio.run(_withdraw_handover(settings))
     if args.handover_timeout <= 0:

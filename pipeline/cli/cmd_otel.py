@@ -16,6 +16,12 @@ import signal
 from typing import Any
 
 from pipeline.adapters.kafka.event_stream import Start
+from pipeline.cli.common import (
+    add_listen_options,
+    add_logging_options,
+    configure_logging,
+    port_number,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.core.genai_trace import SEMCONV_OPT_IN, SEMCONV_VERSION
 from pipeline.services.otel.run import OtelRun, group_of, serve_otel
@@ -40,20 +46,22 @@ def register(subparsers: Any) -> None:
                         help="committed (default): the group's committed offsets, the "
                              "beginning for a new group; beginning or end: ignore them "
                              "(e.g. a replay into a new --group)")
-    parser.add_argument("--metrics-port", type=int, default=None,
-                        help="/health and /metrics port (default DSH_OTEL_METRICS_PORT; "
-                             "0 picks a free one, -1 serves none)")
+    add_listen_options(parser, what="/health and /metrics", host_default="0.0.0.0",
+                       port_help="/health and /metrics port (default: DSH_OTEL_METRICS_PORT; "
+                                 "0 picks a free one, -1 serves none)")
+    parser.add_argument("--metrics-port", type=port_number, dest="port",
+                        help=argparse.SUPPRESS)  # the first spelling
     parser.add_argument("--max-spans", type=int, default=512,
-                        help="spans per export request (default 512)")
-    parser.add_argument("--loglevel", default="INFO")
+                        help="spans per export request")
+    add_logging_options(parser, default="info")
     parser.set_defaults(func=run_otel)
 
 
 def run_otel(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=args.loglevel.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per export request
     run = OtelRun(group_id=args.group or group_of(settings), start=Start[_STARTS[args.start]],
-                  metrics_port=args.metrics_port)
+                  metrics_port=args.port, metrics_host=args.host)
     options = OtelOptions(with_content=args.with_content,
                           max_spans_per_request=max(1, args.max_spans))
     asyncio.run(_serve(settings, run, options))

@@ -1,8 +1,8 @@
 """``dsh-pipeline processors``: run one stream-processors worker (faust).
 
 Folds ``<prefix>session-events`` into the derived-messages, usage and fleet tables, publishes
-them to their compacted topics and serves them over HTTP on ``--web-port``. Run several with
-different ``--web-port`` values (and ``--data-dir`` with rocksdb) to share the partitions; a
+them to their compacted topics and serves them over HTTP on ``--host``:``--port``. Run several
+with different ``--port`` values (and ``--data-dir`` with rocksdb) to share the partitions; a
 stopped worker's partitions move to the others.
 """
 
@@ -15,6 +15,13 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics
+from pipeline.cli.common import (
+    add_duration,
+    add_listen_options,
+    add_logging_options,
+    configure_logging,
+    port_number,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
@@ -26,26 +33,31 @@ from pipeline.settings import Settings
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "processors", help="run a stream-processors worker (derived messages, usage, fleet)")
-    parser.add_argument("--web-port", type=int, default=None,
-                        help="HTTP port (default DSH_PROCESSORS_WEB_PORT)")
-    parser.add_argument("--web-host", default="127.0.0.1", help="HTTP host to bind")
+        "processors", help="run a stream-processors worker (derived messages, usage, fleet)",
+        description=__doc__)
+    add_listen_options(parser, what="the HTTP server (tables, /health, /metrics)",
+                       host_default="127.0.0.1",
+                       port_help="HTTP port (default: DSH_PROCESSORS_WEB_PORT)")
+    parser.add_argument("--web-port", type=port_number, dest="port", help=argparse.SUPPRESS)
+    parser.add_argument("--web-host", dest="host", help=argparse.SUPPRESS)
     parser.add_argument("--store", default="memory://",
                         help="table store: memory:// (rebuilt from changelogs on start) or "
                              "rocksdb:// (needs rocksdict)")
     parser.add_argument("--data-dir", default=None,
                         help="faust data dir (default <DSH_STATE_DIR>/processors-<port>)")
-    parser.add_argument("--standby-replicas", type=int, default=1)
-    parser.add_argument("--grace", type=float, default=5.0,
-                        help="seconds a usage window stays open after its end for late events")
-    parser.add_argument("--tick", type=float, default=1.0,
-                        help="seconds between window-closing ticks")
+    parser.add_argument("--standby-replicas", type=int, default=1,
+                        help="standby copies of each table partition on other workers")
+    add_duration(parser, "--grace", default=5.0,
+                 help="how long a usage window stays open after its end for late events")
+    add_duration(parser, "--tick", default=1.0, help="time between window-closing ticks")
     parser.add_argument("--windows", default="minute=60,hour=3600",
                         help="usage windows as NAME=SECONDS[,NAME=SECONDS]")
-    parser.add_argument("--session-timeout", type=float, default=10.0,
-                        help="seconds before a dead worker's partitions move to the others")
-    parser.add_argument("--fetch-max-wait-ms", type=int, default=5,
-                        help="longest a fetch waits at the broker for new records (1..1500)")
+    add_duration(parser, "--session-timeout", default=10.0,
+                 help="how long before a dead worker's partitions move to the others")
+    add_duration(parser, "--fetch-max-wait", default=0.005, ms=True, dest="fetch_max_wait_ms",
+                 help="longest a fetch waits at the broker for new records (1ms..1500ms)")
+    parser.add_argument("--fetch-max-wait-ms", type=int, dest="fetch_max_wait_ms",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--fetch-min-bytes", type=int, default=8192,
                         help="the broker answers a fetch once this many bytes are ready "
                              "(1: at once; more: fewer, larger batches, less CPU)")
@@ -53,7 +65,7 @@ def register(subparsers: Any) -> None:
                         help="register the output schemas and write the Confluent framing; "
                              "read session events by registry id too (default: Avro "
                              "single-object encoding, no registry)")
-    parser.add_argument("--loglevel", default="WARNING")
+    add_logging_options(parser)
     parser.set_defaults(func=run_processors)
 
 
@@ -75,9 +87,9 @@ def parse_windows(text: str) -> dict[str, int]:
 
 
 def run_processors(args: argparse.Namespace, settings: Settings) -> int:
-    port = args.web_port if args.web_port is not None else settings.processors_web_port
+    port = args.port if args.port is not None else settings.processors_web_port
     options = ProcessorsOptions(
-        web_port=port, web_host=args.web_host, store=args.store,
+        web_port=port, web_host=args.host, store=args.store,
         standby_replicas=args.standby_replicas, grace_ms=int(args.grace * 1000),
         tick_interval_s=args.tick, session_timeout_s=args.session_timeout,
         fetch_max_wait_ms=args.fetch_max_wait_ms, fetch_min_bytes=args.fetch_min_bytes,
@@ -92,4 +104,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         decode = EventSerde(SchemaTable(client.get_schema)).decode
         outputs = output_codecs_for_topics(client, settings.topics)
     processors = build_processors(settings, decode, options, sizes, outputs)
-    return run_worker(processors, loglevel=args.loglevel.upper())
+    own_logging = args.log_format == "json"
+    if own_logging:
+        configure_logging(args)
+    return run_worker(processors, loglevel=args.log_level.upper(), own_logging=own_logging)

@@ -3,65 +3,164 @@
 Each command lives in its own module under :mod:`pipeline.cli` with a ``register(subparsers)``
 function that adds its parser and sets ``func`` (a callable taking the parsed namespace and the
 settings, returning the exit code). Only this package picks adapters.
+
+Start-up stays fast: only the module of the command being run is imported (``COMMANDS`` maps
+each command to its module and its one-line summary for the top-level ``--help``), so the file
+commands never load Kafka, faust or aiohttp. A command missing from ``COMMANDS`` still works:
+every module is then imported. A command that sets ``uses_settings=False`` gets the default
+settings, never the environment's: a bad ``DSH_*`` variable cannot break it. Exit codes:
+:mod:`pipeline.cli.common`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from pipeline.core.errors import DshError
+from pipeline.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    new_parser,
+)
+from pipeline.core.errors import ConfigError, DshError
 from pipeline.settings import Settings
 
 # One module per command group, registered in this order (the order of --help).
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
+    "pipeline.cli.cmd_avro",
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_topics",
     "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_processors",
-    "pipeline.cli.cmd_avro",
+    "pipeline.cli.cmd_tail",
     "pipeline.cli.cmd_fanout",
     "pipeline.cli.cmd_dashboard",
     "pipeline.cli.cmd_otel",
+    "pipeline.cli.cmd_schemas",
     "pipeline.cli.cmd_bench",
+    "pipeline.cli.cmd_completion",
 )
 
+# command -> (its module, its summary in the top-level --help). A test keeps the summaries
+# equal to each parser's help; a command missing here makes every module load (slower).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "derive": ("pipeline.cli.cmd_derive",
+               "show a session file's turns and the messages the model sees"),
+    "validate": ("pipeline.cli.cmd_derive", "check session files against the session-log rules"),
+    "encode": ("pipeline.cli.cmd_avro", "write a session file as an Avro container file"),
+    "decode": ("pipeline.cli.cmd_avro", "print the events of an Avro container file as JSONL"),
+    "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "
+                                          "foreground"),
+    "topics": ("pipeline.cli.cmd_topics", "create and check the project's topics (and register "
+                                          "schemas)"),
+    "demo": ("pipeline.cli.cmd_demo", "run the whole pipeline on a local stack and check it"),
+    "config": ("pipeline.cli.cmd_config", "print every setting: env variable, default, current "
+                                          "value (secrets masked)"),
+    "driver": ("pipeline.cli.cmd_driver", "run agent turns from the inbox topic"),
+    "send": ("pipeline.cli.cmd_driver", "put one command on a session's inbox"),
+    "processors": ("pipeline.cli.cmd_processors", "run a stream-processors worker (derived "
+                                                  "messages, usage, fleet)"),
+    "tail": ("pipeline.cli.cmd_tail", "live readable view of session events"),
+    "export": ("pipeline.cli.cmd_fanout", "write a session as a dsh JSONL file"),
+    "import": ("pipeline.cli.cmd_fanout", "publish dsh session files (idempotent)"),
+    "ship": ("pipeline.cli.cmd_fanout", "follow a directory of dsh session files"),
+    "replay": ("pipeline.cli.cmd_fanout", "rebuild derived messages into a new version (or "
+                                          "print one session)"),
+    "check": ("pipeline.cli.cmd_fanout", "fsck of the session topic (JSON summary)"),
+    "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "
+                                                "JSON/SSE API, /metrics)"),
+    "otel": ("pipeline.cli.cmd_otel", "export turns as OpenTelemetry GenAI traces over "
+                                      "OTLP/HTTP"),
+    "schemas": ("pipeline.cli.cmd_schemas", "list, show and check the Avro schemas offline"),
+    "bench": ("pipeline.cli.cmd_bench", "run the benchmarks against their anchors and write "
+                                        "BENCHMARKS.md"),
+    "completion": ("pipeline.cli.cmd_completion", "print a shell completion script (bash, zsh)"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as installed_version
+        return installed_version("dsh-pipeline")
+    except Exception:  # not installed (run from a clone with PYTHONPATH)
+        return "0+unknown"
+
+
+def build_parser(command: str | None = "") -> argparse.ArgumentParser:
+    """The parser. ``command`` "" (the default): every command, fully; None: every command as
+    a summary only (the top-level help, nothing imported); a name: that command fully."""
+    parser = new_parser(
         prog="dsh-pipeline",
         description="Run and observe fleets of AI agents on Kafka (dsh session logs).",
-        epilog="Settings come from DSH_* environment variables; see README.md.",
-    )
+        epilog="Settings come from DSH_* environment variables (dsh-pipeline config). Exit "
+               "codes: 0 ok, 1 invalid input or failed check, 2 usage error, 130 interrupted. "
+               "Docs: docs/cli.md.")
+    parser.add_argument("--version", action="version", version=f"dsh-pipeline {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    if command is None:
+        for name, (_, summary) in COMMANDS.items():
+            sub.add_parser(name, help=summary)
+        return parser
+    wanted = COMMANDS.get(command, ("", ""))[0] if command else ""
+    for module_name in [wanted] if wanted else COMMAND_MODULES:
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:
+            if exc.name == module_name:
                 continue  # a command group not built yet
             raise
         module.register(sub)
     return parser
 
 
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command named in ``argv`` (its first word that is no option), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = command_in(words)
     try:
-        settings = Settings.from_env()
+        parser = build_parser(None if command is None else command)
+        args = parser.parse_args(words)
+    except SystemExit as exc:  # --help, --version, or a usage error argparse printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:  # while the command's modules were still loading
+        return EXIT_INTERRUPTED
+    try:
+        settings = Settings.from_env() if getattr(args, "uses_settings", True) else Settings()
         code: int = args.func(args, settings)
+        sys.stdout.flush()
         return code
+    except ConfigError as exc:
+        return _error(args, exc, EXIT_USAGE)
     except DshError as exc:
-        print(f"dsh-pipeline {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(args, exc, EXIT_FAILED)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away: say nothing more on stdout (Python would complain again
+        # when it flushes at exit).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _error(args: argparse.Namespace, exc: DshError, code: int) -> int:
+    print(f"dsh-pipeline {args.command}: error: {exc}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

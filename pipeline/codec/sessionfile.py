@@ -18,7 +18,8 @@ per row, as dsh does; shorter runs stay event lines.
 
 A ``.zstd`` file is concatenated zstd frames, stream-decompressed frame by frame. A torn tail
 (an unterminated last line that does not parse, or an incomplete last zstd frame) is dropped
-with a warning, returned to the caller (the codec prints nothing). Every other problem is a
+with a warning, returned to the caller (the codec prints nothing), and its size counted in
+``SessionFile.dropped_bytes`` (so a checker can refuse it). Every other problem is a
 :class:`SessionFileError` naming the path and the line: bad UTF-8 or JSON, non-lossless
 numbers, a bad header or packed row, an envelope error, a seq gap or repeat.
 """
@@ -87,6 +88,7 @@ class SessionFile:
     lines: tuple[int, ...]
     warnings: tuple[str, ...] = ()
     _line_by_seq: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    dropped_bytes: int = 0  # of a torn tail (last line or zstd frame), 0 when none
 
     @property
     def session_id(self) -> str | None:
@@ -100,28 +102,37 @@ class SessionFile:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def read_session_file(path: str | os.PathLike[str]) -> SessionFile:
-    """Read a whole file; the first problem raises :class:`SessionFileError`."""
-    result, problems = scan_session_file(path)
+def read_session_file(path: str | os.PathLike[str], *,
+                      handle: IO[bytes] | None = None) -> SessionFile:
+    """Read a whole file; the first problem raises :class:`SessionFileError`.
+
+    ``handle``: read from this stream instead (stdin), ``path`` naming it in messages.
+    """
+    result, problems = scan_session_file(path, handle=handle)
     if problems:
         raise problems[0].as_error() from problems[0].error
     return result
 
 
-def scan_session_file(path: str | os.PathLike[str]) -> tuple[SessionFile, list[FileProblem]]:
+def scan_session_file(path: str | os.PathLike[str], *, handle: IO[bytes] | None = None
+                      ) -> tuple[SessionFile, list[FileProblem]]:
     """Read a file, collecting every line problem instead of stopping at the first.
 
     Bad lines are skipped; after one, the next event's seq is taken as is (no second report
     for the same hole). The returned events are therefore contiguous only when there are no
-    problems.
+    problems. ``handle``: read this stream (not seekable: stdin) instead of opening ``path``.
     """
     name = os.fspath(path)
     warnings: list[str] = []
     problems: list[FileProblem] = []
+    dropped: list[int] = []
+    reader = _Reader(name, warnings, problems, dropped)
     try:
-        with open(name, "rb") as handle:
-            reader = _Reader(name, warnings, problems)
-            reader.consume(_lines(_decoded_chunks(handle, name, warnings)))
+        if handle is not None:
+            reader.consume(_lines(_decoded_chunks(handle, name, warnings, dropped)))
+        else:
+            with open(name, "rb") as opened:
+                reader.consume(_lines(_decoded_chunks(opened, name, warnings, dropped)))
     except OSError as exc:
         raise SessionFileError(f"{name}: cannot read: {exc.strerror or exc}", path=name) from exc
     except SessionFileError as exc:
@@ -131,14 +142,15 @@ def scan_session_file(path: str | os.PathLike[str]) -> tuple[SessionFile, list[F
     events = tuple(reader.events)
     lines = tuple(reader.lines)
     by_seq = {event.seq: line for event, line in zip(events, lines, strict=True)}
-    return SessionFile(name, reader.header, events, lines, tuple(warnings), by_seq), problems
+    return SessionFile(name, reader.header, events, lines, tuple(warnings), by_seq,
+                       sum(dropped)), problems
 
 
-def load_session(path: str | os.PathLike[str], *, mode: Mode = "ingest") -> tuple[
-        SessionFile, SessionLog]:
+def load_session(path: str | os.PathLike[str], *, mode: Mode = "ingest",
+                 handle: IO[bytes] | None = None) -> tuple[SessionFile, SessionLog]:
     """Read and fold a file. A refused event raises :class:`SessionFileError` with its line
     (the :class:`EventError` is its ``__cause__``)."""
-    session_file = read_session_file(path)
+    session_file = read_session_file(path, handle=handle)
     log = SessionLog(session_file.session_id or "", mode=mode)
     for event, line in zip(session_file.events, session_file.lines, strict=True):
         try:
@@ -148,26 +160,41 @@ def load_session(path: str | os.PathLike[str], *, mode: Mode = "ingest") -> tupl
     return session_file, log
 
 
-def _decoded_chunks(handle: IO[bytes], path: str, warnings: list[str]) -> Iterator[bytes]:
-    head = handle.read(4)
-    handle.seek(0)
-    if head == ZSTD_MAGIC:
-        yield from _zstd_chunks(handle, path, warnings)
-        return
-    if path.endswith((".zstd", ".zst")) and head:
-        raise SessionFileError(f"{path}: named like a zstd file but does not start with a "
-                               "zstd frame", path=path)
+def _blocks(handle: IO[bytes]) -> Iterator[bytes]:
     while block := handle.read(_READ_BLOCK):
         yield block
 
 
-def _zstd_chunks(handle: IO[bytes], path: str, warnings: list[str]) -> Iterator[bytes]:
+def _decoded_chunks(handle: IO[bytes], path: str, warnings: list[str],
+                    dropped: list[int]) -> Iterator[bytes]:
+    """The file's bytes, decompressed when it starts with a zstd frame (never seeks: the
+    handle may be a pipe)."""
+    first = handle.read(_READ_BLOCK)
+    blocks = _blocks(handle)
+    if first[:4] == ZSTD_MAGIC:
+        yield from _zstd_chunks(_chained(first, blocks), path, warnings, dropped)
+        return
+    if path.endswith((".zstd", ".zst")) and first:
+        raise SessionFileError(f"{path}: named like a zstd file but does not start with a "
+                               "zstd frame", path=path)
+    yield from _chained(first, blocks)
+
+
+def _chained(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def _zstd_chunks(blocks: Iterable[bytes], path: str, warnings: list[str],
+                 dropped: list[int]) -> Iterator[bytes]:
     """Decompress concatenated frames; a frame's output is yielded once the frame is whole."""
     decompressor = zstandard.ZstdDecompressor()
     frame: Any = None
     frame_output: list[bytes] = []
     offset = 0
-    while block := handle.read(_READ_BLOCK):
+    frame_start = 0  # where the frame being decompressed began in the file
+    for block in blocks:
         data = block
         while data:
             if frame is None:
@@ -182,10 +209,13 @@ def _zstd_chunks(handle: IO[bytes], path: str, warnings: list[str]) -> Iterator[
                 break
             yield b"".join(frame_output)
             data = frame.unused_data
+            frame_start = offset + len(block) - len(data)
             frame = None
         offset += len(block)
     if frame is not None:
-        warnings.append(f"{path}: torn zstd frame at the end of the file was dropped")
+        warnings.append(f"{path}: torn zstd frame at the end of the file was dropped "
+                        f"({offset - frame_start} bytes)")
+        dropped.append(offset - frame_start)
 
 
 def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes, bool]]:
@@ -205,9 +235,11 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes, bool]]:
 class _Reader:
     """Turns lines into header + events, recording problems with their line numbers."""
 
-    def __init__(self, path: str, warnings: list[str], problems: list[FileProblem]) -> None:
+    def __init__(self, path: str, warnings: list[str], problems: list[FileProblem],
+                 dropped: list[int]) -> None:
         self.path = path
         self.warnings = warnings
+        self.dropped = dropped
         self.problems = problems
         self.header: dict[str, JsonValue] | None = None
         self.events: list[Event] = []
@@ -247,6 +279,7 @@ class _Reader:
             if last and not terminated:
                 self.warnings.append(f"{self.path}:{number}: torn last line dropped "
                                      f"({len(raw)} bytes)")
+                self.dropped.append(len(raw))
                 return
             self._problem(number, SessionFileError(f"not valid JSON: {_short(exc)}"))
             return

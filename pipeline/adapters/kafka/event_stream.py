@@ -186,6 +186,28 @@ class EventStream:
                     hit = found.get(tp)
                     consumer.seek(tp, hit.offset if hit is not None else ends[tp])
 
+    async def end_offsets(self) -> dict[int, int]:
+        """Partition -> its end offset now (the last stable offset: read committed), for
+        every partition the stream is assigned."""
+        consumer = self._require_consumer()
+        partitions = list(consumer.assignment())
+        with broker_errors(f"end offsets of {self._topic!r}"):
+            ends = await consumer.end_offsets(partitions) if partitions else {}
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    async def positions(self) -> dict[int, int]:
+        """Partition -> the offset of the next record the stream will read there (records
+        skipped by the type filter or dedup count as read)."""
+        consumer = self._require_consumer()
+        with broker_errors(f"positions on {self._topic!r}"):
+            return {tp.partition: await consumer.position(tp)
+                    for tp in consumer.assignment()}
+
+    def _require_consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise BrokerError("EventStream used before start() / async with")
+        return self._consumer
+
     async def stop(self) -> None:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None

@@ -149,9 +149,14 @@ def free_ports(count: int) -> list[int]:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a server may listen on 127.0.0.1:port as Kafka's and the registry's listeners
+    do: with SO_REUSEADDR, so connections of a stopped server left in TIME_WAIT do not count,
+    while a port another process listens on does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
+            sock.listen(1)
         except OSError:
             return False
     return True

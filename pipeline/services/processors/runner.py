@@ -11,8 +11,10 @@ import faust
 from pipeline.services.processors.app import Processors
 
 
-def run_worker(processors: Processors, *, loglevel: str = "WARNING") -> int:
-    """Block running the worker; returns its exit code.
+def run_worker(processors: Processors, *, loglevel: str = "WARNING",
+               own_logging: bool = False) -> int:
+    """Block running the worker; returns its exit code. ``own_logging``: the caller has set
+    up the root logger (JSON lines, say), and faust leaves it as it is.
 
     faust installs its own signal handlers: SIGTERM and SIGINT stop the worker gracefully
     (tables flushed, offsets committed, the group left, so another worker takes over).
@@ -22,7 +24,7 @@ def run_worker(processors: Processors, *, loglevel: str = "WARNING") -> int:
     asyncio.set_event_loop(asyncio.new_event_loop())
     Path(processors.options.data_dir).mkdir(parents=True, exist_ok=True)
     worker = faust.Worker(processors.app, loglevel=loglevel, quiet=True,
-                          redirect_stdouts=False)
+                          redirect_stdouts=False, override_logging=not own_logging)
     # With a level of WARNING or above, faust's start-up spinner sets the ROOT logger to
     # DEBUG (to spin on every record): every debug call of aiokafka and faust then builds
     # a log record, about 7% of a busy worker's CPU. No spinner: the level stays as asked.

@@ -45,6 +45,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "driver_metrics_port": "HTTP port of the driver's `/health` and `/metrics`.",
     "state_dir": "Directory of the processors' local table state (RocksDB); keep it on a "
                  "persistent volume.",
+    "max_record_bytes": "The one Kafka record-size limit: topics' `max.message.bytes`, "
+                        "producers' `max_request_size`, consumers' fetch sizes; larger "
+                        "content is spilled or refused (docs/large-content.md).",
+    "spill_inline_bytes": "A plain-text tool result above this many UTF-8 bytes is spilled to "
+                          "`<prefix>spill`; the model sees a head/tail preview of this size.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -21,8 +21,8 @@ from pipeline.settings import Settings
 async def send_records(settings: Settings, records: Sequence[OutRecord], *,
                        timeout_s: float = 30.0) -> list[tuple[int, int]]:
     """Send ``records`` with acks=all and wait; returns (partition, offset) of each."""
-    producer = AIOKafkaProducer(**client_options(settings), enable_idempotence=True,
-                                acks="all")
+    producer = AIOKafkaProducer(**client_options(settings), **producer_size_options(settings),
+                                enable_idempotence=True, acks="all")
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
         futures = [

@@ -211,7 +211,8 @@ class OwnedPartition:
     def _dead_letter(self, record: InboxRecord, error: DshError) -> None:
         log.warning("inbox %s[%d]@%d to the dead-letter topic: %s", record.topic,
                     record.partition, record.offset, error)
-        self.sink.add(dead_letter(record, error), done_offset=record.offset)
+        self.sink.add(dead_letter(record, error, self.ctx.settings.max_record_bytes),
+                      done_offset=record.offset)
         self.ctx.metrics.dead_letters += 1
 
     def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:

@@ -53,6 +53,9 @@ def register(subparsers: Any) -> None:
                         help="file to write (.jsonl, or .jsonl.zstd for zstd)")
     export.add_argument("--unpacked", action="store_true",
                         help="one line per chunk event instead of dsh's packed rows")
+    export.add_argument("--spill-dir", metavar="DIR",
+                        help="also write the full text of each spilled tool result to "
+                             "DIR/<sha256>.txt (docs/large-content.md)")
     export.set_defaults(func=run_export)
 
     imp = subparsers.add_parser("import", help="publish dsh session files (idempotent)")
@@ -136,7 +139,8 @@ async def _tail(settings: Settings, session: str | None, from_beginning: bool) -
 
 def run_export(args: argparse.Namespace, settings: Settings) -> int:
     count = asyncio.run(export_session(settings, args.session, args.output,
-                                       EventSerde().decode, packed=not args.unpacked))
+                                       EventSerde().decode, packed=not args.unpacked,
+                                       spill_dir=args.spill_dir))
     _progress(f"exported session {args.session}: {count} events to {args.output}")
     return 0
 

@@ -48,6 +48,17 @@ def check_fits(record: OutRecord, limit: int, what: str) -> None:
             f"{limit:,} bytes (DSH_MAX_RECORD_BYTES); nothing was written")
 
 
+# An inbox command becomes events that carry its content (the user message and the inbox
+# splice, one record each) with a larger envelope: the inbox takes commands this much below
+# the record limit, so that the events of any command it took fit.
+INBOX_HEADROOM_BYTES = 64 * 1024
+
+
+def inbox_record_limit(max_record_bytes: int) -> int:
+    """The largest inbox record (a command) whose events fit ``max_record_bytes``."""
+    return max_record_bytes - INBOX_HEADROOM_BYTES
+
+
 class ConsumedRecord(Protocol):
     """What readers of consumed records use: an :class:`InboxRecord`, or the Kafka client's
     own record (read as it is, without the copy). A header value may be None (a foreign

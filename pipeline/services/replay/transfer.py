@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.adapters.kafka.event_stream import session_records
+from pipeline.adapters.kafka.spill import read_spill, spill_refs
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.sessionfile import encode_lines, load_session, write_session_file
 from pipeline.core.errors import ConfigError, EventError, SequenceError
@@ -143,10 +144,13 @@ async def read_session(settings: Settings, session_id: str, decode: Decoder) -> 
 
 
 async def export_session(settings: Settings, session_id: str, path: str | os.PathLike[str],
-                         decode: Decoder, *, packed: bool = True) -> int:
+                         decode: Decoder, *, packed: bool = True,
+                         spill_dir: str | os.PathLike[str] | None = None) -> int:
     """Write the session to ``path`` (zstd when it ends in .zstd); returns the event count.
 
-    Written to a temporary name and renamed, so a reader never sees half a file.
+    Written to a temporary name and renamed, so a reader never sees half a file. With
+    ``spill_dir``, the full text of every spilled tool result is written there too, as
+    ``<sha256>.txt`` (the hash its ``tool/result`` names in ``meta.spill``).
     """
     session = await read_session(settings, session_id, decode)
     if not session.events:
@@ -154,4 +158,21 @@ async def export_session(settings: Settings, session_id: str, path: str | os.Pat
                           f"{settings.topics.session_events!r}")
     write_session_file(path, session.events, packed=packed,
                        header=session.header or minimal_header(session_id))
+    if spill_dir is not None:
+        await export_spilled(settings, session.events, Path(spill_dir))
     return len(session.events)
+
+
+async def export_spilled(settings: Settings, events: Sequence[Event], directory: Path
+                         ) -> list[Path]:
+    """Write each spilled tool result's full text to ``directory/<sha256>.txt``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for ref in spill_refs(events):
+        target = directory / f"{ref.sha256}.txt"
+        if not target.exists():
+            partial = target.with_name(target.name + ".tmp")
+            partial.write_bytes((await read_spill(settings, ref)).encode("utf-8"))
+            partial.replace(target)
+        written.append(target)
+    return written

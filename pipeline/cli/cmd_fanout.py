@@ -30,6 +30,7 @@ from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
 from pipeline.services.processors.verify import verify_processors
 from pipeline.services.replay.check import CheckSummary, check_topic
+from pipeline.services.replay.prepare import avro_encoder, default_workers
 from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.render import Renderer, transcript
 from pipeline.services.replay.ship import Shipper
@@ -118,7 +119,8 @@ def parse_duration_ms(text: str) -> int:
 
 
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a live progress line
+    print(f"{clear}{line}", file=sys.stderr, flush=True)
 
 
 def run_tail(args: argparse.Namespace, settings: Settings) -> int:
@@ -154,13 +156,38 @@ def run_import(args: argparse.Namespace, settings: Settings) -> int:
 async def _import(settings: Settings, files: list[str], session_id: str | None) -> int:
     await ensure_topics(settings)
     serde = EventSerde()
-    async with Importer(settings, serde.encode, serde.decode) as importer:
-        for path in files:
-            result = await importer.import_file(path, session_id=session_id)
-            print(json.dumps({"file": path, "session": result.session_id,
+    progress = TerminalProgress() if sys.stderr.isatty() else None
+    async with Importer(settings, serde.encode, serde.decode, progress=progress,
+                        workers=default_workers(), make_encoder=avro_encoder) as importer:
+        async for result in importer.import_files(files, session_id=session_id):
+            if progress is not None:
+                progress.clear()
+            print(json.dumps({"file": result.path, "session": result.session_id,
                               "events": result.events, "published": result.published,
                               "already_on_topic": result.already_on_topic}), flush=True)
+    if progress is not None:
+        progress.done()
     return 0
+
+
+class TerminalProgress:
+    """One progress line on a terminal's stderr, rewritten in place."""
+
+    def __init__(self) -> None:
+        self.line = ""
+
+    def __call__(self, line: str) -> None:
+        self.line = line
+        sys.stderr.write(f"\r\x1b[K{line}")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        sys.stderr.write("\r\x1b[K")
+
+    def done(self) -> None:
+        if self.line:
+            sys.stderr.write(f"\r\x1b[K{self.line}\n")
+            sys.stderr.flush()
 
 
 def run_ship(args: argparse.Namespace, settings: Settings) -> int:
@@ -169,8 +196,9 @@ def run_ship(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _ship(settings: Settings, args: argparse.Namespace) -> int:
     await ensure_topics(settings)
+    live = TerminalProgress() if sys.stderr.isatty() else None
     async with Shipper(settings, args.directory, EventSerde().encode, batch=args.batch,
-                       progress=_progress) as shipper:
+                       progress=_progress, live=live) as shipper:
         stats = await shipper.run(follow=args.follow, interval_s=args.interval)
     print(json.dumps({"files": stats.files, "sessions": stats.sessions,
                       "published": stats.published, "problems": len(stats.problems)}))

@@ -87,6 +87,16 @@ class PartitionProducer:
         await self._producer.begin_transaction()
         await self._producer.commit_transaction()
 
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (BrokerError when it does not exist)."""
+        if self._producer is None:
+            raise BrokerError(f"producer {self.transactional_id} is not started")
+        partitions = await self._producer.partitions_for(topic)
+        if not partitions:
+            raise BrokerError(f"topic {topic!r} does not exist: run `dsh-pipeline topics "
+                              "ensure`")
+        return len(partitions)
+
     async def commit(self, records: Sequence[OutRecord],
                      inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None = None
                      ) -> None:

@@ -5,9 +5,11 @@ Real broker; the files are synthetic dsh sessions written as dsh writes them (pa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +148,25 @@ def test_import_shows_progress_on_a_terminal_only(fan: Settings, tmp_path: Path)
         os.close(controller)
     assert "imported 3/3 files, 0 events published" in screen.decode()
     assert [json.loads(line)["published"] for line in shown.stdout.splitlines()] == [0] * 3
+
+
+def test_kill_9_mid_import_then_again_publishes_each_event_once(fan: Settings,
+                                                                 tmp_path: Path) -> None:
+    paths = [str(p) for p in session_files(tmp_path, 40)]
+    env = {**os.environ, **fan.to_env()}
+    argv = [sys.executable, "-m", "pipeline.cli.main", "import", "--batch", str(2 * EVENTS),
+            *paths]
+    first = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    assert first.stdout is not None
+    committed = json.loads(first.stdout.readline())  # printed once its group is committed
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    assert committed["published"] == EVENTS
+    again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300, check=True)
+    results = [json.loads(line) for line in again.stdout.splitlines()]
+    assert sum(r["published"] + r["already_on_topic"] for r in results) == 40 * EVENTS
+    assert results[0]["already_on_topic"] == EVENTS   # the first group stayed committed
+    counts = asyncio.run(records_per_session(fan))
+    assert counts == {f"batch-{n:03d}": EVENTS for n in range(40)}

@@ -63,6 +63,8 @@ def register(subparsers: Any) -> None:
     imp.add_argument("files", nargs="+", metavar="FILE")
     imp.add_argument("--session-id", help="session id to use (one file only; default: the "
                                           "header's id)")
+    imp.add_argument("--batch", type=int, default=20_000,
+                     help="events per transaction (many files each)")
     imp.set_defaults(func=run_import)
 
     ship = subparsers.add_parser("ship", help="follow a directory of dsh session files")
@@ -150,15 +152,19 @@ def run_export(args: argparse.Namespace, settings: Settings) -> int:
 def run_import(args: argparse.Namespace, settings: Settings) -> int:
     if args.session_id and len(args.files) > 1:
         raise ConfigError("--session-id names the session of one file; give one FILE")
-    return asyncio.run(_import(settings, args.files, args.session_id))
+    if args.batch < 1:
+        raise ConfigError("--batch must be at least 1 event")
+    return asyncio.run(_import(settings, args.files, args.session_id, args.batch))
 
 
-async def _import(settings: Settings, files: list[str], session_id: str | None) -> int:
+async def _import(settings: Settings, files: list[str], session_id: str | None,
+                  batch: int) -> int:
     await ensure_topics(settings)
     serde = EventSerde()
     progress = TerminalProgress() if sys.stderr.isatty() else None
     async with Importer(settings, serde.encode, serde.decode, progress=progress,
-                        workers=default_workers(), make_encoder=avro_encoder) as importer:
+                        batch_events=batch, workers=default_workers(),
+                        make_encoder=avro_encoder) as importer:
         async for result in importer.import_files(files, session_id=session_id):
             if progress is not None:
                 progress.clear()

@@ -1,8 +1,10 @@
 """Fan-out and replay commands: ``tail``, ``export``, ``import``, ``ship``, ``replay``, ``check``.
 
 - ``tail [SESSION] [--from-beginning]``: a live readable view of the session topic;
-- ``export SESSION -o FILE``: the session as a dsh file (header + events, packed rows);
-- ``import FILE...``: idempotent, transactional per file; a conflicting file is refused;
+- ``export SESSION -o FILE [--spill-dir DIR]``: the session as a dsh file (header + events,
+  packed rows), and the full texts of its spilled tool results;
+- ``import FILE... [--batch N]``: idempotent, many files per transaction; a conflicting file
+  is refused;
 - ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
 - ``replay``: rebuild derived-messages into a new version, verify, hand it over from the
   live processors (they hold while it catches up, then publish into it), switch readers;

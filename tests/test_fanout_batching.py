@@ -12,6 +12,7 @@ import pty
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,9 +161,17 @@ def test_kill_9_mid_import_then_again_publishes_each_event_once(fan: Settings,
                              stderr=subprocess.DEVNULL)
     assert first.stdout is not None
     committed = json.loads(first.stdout.readline())  # printed once its group is committed
+    workers = _children(first.pid)
+    assert workers, "the importer runs its worker processes"
     first.send_signal(signal.SIGKILL)
     first.wait(30)
     assert committed["published"] == EVENTS
+    deadline = time.monotonic() + 30
+    while workers and time.monotonic() < deadline:  # its workers end without it
+        workers = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                   and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+        time.sleep(0.2)
+    assert not workers, f"worker processes {workers} outlived the killed importer"
     again = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=300, check=True)
     results = [json.loads(line) for line in again.stdout.splitlines()]
@@ -170,3 +179,15 @@ def test_kill_9_mid_import_then_again_publishes_each_event_once(fan: Settings,
     assert results[0]["already_on_topic"] == EVENTS   # the first group stayed committed
     counts = asyncio.run(records_per_session(fan))
     assert counts == {f"batch-{n:03d}": EVENTS for n in range(40)}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{pid}\n" in text:
+            found.append(int(status.parent.name))
+    return found

@@ -17,6 +17,8 @@ import asyncio
 import functools
 import multiprocessing
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -33,6 +35,7 @@ from pipeline.services.replay.topic import Encoder, event_records
 
 EncoderFactory = Callable[[], Encoder]
 AHEAD_PER_WORKER = 4  # files read ahead per worker: keeps every worker busy while we send
+PARENT_CHECK_S = 1.0
 
 _worker_encode: Encoder | None = None
 
@@ -94,9 +97,18 @@ def default_workers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
-def _start_worker(make_encoder: EncoderFactory) -> None:
+def _start_worker(make_encoder: EncoderFactory, parent: int) -> None:
     global _worker_encode
     _worker_encode = make_encoder()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """Ends this worker once the importer is gone: a killed importer (SIGKILL) cannot stop
+    its pool, and its workers would otherwise wait for work forever."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 class Preparer:
@@ -133,7 +145,8 @@ class Preparer:
         assert self.make_encoder is not None
         return ProcessPoolExecutor(self.workers, mp_context=context,
                                    initializer=functools.partial(_start_worker,
-                                                                 self.make_encoder))
+                                                                 self.make_encoder,
+                                                                 os.getpid()))
 
     async def _in_pool(self, pool: Executor, paths: Sequence[str | os.PathLike[str]],
                        session_id: str | None) -> AsyncIterator[PreparedFile]:

@@ -34,7 +34,9 @@ from pipeline.core.events import JsonValue
 from pipeline.services.replay.topic import Encoder, event_records
 
 EncoderFactory = Callable[[], Encoder]
-AHEAD_PER_WORKER = 4  # files read ahead per worker: keeps every worker busy while we send
+# Files read ahead per worker: enough that the workers prepare the next group while the
+# importer sends and commits one.
+AHEAD_PER_WORKER = 16
 PARENT_CHECK_S = 1.0
 
 _worker_encode: Encoder | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -32,12 +33,21 @@ from pipeline.adapters.kafka.event_stream import partitions_of
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord, RecordTooLargeError, header_value
-from pipeline.adapters.kafka.spill import SpillRef
+from pipeline.adapters.kafka.spill import (
+    COUNT_HEADER,
+    INDEX_HEADER,
+    SHA_HEADER,
+    SpillRef,
+    chunks_of,
+    save_spill,
+)
+from pipeline.adapters.kafka.spill import partition_of as spill_partition
 from pipeline.adapters.llm.scripted import ScriptedReply, echo_script, tool_loop_script
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.cli.main import main
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.model import ModelRequest
@@ -150,6 +160,9 @@ async def test_an_oversized_tool_result_is_spilled_and_stays_retrievable(
     answer = [e for e in events if e.type == "assistant/message"][-1]
     assert answer.data["message"]["content"][-1]["text"] == f"Done: {seen[:200]}"  # type: ignore[index]
     assert await read_spill(big, ref) == full
+    if size < 10_000_000:  # by locator and by bare hash too (a scan of the partition)
+        assert await read_spill(big, ref.locator) == full
+        assert await read_spill(big, ref.sha256) == full
     assert spill_refs(events) == [ref]
     spill_records = await topic_records(big, big.topics.spill)
     assert len(spill_records) == ref.chunks
@@ -245,3 +258,25 @@ async def test_an_event_above_the_limit_fails_its_session_alone(small: Settings)
     strict_log(big_one, huge)  # what was written is whole; the turn is repaired on restart
     assert all(len(r.value) <= small.max_record_bytes
                for r in await topic_records(small, small.topics.session_events))
+
+
+async def test_a_partly_spilled_text_is_never_returned_as_whole(big: Settings) -> None:
+    text = blob_text(2_500_000)
+    data = text.encode()
+    sha = hashlib.sha256(data).hexdigest()
+    pieces = chunks_of(data)
+    partitions = big.partitions
+    # what a driver killed between chunks leaves: the first two of three chunks
+    await send_records(big, [
+        OutRecord(big.topics.spill, f"{sha}:{i}".encode(), piece,
+                  ((SHA_HEADER, sha.encode()), (INDEX_HEADER, str(i).encode()),
+                   (COUNT_HEADER, str(len(pieces)).encode())),
+                  spill_partition(sha, partitions))
+        for i, piece in enumerate(pieces[:2])])
+    with pytest.raises(CodecError, match=r"incomplete copy .*\(2 chunk\(s\), 2,000,000 bytes\)"):
+        await read_spill(big, sha)
+    ref = await save_spill(big, text)   # spilled again whole: the same keys, now complete
+    assert ref.sha256 == sha and ref.chunks == 3
+    assert await read_spill(big, sha) == text
+    with pytest.raises(CodecError, match="no chunk"):
+        await read_spill(big, "0" * 64)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from suite_core import CHECKOUT, Context, Figure, load_average
+from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory
 from suite_otel import bench_otel_export
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "driver": (bench_driver, True),
     "replay": (bench_replay, True),
     "otel": (bench_otel_export, True),
+    "import": (bench_import, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 

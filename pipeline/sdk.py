@@ -45,6 +45,12 @@ The derived output topics (``derived-messages``, ``usage``, ``fleet``) hold Avro
     decoder = output_decoder(settings)         # registry ids through DSH_REGISTRY_URL
     status = decoder.decode(record.value)      # (OutputDecoder(): single-object only)
 
+Spilled tool results (docs/large-content.md): a ``tool/result`` whose text was too large
+keeps a preview in the log and ``meta.spill`` naming the full text on ``<prefix>spill``::
+
+    for ref in spill_refs(events):                   # SpillRef per spilled tool result
+        text = await read_spill(settings, ref)      # the whole text, hash-checked
+
 To keep your own dedup state across restarts, use :class:`SeqTracker` (``check`` ->
 :class:`Delivery` APPLY/DUPLICATE/GAP, then ``applied``) and persist its last seqs with
 your results.
@@ -65,6 +71,7 @@ from pipeline.adapters.kafka.event_stream import (
     session_events,
     session_records,
 )
+from pipeline.adapters.kafka.spill import SpillRef, read_spill, spill_refs
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OutputDecoder, OutputSchemaTable
@@ -113,3 +120,6 @@ async def derived_conversations(settings: Settings) -> dict[str, list[JsonValue]
     """Session id -> derived messages, read from the active projection version."""
     active = await active_version(settings)
     return await read_conversations(settings, active.topic) or {}
+
+
+__all__ += ["SpillRef", "read_spill", "spill_refs"]

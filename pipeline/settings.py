@@ -62,6 +62,10 @@ class TopicNames:
     def fleet(self) -> str:
         return f"{self.prefix}fleet"
 
+    @property
+    def spill(self) -> str:
+        return f"{self.prefix}spill"
+
     @staticmethod
     def dlq(topic: str) -> str:
         return f"{topic}.dlq"
@@ -97,6 +101,8 @@ class Settings:
     otlp_endpoint: str = "http://127.0.0.1:4318"
     otlp_headers: Secret = Secret("")
     otel_metrics_port: int = 9465
+    max_record_bytes: int = 8 * 1024 * 1024
+    spill_inline_bytes: int = 50_000
 
     @property
     def topics(self) -> TopicNames:
@@ -115,7 +121,9 @@ class Settings:
             if raw is not None:
                 values[f.name] = _convert(f.name, str(f.type), raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values)
+        settings = replace(cls(), **values)
+        _check_sizes(settings)
+        return settings
 
     @staticmethod
     def env_var(field_name: str) -> str:
@@ -134,6 +142,20 @@ class Settings:
     def describe(self) -> dict[str, str]:
         """Every setting as text, secrets masked: safe to print or log."""
         return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+
+
+MIN_RECORD_BYTES: Final = 1024 * 1024
+
+
+def _check_sizes(settings: Settings) -> None:
+    """The record limit can carry a spill chunk (1 MB) and the inline cap fits well inside."""
+    if settings.max_record_bytes < MIN_RECORD_BYTES:
+        raise ConfigError(f"DSH_MAX_RECORD_BYTES must be at least {MIN_RECORD_BYTES} "
+                          f"(1 MiB), got {settings.max_record_bytes}")
+    if not 0 < settings.spill_inline_bytes <= settings.max_record_bytes // 4:
+        raise ConfigError(f"DSH_SPILL_INLINE_BYTES must be 1..{settings.max_record_bytes // 4} "
+                          f"(a quarter of DSH_MAX_RECORD_BYTES), got "
+                          f"{settings.spill_inline_bytes}")
 
 
 def _convert(name: str, type_name: str, raw: str) -> Any:

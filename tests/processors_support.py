@@ -56,6 +56,7 @@ def worker_env(settings: Settings, state_dir: Path) -> dict[str, str]:
         "DSH_REPLICATION_FACTOR": str(settings.replication_factor),
         "DSH_GROUP_ID_PREFIX": settings.group_id_prefix,
         "DSH_STATE_DIR": str(state_dir),
+        "DSH_MAX_RECORD_BYTES": str(settings.max_record_bytes),
     })
     return env
 

@@ -148,7 +148,8 @@ def config_map() -> dict[str, str]:
 def test_topics_are_the_projects_with_their_cleanup_policies() -> None:
     names = TopicNames(config_map()["DSH_TOPIC_PREFIX"])
     expected = {names.session_events, names.inbox, names.derived_messages, names.usage,
-                names.fleet, names.dlq(names.session_events), names.dlq(names.inbox)}
+                names.fleet, names.spill, names.dlq(names.session_events),
+                names.dlq(names.inbox)}
     assert {t["spec"]["topicName"] for t in of_kind("KafkaTopic")} == expected
     events = topic(names.session_events)["config"]
     assert events["cleanup.policy"] == "delete", "session events must never be compacted"

@@ -133,13 +133,13 @@ def test_a_dead_letter_too_large_for_a_record_keeps_all_but_the_value() -> None:
     """A refused dead letter would hold back the offset it stands for, for good: it names
     where the value still is instead (the original topic, partition and offset)."""
     record = InboxRecord(topic="x.session-events", partition=1, offset=9, key=b"s-1",
-                         value=b"v" * 999_500, headers=(("dsh.type", b"user/message"),))
+                         value=b"v" * 999_900, headers=(("dsh.type", b"user/message"),))
     kept = dead_letter(record, CodecError("bad"), max_record_bytes=1_048_576)
     assert kept.value == record.value and header_value(kept.headers, "dsh.original.omitted") \
         is None
     letter = dead_letter(record, CodecError("bad"))   # 1,000,000 bytes by default
     assert letter.value == b"" and letter.key == b"s-1"
-    assert header_value(letter.headers, "dsh.original.omitted") == b"999500 bytes"
+    assert header_value(letter.headers, "dsh.original.omitted") == b"999900 bytes"
     assert header_value(letter.headers, "dsh.original.offset") == b"9"
     assert header_value(letter.headers, "dsh.type") == b"user/message"
     assert header_value(letter.headers, "dsh.error.class") == b"CodecError"

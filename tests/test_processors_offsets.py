@@ -40,12 +40,14 @@ async def _wait_committed(settings: Settings, offsets: dict[int, int], worker: W
         await asyncio.sleep(0.5)
 
 
-async def _fresh_topics(bootstrap: str, partitions: int) -> Settings:
+async def _fresh_topics(bootstrap: str, partitions: int,
+                        max_record_bytes: int | None = None) -> Settings:
     """Settings of a new topic prefix (and group), its topics created."""
     prefix = f"t{uuid.uuid4().hex[:10]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, replication_factor=1,
-                                 group_id_prefix=f"{prefix}g-")
+                                 group_id_prefix=f"{prefix}g-",
+                                 max_record_bytes=max_record_bytes)
     await ensure_topics(settings)
     return settings
 
@@ -128,7 +130,8 @@ async def test_a_message_too_large_for_a_table_record_stops_its_session_alone(
     doubles the quotes Avro keeps raw) is dead-lettered and stops its session, as an invalid
     event does: the worker goes on and commits past it. (Written, the record would have
     been refused at the next commit and stopped every later table write of the worker.)"""
-    settings = await _fresh_topics(kafka_bootstrap, partitions=1)
+    # the smallest record limit (1 MiB), which the 600 KB event fits and its JSON does not
+    settings = await _fresh_topics(kafka_bootstrap, partitions=1, max_record_bytes=1024 * 1024)
     from pipeline.core.events import Event
     message = {"id": "u0", "role": "user", "content": [{"type": "text", "text": '"' * 600_000}],
                "source": {"kind": "user"}}

@@ -55,6 +55,9 @@ async def test_ensure_topics_creates_planned_configs_and_is_idempotent(
         assert (await topic_configs(settings, derived))["cleanup.policy"] == "compact"
     for dlq in (names.dlq(names.session_events), names.dlq(names.inbox)):
         assert (await topic_configs(settings, dlq))["cleanup.policy"] == "delete"
+    for spec in plan_topics(settings):  # the one record limit, on every topic
+        found = await topic_configs(settings, spec.name)
+        assert found["max.message.bytes"] == str(settings.max_record_bytes)
 
     second = await ensure_topics(settings)
     assert second.created == ()
@@ -89,14 +92,24 @@ async def test_ensure_topics_refuses_a_compacted_session_events_topic(
         await ensure_topics(settings)
 
 
+async def test_ensure_topics_refuses_a_topic_below_the_record_limit(settings: Settings) -> None:
+    await _create_topic(settings, settings.topics.spill, 3,
+                        {"cleanup.policy": "compact", "max.message.bytes": "1048588"})
+    with pytest.raises(BrokerError, match=r"max\.message\.bytes=1048588, below "
+                                          r"DSH_MAX_RECORD_BYTES=8388608"):
+        await ensure_topics(settings)
+
+
 def test_plan_keeps_session_events_forever_and_co_partitions_inbox() -> None:
     specs = {s.name: s for s in plan_topics(Settings(topic_prefix="x.", partitions=12))}
     events, inbox = specs["x.session-events"], specs["x.inbox"]
     assert events.configs == {"cleanup.policy": "delete", "retention.ms": "-1",
-                              "retention.bytes": "-1"}
+                              "retention.bytes": "-1", "max.message.bytes": "8388608"}
     assert events.partitions == inbox.partitions == 12
     assert set(specs) == {"x.session-events", "x.inbox", "x.derived-messages", "x.usage",
-                          "x.fleet", "x.session-events.dlq", "x.inbox.dlq"}
+                          "x.fleet", "x.spill", "x.session-events.dlq", "x.inbox.dlq"}
+    assert specs["x.spill"].cleanup_policy == "compact"
+    assert {s.configs["max.message.bytes"] for s in specs.values()} == {"8388608"}
 
 
 def test_client_options_reveal_the_sasl_password_only_in_the_options() -> None:

@@ -57,6 +57,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "otlp_headers": "Headers of every OTLP request, `name=value,...` with percent-encoded "
                     "values, e.g. `Authorization=Basic%20...` (secret).",
     "otel_metrics_port": "HTTP port of `dsh-pipeline otel`'s `/health` and `/metrics`.",
+    "max_record_bytes": "The one Kafka record-size limit: topics' `max.message.bytes`, "
+                        "producers' `max_request_size`, consumers' fetch sizes; larger "
+                        "content is spilled or refused (docs/large-content.md).",
+    "spill_inline_bytes": "A plain-text tool result above this many UTF-8 bytes is spilled to "
+                          "`<prefix>spill`; the model sees a head/tail preview of this size.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

@@ -55,6 +55,7 @@ from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.services.driver.spill import kafka_spill_policy
 from pipeline.services.driver.tools import ToolRegistry, builtin_registry
 from pipeline.settings import Settings
 
@@ -270,6 +271,7 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     ``codecs`` default to the single-object encoding (no registry needed).
     """
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
+    tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
     providers: dict[str, ModelProvider] = {}
 
     def provider_factory(provider: str, model: str) -> ModelProvider:

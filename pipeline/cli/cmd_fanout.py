@@ -1,9 +1,11 @@
 """Fan-out and replay commands: ``export``, ``import``, ``ship``, ``replay``, ``check``
 (``tail``: :mod:`pipeline.cli.cmd_tail`).
 
-- ``export SESSION [-o FILE|-] [--from-seq N] [--to-seq M]``: the session as a dsh file
-  (header + events, packed rows), or some of its events;
-- ``import FILE...``: idempotent, transactional per file; a conflicting file is refused;
+- ``export SESSION [-o FILE|-] [--from-seq N] [--to-seq M] [--spill-dir DIR]``: the session
+  as a dsh file (header + events, packed rows), or some of its events, and the full texts of
+  its spilled tool results;
+- ``import FILE... [--batch N]``: idempotent, many files per transaction; a conflicting file
+  is refused;
 - ``ship DIR [--follow]``: publish a directory tree of dsh session files, exactly once;
 - ``replay``: rebuild derived-messages into a new version, verify, hand it over from the
   live processors (they hold while it catches up, then publish into it), switch readers;
@@ -19,6 +21,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
@@ -39,11 +42,17 @@ from pipeline.codec.sessionfile import encode_lines, write_session_file
 from pipeline.core.errors import ConfigError
 from pipeline.services.processors.verify import verify_processors
 from pipeline.services.replay.check import CheckSummary, check_topic
+from pipeline.services.replay.prepare import avro_encoder, default_workers
 from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.render import transcript
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.topic import minimal_header
-from pipeline.services.replay.transfer import Importer, export_session, read_session
+from pipeline.services.replay.transfer import (
+    Importer,
+    export_session,
+    export_spilled,
+    read_session,
+)
 from pipeline.services.replay.versions import HANDOVER_TIMEOUT_S, withdraw_handover
 from pipeline.settings import Settings
 
@@ -66,6 +75,9 @@ def register(subparsers: Any) -> None:
                         help="last event to write (default: the last one)")
     export.add_argument("--unpacked", action="store_true",
                         help="one line per chunk event instead of dsh's packed rows")
+    export.add_argument("--spill-dir", metavar="DIR",
+                        help="also write the full text of each spilled tool result to "
+                             "DIR/<sha256>.txt (docs/large-content.md)")
     export.set_defaults(func=run_export)
 
     imp = subparsers.add_parser(
@@ -76,6 +88,8 @@ def register(subparsers: Any) -> None:
     imp.add_argument("files", nargs="+", metavar="FILE", help="dsh session files")
     imp.add_argument("--session-id", help="session id to use (one file only; default: the "
                                           "header's id)")
+    imp.add_argument("--batch", type=int, default=20_000,
+                     help="events per transaction (many files each)")
     imp.set_defaults(func=run_import)
 
     ship = subparsers.add_parser(
@@ -137,7 +151,8 @@ def _register_replay_and_check(subparsers: Any) -> None:
 
 
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a live progress line
+    print(f"{clear}{line}", file=sys.stderr, flush=True)
 
 
 def run_export(args: argparse.Namespace, settings: Settings) -> int:
@@ -146,7 +161,8 @@ def run_export(args: argparse.Namespace, settings: Settings) -> int:
     whole = args.from_seq == 0 and args.to_seq is None
     if whole and not is_stdio(args.output):
         count = asyncio.run(export_session(settings, args.session, args.output,
-                                           EventSerde().decode, packed=not args.unpacked))
+                                           EventSerde().decode, packed=not args.unpacked,
+                                           spill_dir=args.spill_dir))
     else:
         count = asyncio.run(_export_some(settings, args))
     _progress(f"exported session {args.session}: {count} events to {args.output}")
@@ -168,25 +184,56 @@ async def _export_some(settings: Settings, args: argparse.Namespace) -> int:
         sys.stdout.flush()
     else:
         write_session_file(args.output, events, header=header, packed=not args.unpacked)
+    if args.spill_dir is not None:
+        await export_spilled(settings, events, Path(args.spill_dir))
     return len(events)
 
 
 def run_import(args: argparse.Namespace, settings: Settings) -> int:
     if args.session_id and len(args.files) > 1:
         raise ConfigError("--session-id names the session of one file; give one FILE")
-    return asyncio.run(_import(settings, args.files, args.session_id))
+    if args.batch < 1:
+        raise ConfigError("--batch must be at least 1 event")
+    return asyncio.run(_import(settings, args.files, args.session_id, args.batch))
 
 
-async def _import(settings: Settings, files: list[str], session_id: str | None) -> int:
+async def _import(settings: Settings, files: list[str], session_id: str | None,
+                  batch: int) -> int:
     await ensure_topics(settings)
     serde = EventSerde()
-    async with Importer(settings, serde.encode, serde.decode) as importer:
-        for path in files:
-            result = await importer.import_file(path, session_id=session_id)
-            print(json.dumps({"file": path, "session": result.session_id,
+    progress = TerminalProgress() if sys.stderr.isatty() else None
+    async with Importer(settings, serde.encode, serde.decode, progress=progress,
+                        batch_events=batch, workers=default_workers(),
+                        make_encoder=avro_encoder) as importer:
+        async for result in importer.import_files(files, session_id=session_id):
+            if progress is not None:
+                progress.clear()
+            print(json.dumps({"file": result.path, "session": result.session_id,
                               "events": result.events, "published": result.published,
                               "already_on_topic": result.already_on_topic}), flush=True)
+    if progress is not None:
+        progress.done()
     return 0
+
+
+class TerminalProgress:
+    """One progress line on a terminal's stderr, rewritten in place."""
+
+    def __init__(self) -> None:
+        self.line = ""
+
+    def __call__(self, line: str) -> None:
+        self.line = line
+        sys.stderr.write(f"\r\x1b[K{line}")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        sys.stderr.write("\r\x1b[K")
+
+    def done(self) -> None:
+        if self.line:
+            sys.stderr.write(f"\r\x1b[K{self.line}\n")
+            sys.stderr.flush()
 
 
 def run_ship(args: argparse.Namespace, settings: Settings) -> int:
@@ -196,8 +243,9 @@ def run_ship(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _ship(settings: Settings, args: argparse.Namespace) -> int:
     await ensure_topics(settings)
+    live = TerminalProgress() if sys.stderr.isatty() else None
     async with Shipper(settings, args.directory, EventSerde().encode, batch=args.batch,
-                       progress=_progress) as shipper:
+                       progress=_progress, live=live) as shipper:
         stats = await shipper.run(follow=args.follow, interval_s=args.interval)
     print(json.dumps({"files": stats.files, "sessions": stats.sessions,
                       "published": stats.published, "problems": len(stats.problems)}))

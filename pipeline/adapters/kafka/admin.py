@@ -24,6 +24,7 @@ from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 INFINITE: Final = "-1"
+MAX_MESSAGE_BYTES: Final = "max.message.bytes"
 ADMIN_TIMEOUT_MS: Final = 30_000
 METADATA_WAIT_S: Final = 10.0
 
@@ -55,16 +56,19 @@ def plan_topics(settings: Settings) -> list[TopicSpec]:
     """Every topic of the project for ``settings``, in creation order."""
     names = settings.topics
     parts, rf = settings.partitions, settings.replication_factor
+    size = {MAX_MESSAGE_BYTES: str(settings.max_record_bytes)}
     keep_forever = {"cleanup.policy": "delete", "retention.ms": INFINITE,
-                    "retention.bytes": INFINITE}
-    compact = {"cleanup.policy": "compact"}
+                    "retention.bytes": INFINITE, **size}
+    compact = {"cleanup.policy": "compact", **size}
     specs = [
         TopicSpec(names.session_events, parts, rf, dict(keep_forever), "source of truth"),
-        TopicSpec(names.inbox, parts, rf, {"cleanup.policy": "delete"},
+        TopicSpec(names.inbox, parts, rf, {"cleanup.policy": "delete", **size},
                   "co-partitioned with session-events"),
         TopicSpec(names.derived_messages, parts, rf, dict(compact), "derived output"),
         TopicSpec(names.usage, parts, rf, dict(compact), "derived output"),
         TopicSpec(names.fleet, parts, rf, dict(compact), "derived output"),
+        # Full texts of spilled tool results, in chunks keyed by content hash.
+        TopicSpec(names.spill, parts, rf, dict(compact), "spilled content"),
     ]
     for source in (names.session_events, names.inbox):
         # Dead letters keep the original key and bytes; kept forever so nothing is lost.
@@ -87,9 +91,11 @@ async def ensure_topics(settings: Settings) -> EnsureReport:
         missing = [s for s in specs if s.name not in found]
         created = await _create(admin, missing)
         found.update(await _wait_visible(admin, [s.name for s in missing]))
-        policies = await _cleanup_policies(admin, [s.name for s in specs])
+        configs = await _checked_configs(admin, [s.name for s in specs])
         for spec in specs:
-            check_topic(spec, found.get(spec.name), policies.get(spec.name))
+            found_configs = configs.get(spec.name, {})
+            check_topic(spec, found.get(spec.name), found_configs.get("cleanup.policy"))
+            check_record_limit(spec, found_configs.get(MAX_MESSAGE_BYTES))
     finally:
         await admin.close()
     existing = tuple(s.name for s in specs if s.name not in created)
@@ -114,6 +120,18 @@ def check_topic(spec: TopicSpec, partitions: int | None, cleanup_policy: str | N
             f"{cleanup_policy!r}, expected {spec.cleanup_policy!r}"
             + _policy_hint(spec)
         )
+
+
+def check_record_limit(spec: TopicSpec, max_message_bytes: str | None) -> None:
+    """Refuse a topic that would refuse records the project may write (below the limit)."""
+    wanted = spec.configs.get(MAX_MESSAGE_BYTES)
+    if wanted is None or max_message_bytes is None or int(max_message_bytes) >= int(wanted):
+        return
+    raise BrokerError(
+        f"topic {spec.name!r} ({spec.role}) has {MAX_MESSAGE_BYTES}={max_message_bytes}, "
+        f"below DSH_MAX_RECORD_BYTES={wanted}: records up to the limit would be refused. Set "
+        f"it with kafka-configs --alter --topic {spec.name} --add-config "
+        f"{MAX_MESSAGE_BYTES}={wanted}, or lower DSH_MAX_RECORD_BYTES.")
 
 
 def _policy_hint(spec: TopicSpec) -> str:
@@ -180,12 +198,12 @@ async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> lis
     return created
 
 
-async def _cleanup_policies(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, str]:
-    """The effective ``cleanup.policy`` of each topic in ``names``."""
-    wanted = {"cleanup.policy": None}
+async def _checked_configs(admin: AIOKafkaAdminClient, names: Sequence[str]
+                          ) -> dict[str, dict[str, str]]:
+    """The effective ``cleanup.policy`` and ``max.message.bytes`` of each topic in ``names``."""
+    wanted = {"cleanup.policy": None, MAX_MESSAGE_BYTES: None}
     resources = [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
-    configs = await describe_topic_configs(admin, resources)
-    return {name: values.get("cleanup.policy", "") for name, values in configs.items()}
+    return await describe_topic_configs(admin, resources)
 
 
 async def describe_topic_configs(

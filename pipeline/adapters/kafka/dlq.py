@@ -8,7 +8,8 @@ why and where from (the Kafka Connect ``__connect.errors.*`` idea under dsh name
     dsh.original.topic / dsh.original.partition / dsh.original.offset
     dsh.original.omitted only when the value could not be kept (below)
 
-A record close to the producer's record limit would be refused as a dead letter (the
+A record close to the record limit (``DSH_MAX_RECORD_BYTES``; sized as the broker counts it,
+:func:`~pipeline.adapters.kafka.records.record_bytes`) would be refused as a dead letter (the
 headers above make it larger), and a refused dead letter holds back the offset of what it
 stands for (the driver's transaction, the processors' commit) for good. Such a dead
 letter keeps everything but the value, says so in ``dsh.original.omitted`` (the value's
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord
+from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord, record_bytes
 from pipeline.settings import TopicNames
 
 ERROR_CLASS: Final = "dsh.error.class"
@@ -35,7 +36,6 @@ DLQ_HEADERS: Final = frozenset({ERROR_CLASS, ERROR_MESSAGE, ORIGINAL_TOPIC,
                                 ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_OMITTED})
 MAX_MESSAGE_CHARS: Final = 1000
 MAX_RECORD_BYTES: Final = 1_000_000   # faust's producer_max_request_size; aiokafka's is 1 MiB
-RECORD_OVERHEAD_BYTES: Final = 512    # Kafka's per-record and per-batch framing, generously
 
 
 def dead_letter(record: InboxRecord, error: BaseException,
@@ -57,9 +57,7 @@ def dead_letter(record: InboxRecord, error: BaseException,
                         (ORIGINAL_PARTITION, str(record.partition).encode()),
                         (ORIGINAL_OFFSET, str(record.offset).encode()))
     value = record.value if record.value is not None else b""
-    size = (len(record.key or b"") + len(value) + RECORD_OVERHEAD_BYTES
-            + sum(len(name) + len(data or b"") for name, data in headers))
-    if size > max_record_bytes:
+    if record_bytes(record.key, value, headers) > max_record_bytes:
         headers = (*headers, (ORIGINAL_OMITTED, f"{len(value)} bytes".encode()))
         value = b""
     return OutRecord(topic=TopicNames.dlq(record.topic), key=record.key, value=value,

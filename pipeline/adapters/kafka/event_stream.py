@@ -33,7 +33,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.options import (
+    broker_errors,
+    client_options,
+    consumer_size_options,
+)
 from pipeline.adapters.kafka.records import Headers, headers_of
 from pipeline.codec.records import read_headers, record_key, session_id_of_key
 from pipeline.core.dedup import Delivery, SeqTracker
@@ -149,7 +153,8 @@ class EventStream:
         reset = "latest" if self._start is Start.END else "earliest"
         consumer = AIOKafkaConsumer(
             group_id=self._group_id, enable_auto_commit=False, auto_offset_reset=reset,
-            isolation_level="read_committed", **client_options(self._settings))
+            isolation_level="read_committed", **client_options(self._settings),
+            **consumer_size_options(self._settings))
         try:
             with broker_errors(f"consume {self._topic!r}"):
                 await consumer.start()
@@ -302,7 +307,7 @@ async def session_records(settings: Settings, session_id: str, *, decode: Decode
     """:func:`session_events` with where each event came from and its record headers."""
     name = topic or settings.topics.session_events
     consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
-                                **client_options(settings))
+                                **client_options(settings), **consumer_size_options(settings))
     try:
         with broker_errors(f"read session {session_id!r} from {name!r}"):
             await consumer.start()

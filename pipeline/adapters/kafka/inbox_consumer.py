@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import InboxRecord, headers_of
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -55,7 +55,8 @@ class InboxConsumer:
         self._listener = _Listener(on_assigned, on_revoked)
         self._options = client_options(settings)
         self._consumer = AIOKafkaConsumer(
-            **self._options, group_id=group_id, enable_auto_commit=False,
+            **self._options, **consumer_size_options(settings), group_id=group_id,
+            enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(session_timeout_ms // 4, 500),

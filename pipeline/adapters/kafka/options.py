@@ -49,6 +49,22 @@ def client_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+# aiokafka's own default: one fetch response carries up to this much over all partitions.
+FETCH_MAX_BYTES: Final = 50 * 1024 * 1024
+
+
+def producer_size_options(settings: Settings) -> dict[str, Any]:
+    """Producer options that follow the one record limit (``DSH_MAX_RECORD_BYTES``)."""
+    return {"max_request_size": settings.max_record_bytes}
+
+
+def consumer_size_options(settings: Settings) -> dict[str, Any]:
+    """Consumer options that follow the one record limit: a partition's fetch can always
+    carry the largest record a topic accepts."""
+    return {"max_partition_fetch_bytes": settings.max_record_bytes,
+            "fetch_max_bytes": max(FETCH_MAX_BYTES, settings.max_record_bytes)}
+
+
 def _sasl_options(settings: Settings) -> dict[str, Any]:
     mechanism = (settings.sasl_mechanism or "PLAIN").upper()
     if mechanism not in SASL_MECHANISMS:

@@ -12,17 +12,24 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.options import client_options, producer_size_options
+from pipeline.adapters.kafka.records import OutRecord, check_fits, inbox_record_limit
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 
 async def send_records(settings: Settings, records: Sequence[OutRecord], *,
                        timeout_s: float = 30.0) -> list[tuple[int, int]]:
-    """Send ``records`` with acks=all and wait; returns (partition, offset) of each."""
-    producer = AIOKafkaProducer(**client_options(settings), enable_idempotence=True,
-                                acks="all")
+    """Send ``records`` with acks=all and wait; returns (partition, offset) of each.
+
+    Raises :class:`RecordTooLargeError` before anything is sent when a record is above the
+    record limit, or an inbox command above :func:`inbox_record_limit` (its events would
+    not fit the session topic).
+    """
+    for record in records:
+        check_size(settings, record)
+    producer = AIOKafkaProducer(**client_options(settings), **producer_size_options(settings),
+                                enable_idempotence=True, acks="all")
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
         futures = [
@@ -41,3 +48,13 @@ async def send_records(settings: Settings, records: Sequence[OutRecord], *,
     finally:
         await producer.stop()
     return [(m.partition, m.offset) for m in metas]
+
+
+def check_size(settings: Settings, record: OutRecord) -> None:
+    """Refuse ``record`` when it is too large for its topic (see :func:`send_records`)."""
+    if record.topic == settings.topics.inbox:
+        key = (record.key or b"").decode("utf-8", "replace")
+        check_fits(record, inbox_record_limit(settings.max_record_bytes),
+                   f"the command for session {key!r} (content included)")
+    else:
+        check_fits(record, settings.max_record_bytes, f"the record for {record.topic!r}")

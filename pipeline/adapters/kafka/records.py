@@ -10,6 +10,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from pipeline.core.errors import BrokerError
+
 Headers = tuple[tuple[str, bytes], ...]
 
 
@@ -22,6 +26,37 @@ class OutRecord:
     value: bytes
     headers: Headers = ()
     partition: int | None = None
+
+
+def record_bytes(key: bytes | None, value: bytes | None,
+                 headers: Sequence[tuple[str, bytes | None]] = ()) -> int:
+    """The size the broker counts for one record alone in its batch (framing included):
+    what a topic's ``max.message.bytes`` and a producer's ``max_request_size`` limit."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers)))
+
+
+class RecordTooLargeError(BrokerError):
+    """A record above the record limit (``DSH_MAX_RECORD_BYTES``): refused before sending."""
+
+
+def check_fits(record: OutRecord, limit: int, what: str) -> None:
+    """Raise :class:`RecordTooLargeError` naming ``what`` when ``record`` is above ``limit``."""
+    size = record_bytes(record.key, record.value, record.headers)
+    if size > limit:
+        raise RecordTooLargeError(
+            f"{what} is {size:,} bytes as a Kafka record, above the record limit of "
+            f"{limit:,} bytes (DSH_MAX_RECORD_BYTES); nothing was written")
+
+
+# An inbox command becomes events that carry its content (the user message and the inbox
+# splice, one record each) with a larger envelope: the inbox takes commands this much below
+# the record limit, so that the events of any command it took fit.
+INBOX_HEADROOM_BYTES = 64 * 1024
+
+
+def inbox_record_limit(max_record_bytes: int) -> int:
+    """The largest inbox record (a command) whose events fit ``max_record_bytes``."""
+    return max_record_bytes - INBOX_HEADROOM_BYTES
 
 
 class ConsumedRecord(Protocol):

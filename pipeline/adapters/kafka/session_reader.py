@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.core.events import Event
 from pipeline.settings import Settings
@@ -45,7 +45,8 @@ async def read_session_partition(settings: Settings, topic: str, partition: int,
     Undecodable records are listed (offset and reason) rather than raised: the caller
     decides whether a session with a hole can be rebuilt (it cannot: its seqs would gap).
     """
-    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
+    consumer = AIOKafkaConsumer(**client_options(settings), **consumer_size_options(settings),
+                                group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 auto_offset_reset="earliest")
     tp = TopicPartition(topic, partition)

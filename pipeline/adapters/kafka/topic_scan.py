@@ -23,7 +23,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.options import (
+    broker_errors,
+    client_options,
+    consumer_size_options,
+    producer_size_options,
+)
 from pipeline.adapters.kafka.records import ConsumedRecord, Headers, InboxRecord
 from pipeline.codec.records import read_headers
 from pipeline.core.errors import BrokerError, CodecError
@@ -35,6 +40,13 @@ ADMIN_TIMEOUT_MS: Final = 30_000
 # which 6 partitions' worth (48 MiB) fits; raising the client's alone would not lift the cap.
 _FETCH_BYTES: Final = 8 * 1024 * 1024
 _IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+
+
+def scan_fetch_options(settings: Settings) -> dict[str, Any]:
+    """Fetch sizes of a scan: large fetches, never below what the record limit needs."""
+    options = consumer_size_options(settings)
+    options["max_partition_fetch_bytes"] = max(_FETCH_BYTES, settings.max_record_bytes)
+    return options
 
 
 class ScanRecord(ConsumedRecord, Protocol):
@@ -68,8 +80,8 @@ class TopicScan:
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                     auto_offset_reset="earliest",
-                                    max_partition_fetch_bytes=_FETCH_BYTES,
-                                    **client_options(self._settings))
+                                    **client_options(self._settings),
+                                    **scan_fetch_options(self._settings))
         self._consumer = consumer
         with broker_errors(f"scan {self.topic!r}"):
             await consumer.start()
@@ -184,6 +196,7 @@ async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool
     """
     configs = ({"cleanup.policy": "compact"} if compact else
                {"cleanup.policy": "delete", "retention.ms": "-1"})
+    configs["max.message.bytes"] = str(settings.max_record_bytes)
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
     with broker_errors(f"connect to {settings.bootstrap_servers}"):
         await admin.start()
@@ -227,7 +240,9 @@ class BulkProducer:
         self.sent = 0
 
     async def __aenter__(self) -> BulkProducer:
-        producer = AIOKafkaProducer(**client_options(self._settings), enable_idempotence=True,
+        producer = AIOKafkaProducer(**client_options(self._settings),
+                                    **producer_size_options(self._settings),
+                                    enable_idempotence=True,
                                     acks="all", linger_ms=20, max_batch_size=512 * 1024)
         with broker_errors(f"connect to {self._settings.bootstrap_servers}"):
             await producer.start()

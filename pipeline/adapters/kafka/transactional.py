@@ -27,7 +27,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -67,7 +67,7 @@ class PartitionProducer:
     async def start(self) -> None:
         """Start and fence older owners: waits until this producer holds the newest epoch."""
         producer = AIOKafkaProducer(
-            **client_options(self._settings),
+            **client_options(self._settings), **producer_size_options(self._settings),
             transactional_id=self.transactional_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
             enable_idempotence=True, acks="all", linger_ms=0, retry_backoff_ms=20,
@@ -86,6 +86,16 @@ class PartitionProducer:
     async def _empty_transaction(self) -> None:
         await self._producer.begin_transaction()
         await self._producer.commit_transaction()
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (BrokerError when it does not exist)."""
+        if self._producer is None:
+            raise BrokerError(f"producer {self.transactional_id} is not started")
+        partitions = await self._producer.partitions_for(topic)
+        if not partitions:
+            raise BrokerError(f"topic {topic!r} does not exist: run `dsh-pipeline topics "
+                              "ensure`")
+        return len(partitions)
 
     async def commit(self, records: Sequence[OutRecord],
                      inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None = None

@@ -15,7 +15,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.options import (
+    broker_errors,
+    client_options,
+    consumer_size_options,
+)
 from pipeline.settings import Settings
 
 
@@ -53,7 +57,8 @@ class ConsumerLagProbe:
             self._admin = AIOKafkaAdminClient(**options)
             await self._admin.start()
             self._consumer = AIOKafkaConsumer(enable_auto_commit=False,
-                                              isolation_level="read_committed", **options)
+                                              isolation_level="read_committed", **options,
+                                              **consumer_size_options(self._settings))
             await self._consumer.start()
 
     async def stop(self) -> None:
@@ -107,7 +112,8 @@ async def leaders_ready(settings: Settings, topic: str) -> bool:
     A reader started right after the topic was created would otherwise log an error per
     retry (aiokafka's offset lookups fail with NotLeaderForPartition until the election).
     """
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_options(settings))
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, **client_options(settings),
+                                **consumer_size_options(settings))
     try:
         with broker_errors(f"read metadata of {topic!r}"):
             await consumer.start()

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.records import OutRecord, check_fits
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.errors import BrokerError, DshError
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
+_SMALL_RECORD_MARGIN = 64 * 1024  # a value this far below the limit fits with key and headers
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
 
@@ -154,7 +155,8 @@ class PartitionSink:
     def __init__(self, producer: PartitionProducer, *, events_topic: str, inbox_topic: str,
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
-                 wait_for_commit: bool = True, max_buffered: int = 20_000) -> None:
+                 wait_for_commit: bool = True, max_buffered: int = 20_000,
+                 max_record_bytes: int | None = None) -> None:
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -177,6 +179,7 @@ class PartitionSink:
         self._max_buffered = max_buffered
         self._traced: dict[str, str] = {}  # follow-up message id -> caller's traceparent
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
+        self._max_record_bytes = max_record_bytes
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:
         """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
@@ -187,17 +190,28 @@ class PartitionSink:
         self._traced[message_id] = traceparent
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
-        """Encode and buffer ``events``; they commit with the next transaction."""
+        """Encode and buffer ``events``; they commit with the next transaction.
+
+        Raises :class:`RecordTooLargeError` (buffering none of ``events``) when one would
+        be above the record limit: the broker would refuse the whole transaction, and the
+        partition would fail again at every retry. The session's runner fails alone.
+        """
         self._raise_if_failed()
         if self._traced or self._turn_traces:
             self._emit_traced(session_id, events)
             return
         key = session_id.encode("utf-8")
-        topic, partition, encode, append = (self._events_topic, self.partition, self._encode,
-                                            self._buffer.append)
+        topic, partition, encode = self._events_topic, self.partition, self._encode
+        records = [OutRecord(topic, key, encode(session_id, event), tuple(event_headers(event)),
+                             partition) for event in events]
+        limit = self._max_record_bytes
+        if limit is not None:
+            for event, record in zip(events, records, strict=True):
+                if len(record.value) > limit - _SMALL_RECORD_MARGIN:  # cheap test first
+                    check_fits(record, limit,
+                               f"session {session_id!r} event {event.seq} ({event.type})")
+        self._buffer.extend(records)
         for event in events:
-            append(OutRecord(topic, key, encode(session_id, event), tuple(event_headers(event)),
-                             partition))
             if event.type in _LOGS_MESSAGE_IDS:  # not the many chunks
                 for message_id in logged_message_ids(event):
                     self._on_logged(session_id, message_id)

@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.adapters.kafka.dlq import dead_letter
-from pipeline.adapters.kafka.records import InboxRecord, header_value
+from pipeline.adapters.kafka.records import (
+    InboxRecord,
+    header_value,
+    inbox_record_limit,
+    record_bytes,
+)
 from pipeline.adapters.kafka.session_reader import Decoder, read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_TRACEPARENT
@@ -137,7 +142,8 @@ class OwnedPartition:
                                                        applied_from_metadata(metadata),
                                                        metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
-                                  wait_for_commit=not ctx.pipelined_flush)
+                                  wait_for_commit=not ctx.pipelined_flush,
+                                  max_record_bytes=ctx.settings.max_record_bytes)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
         self.released = False
@@ -185,6 +191,12 @@ class OwnedPartition:
             return
         offsets.start(record.offset)
         self.ctx.metrics.commands += 1
+        limit = inbox_record_limit(self.ctx.settings.max_record_bytes)
+        if record_bytes(record.key, record.value, record.headers) > limit:
+            self._dead_letter(record, EventError(
+                f"the inbox record is above {limit:,} bytes: the events it would become "
+                "could not be written whole (DSH_MAX_RECORD_BYTES)", rule="record-too-large"))
+            return
         try:
             command = self._command_of(record)
         except DshError as exc:
@@ -213,7 +225,8 @@ class OwnedPartition:
     def _dead_letter(self, record: InboxRecord, error: DshError) -> None:
         log.warning("inbox %s[%d]@%d to the dead-letter topic: %s", record.topic,
                     record.partition, record.offset, error)
-        self.sink.add(dead_letter(record, error), done_offset=record.offset)
+        self.sink.add(dead_letter(record, error, self.ctx.settings.max_record_bytes),
+                      done_offset=record.offset)
         self.ctx.metrics.dead_letters += 1
 
     def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:

@@ -23,6 +23,9 @@ from pipeline.core.turn_effects import ToolOutcome
 
 ToolHandler = Callable[[dict[str, Any]], Awaitable[ToolOutcome | str]]
 """Receives the validated arguments; returns an outcome, or plain text for a success."""
+PostExecute = Callable[[str, ToolOutcome], Awaitable[ToolOutcome]]
+"""Transforms every call's outcome (tool name, outcome) before it is logged, as dsh's
+``tools/post-execute``: the driver's is the spill policy (:mod:`.spill`)."""
 
 INVALID_ARGUMENTS: Final = ("ToolArgumentsError", "INVALID_ARGUMENTS")
 UNKNOWN_TOOL: Final = ("UnknownToolError", "UNKNOWN_TOOL")
@@ -120,12 +123,19 @@ def _object_errors(value: dict[str, JsonValue], schema: Mapping[str, JsonValue],
 
 
 class ToolRegistry:
-    """Tools by name. :meth:`run` turns every failure into an error outcome."""
+    """Tools by name. :meth:`run` turns every failure into an error outcome, then hands
+    every outcome to the registry's ``post_execute`` (if any)."""
 
-    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+    def __init__(self, specs: Iterable[ToolSpec] = (), *,
+                 post_execute: PostExecute | None = None) -> None:
         self._specs: dict[str, ToolSpec] = {}
+        self._post_execute = post_execute
         for spec in specs:
             self.register(spec)
+
+    def with_post_execute(self, post_execute: PostExecute) -> ToolRegistry:
+        """The same tools, every outcome passed through ``post_execute``."""
+        return ToolRegistry(self._specs.values(), post_execute=post_execute)
 
     def register(self, spec: ToolSpec) -> None:
         if spec.name in self._specs:
@@ -158,6 +168,12 @@ class ToolRegistry:
 
     async def run(self, name: str, arguments: str) -> ToolOutcome:
         """Run one call with its raw argument string; never raises for a tool's failure."""
+        outcome = await self._run(name, arguments)
+        if self._post_execute is None:
+            return outcome
+        return await self._post_execute(name, outcome)
+
+    async def _run(self, name: str, arguments: str) -> ToolOutcome:
         spec = self._specs.get(name)
         if spec is None:
             return _failure(f"Unknown tool {name!r}. Available tools: {', '.join(self.names)}.",

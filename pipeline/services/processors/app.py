@@ -184,6 +184,9 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         value_serializer="raw",
         stream_wait_empty=False,
         producer_acks=-1,
+        # The one record limit (DSH_MAX_RECORD_BYTES): table records and their fetches.
+        producer_max_request_size=settings.max_record_bytes,
+        consumer_max_fetch_size=settings.max_record_bytes,
         Topic=DirectTopic,   # table writes skip a per-write event-loop detour
         # A killed worker's partitions move once its session expires: keep that short.
         broker_session_timeout=options.session_timeout_s,

@@ -5,9 +5,10 @@ shipper of the same directory (aborting its open transaction), then the highest 
 session on the topic is read from the record headers (read committed): the next event to
 publish for a session is that seq + 1. Each pass re-reads the files whose size or mtime
 changed (``session.jsonl`` or ``session.jsonl.zstd``, packed rows expanded, a torn last line
-or zstd frame left for a later pass) and publishes the new events in transactions of at most
-``batch`` events. A crash between two transactions loses nothing and a restart duplicates
-nothing: what was committed is on the topic, what was not is published again.
+or zstd frame left for a later pass) and publishes the new events of many files together, in
+transactions of at most ``batch`` events. A crash between two transactions loses nothing and a
+restart duplicates nothing: what was committed is on the topic, what was not is published
+again.
 
 A file whose first event seq is past the topic's next seq, or with a bad line, is reported and
 its events from there on are held back (publishing past a hole would make a gap).
@@ -19,20 +20,24 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.adapters.kafka.event_stream import partition_for
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import last_seqs
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.sessionfile import FileProblem, SessionFile, scan_session_file
 from pipeline.core.errors import SessionFileError
-from pipeline.core.events import Event
+from pipeline.core.events import Event, JsonValue
+from pipeline.services.replay.prepare import session_id_for
 from pipeline.services.replay.topic import Encoder, event_records
-from pipeline.services.replay.transfer import session_id_for
 from pipeline.settings import Settings
 
 Progress = Callable[[str], None]
+NewEvents = tuple[str, list[Event], dict[str, JsonValue] | None]
 SUFFIXES = (".jsonl", ".jsonl.zstd")
 
 
@@ -58,20 +63,35 @@ class _Seen:
     mtime_ns: int
 
 
+@dataclass(slots=True)
+class _Pending:
+    """Records waiting for the next transaction, and what they advance once committed."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    next_seq: dict[str, int] = field(default_factory=dict)
+    seen: list[tuple[Path, _Seen]] = field(default_factory=list)
+    events: int = 0
+
+
 class Shipper:
     """Publishes new events of the files under ``root``; use ``async with`` then :meth:`run`."""
 
     def __init__(self, settings: Settings, root: str | os.PathLike[str], encode: Encoder, *,
-                 batch: int = 5000, progress: Progress | None = None) -> None:
+                 batch: int = 5000, progress: Progress | None = None,
+                 live: Progress | None = None) -> None:
+        """``progress`` gets a summary line per pass and every problem; ``live`` a line
+        after every transaction (the CLI shows those only on a terminal)."""
         self.settings = settings
         self.root = Path(root).resolve()
         self.encode = encode
         self.batch = batch
         self.progress = progress or (lambda _line: None)
+        self.live = live or (lambda _line: None)
         self.stats = ShipStats()
         self.next_seq: dict[str, int] = {}
         self._seen: dict[Path, _Seen] = {}
         self._reported: set[str] = set()
+        self._partitions = 0
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
         self.producer = PartitionProducer(
             settings, group_id=f"{settings.group_id_prefix}{settings.topic_prefix}ship-{digest}",
@@ -81,6 +101,8 @@ class Shipper:
         if not self.root.is_dir():
             raise SessionFileError(f"{self.root}: not a directory", path=str(self.root))
         await self.producer.start()  # fences an earlier shipper before reading the checkpoint
+        self._partitions = await self.producer.partition_count(
+            self.settings.topics.session_events)
         found = await last_seqs(self.settings, self.settings.topics.session_events)
         self.next_seq = {sid: seq + 1 for sid, seq in found.items()}
         return self
@@ -104,46 +126,69 @@ class Shipper:
             await asyncio.sleep(interval_s)
 
     async def pass_once(self) -> int:
-        """Publish what is new in every changed file; returns the number of events shipped."""
+        """Publish what is new in every changed file; returns the number of events shipped.
+
+        The new events of many files go into one transaction (up to ``batch`` events; a
+        file with more is split in seq order), so a pass over many small files costs few
+        transactions. A file counts as seen once its events are committed.
+        """
         shipped = 0
         files = 0
+        pending = _Pending()
         for path in session_files(self.root):
             files += 1
             stat = path.stat()
             seen = _Seen(stat.st_size, stat.st_mtime_ns)
             if self._seen.get(path) == seen:
                 continue
-            shipped += await self._ship_file(path)
-            self._seen[path] = seen
+            queued = ChainMap(pending.next_seq, self.next_seq)  # this transaction's first
+            for sid, part, header in self._new_events(path, queued):
+                pending.records += event_records(
+                    self.settings.topics.session_events, sid, part, self.encode, header,
+                    partition=partition_for(sid, self._partitions))
+                pending.next_seq[sid] = part[-1].seq + 1
+                pending.events += len(part)
+                if pending.events >= self.batch:
+                    shipped += await self._commit(pending)
+                    pending = _Pending()
+            pending.seen.append((path, seen))
+        shipped += await self._commit(pending)
         self.stats.files = files
         self.stats.sessions = len(self.next_seq)
         return shipped
 
-    async def _ship_file(self, path: Path) -> int:
+    def _new_events(self, path: Path, next_seq: Mapping[str, int]) -> Iterator[NewEvents]:
+        """The file's events after ``next_seq`` of its session, in pieces of at most
+        ``batch``."""
         try:
             session_file, problems = scan_session_file(path)
         except SessionFileError as exc:
             self._report(str(exc))
-            return 0
+            return
         events = _contiguous_prefix(session_file, problems, self._report)
         if not events:
-            return 0
+            return
         sid = session_id_for(path, session_file.header)
-        start = self.next_seq.get(sid, 0)
+        start = next_seq.get(sid, 0)
         if events[0].seq > start:
             self._report(f"{path}: session {sid!r} starts at seq {events[0].seq} but the topic "
                          f"expects {start}; held back")
-            return 0
+            return
         todo = events[start - events[0].seq:]
         for offset in range(0, len(todo), self.batch):
-            part = todo[offset:offset + self.batch]
-            records = event_records(self.settings.topics.session_events, sid, part,
-                                    self.encode, session_file.header)
-            await self.producer.commit(records)
-            self.next_seq[sid] = part[-1].seq + 1
-            self.stats.published += len(part)
+            yield sid, todo[offset:offset + self.batch], session_file.header
+
+    async def _commit(self, pending: _Pending) -> int:
+        """One transaction for the pending events; then their sessions and files advance."""
+        if pending.records:
+            await self.producer.commit(pending.records)
             self.stats.transactions += 1
-        return len(todo)
+        self.next_seq.update(pending.next_seq)
+        self.stats.published += pending.events
+        self._seen.update(pending.seen)
+        if pending.events:
+            self.live(f"shipped {self.stats.published:,} events, {len(self._seen)} files")
+        return pending.events
 
     def _report(self, problem: str) -> None:
         if problem not in self._reported:  # a file re-read every pass reports once

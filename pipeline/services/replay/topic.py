@@ -43,16 +43,19 @@ def session_header_of(headers: Headers) -> dict[str, JsonValue] | None:
 
 
 def event_records(topic: str, session_id: str, events: Iterable[Event], encode: Encoder,
-                  header: dict[str, JsonValue] | None = None) -> list[OutRecord]:
+                  header: dict[str, JsonValue] | None = None, *,
+                  partition: int | None = None) -> list[OutRecord]:
     """Records for ``events``; the seq-0 record carries ``header`` (the file's header line).
-    An event's envelope key order travels in the event itself (``Event.key_order``)."""
+    An event's envelope key order travels in the event itself (``Event.key_order``).
+    ``partition``: the session's partition when the caller knows it (batched sends), else
+    the default partitioner's choice (the same one)."""
     key = record_key(session_id)
     out: list[OutRecord] = []
     for event in events:
         headers = event_headers(event)
         if event.seq == 0 and header is not None:
             headers.append((SESSION_HEADER, dumps_json(header).encode("utf-8")))
-        out.append(OutRecord(topic, key, encode(session_id, event), tuple(headers)))
+        out.append(OutRecord(topic, key, encode(session_id, event), tuple(headers), partition))
     return out
 
 

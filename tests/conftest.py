@@ -19,16 +19,26 @@ that finds them missing fails with the command to run.
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections.abc import Iterator
 
+import hypothesis.internal.observability  # noqa: F401  (imported at the summary otherwise)
 import pytest
 
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.adapters.localstack.registry import RegistryLocal
+from pipeline.cli.main import COMMANDS
 from pipeline.settings import Settings
+
+# CPython 3.11.7 (this machine's) races when two threads compile at once
+# (python/cpython#106905: "AST constructor recursion depth mismatch"). The CLI imports its
+# command's module lazily, and tests run it in threads (asyncio.to_thread), so every command
+# module is imported here, once, before any test runs.
+for _module in sorted({module for module, _summary in COMMANDS.values()}):
+    importlib.import_module(_module)
 
 TEST_PARTITIONS = 3
 # Generous: a loaded 2-core machine can take well over the 60 s the CLI allows.

@@ -208,7 +208,7 @@ async def test_a_followup_too_large_for_the_inbox_is_refused_at_send(
     for name, value in small.to_env().items():
         monkeypatch.setenv(name, value)
     assert await asyncio.to_thread(main, ["send", "s-refused", "--followup",
-                                          blob_text(2_000_000)]) == 2
+                                          blob_text(2_000_000)]) == 1  # invalid input
     error = capsys.readouterr().err
     assert "DSH_MAX_RECORD_BYTES" in error and "nothing was written" in error
     assert await topic_records(small, small.topics.inbox) == []

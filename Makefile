@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints
+.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints toxiproxy
 
 setup: $(STAMP) artifacts
 
@@ -70,3 +70,15 @@ broker: setup
 # The benchmark suite (bench/suite.py): rewrites BENCHMARKS.md; BENCH_ARGS=--quick for a short run.
 bench: setup
 	$(BIN)/dsh-pipeline bench $(BENCH_ARGS)
+
+# Toxiproxy for `make chaos` (network faults), pinned: `@latest` resolves to the old v2.5.0.
+# Installed once into the cache ($DSH_CACHE_DIR or .cache/); a present binary is kept.
+TOXIPROXY_VERSION := 2.12.0
+TOXIPROXY_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/toxiproxy-$(TOXIPROXY_VERSION)
+toxiproxy:
+	@if [ ! -x "$(TOXIPROXY_DIR)/server" ]; then \
+	    mkdir -p "$(TOXIPROXY_DIR)" && \
+	    GOBIN="$(TOXIPROXY_DIR)" go install github.com/Shopify/toxiproxy/v2/cmd/server@v$(TOXIPROXY_VERSION); \
+	fi
+	@echo "toxiproxy: $(TOXIPROXY_DIR)/server"
+

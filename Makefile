@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints toxiproxy
+.PHONY: setup artifacts tools test lint pytest demo broker chromium bench constraints toxiproxy chaos
 
 setup: $(STAMP) artifacts
 
@@ -82,3 +82,6 @@ toxiproxy:
 	fi
 	@echo "toxiproxy: $(TOXIPROXY_DIR)/server"
 
+# The chaos campaign (docs/chaos.md): about 15 minutes; CHAOS_ARGS e.g. --seed 7 --minutes 5.
+chaos: setup toxiproxy
+	$(BIN)/dsh-pipeline chaos --toxiproxy "$(TOXIPROXY_DIR)/server" $(CHAOS_ARGS)

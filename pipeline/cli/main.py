@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_fanout",
     "pipeline.cli.cmd_dashboard",
     "pipeline.cli.cmd_bench",
+    "pipeline.cli.cmd_chaos",
 )
 
 

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from pipeline.adapters.localstack.artifacts import default_cache_dir
 from pipeline.cli.chaos.campaign import Campaign, CampaignOptions, derive_seed
-from pipeline.cli.chaos.report import write_report
+from pipeline.cli.chaos.report import write_raw, write_report
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.ship_mid_turn:
         command += " --ship-mid-turn"
     write_report(outcome, args.report, command)
+    write_raw(outcome, workdir)
     for result in [*outcome.results, *outcome.periodic]:
         mark = "held" if result.ok else "VIOLATED"
         _progress(f"{mark}: {result.name} ({result.summary})")

@@ -73,7 +73,8 @@ class Outcome:
     options: CampaignOptions
     phases: list[Phase] = field(default_factory=list)
     faults: Faults | None = None
-    lag_samples: list[tuple[float, float, int]] = field(default_factory=list)  # mono, s, recs
+    # (monotonic, wall ms, largest lag in seconds, lagging records), every second
+    lag_samples: list[tuple[float, int, float, int]] = field(default_factory=list)
     periodic: list[inv.Result] = field(default_factory=list)
     results: list[inv.Result] = field(default_factory=list)
     lag_zero_s: float | None = None
@@ -140,7 +141,8 @@ class Campaign:
         stop = asyncio.Event()
         background = [asyncio.create_task(load.run(faults.sender, stop,
                                                    self.options.rate_per_s)),
-                      asyncio.create_task(ship.run(stop, 2.0))]
+                      asyncio.create_task(ship.run(stop, 2.0)),
+                      asyncio.create_task(self._sample_lag(stop))]
         try:
             baseline = self._phase("baseline")
             self.progress(f"baseline: {self.options.baseline_s:.0f} s of load, no faults")
@@ -149,9 +151,7 @@ class Campaign:
             plan = FaultPlan.for_duration(self.options.fault_s)
             self.progress(f"faults: {self.options.fault_s:.0f} s, plan {plan}")
             phase = self._phase("faults")
-            sampler = asyncio.create_task(self._sample_lag(stop))
-            periodic = asyncio.create_task(self._periodic_checks(stop))
-            background += [sampler, periodic]
+            background.append(asyncio.create_task(self._periodic_checks(stop)))
             await faults.run(plan)
             phase.ended_ms = _now_ms()
         finally:
@@ -173,7 +173,7 @@ class Campaign:
             samples, _ = await inv.lag_once(direct)
             if samples:
                 self.outcome.lag_samples.append(
-                    (time.monotonic(), max(s.seconds for s in samples),
+                    (time.monotonic(), _now_ms(), max(s.seconds for s in samples),
                      sum(s.records for s in samples)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
@@ -254,7 +254,8 @@ class Campaign:
                                         for s in [*self.session_ids, *ship.files]}
         urls = [f"http://127.0.0.1:{s.port}" for s in self.fleet.services.values()
                 if s.kind == "processors"]
-        results.append(await inv.check_processors(urls, logs, timeout_s=180))
+        results.append(await inv.check_processors(urls, logs, timeout_s=180,
+                                                  evidence=self.options.workdir / "evidence"))
         results.append(await run_bounded(
             lambda: inv.check_dead_letters(direct, faults.garbage), READ_BUDGET_S))
         dashboard = f"http://127.0.0.1:{self.fleet.services['dashboard'].port}"

@@ -8,10 +8,12 @@ open turn is not a violation: turns are running).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
@@ -24,9 +26,9 @@ from pipeline.cli.chaos.bounded import run_bounded
 from pipeline.cli.chaos.faults import GarbageRecord
 from pipeline.cli.chaos.load import SentCommand
 from pipeline.core.errors import DshError, EventError
-from pipeline.core.events import Event
+from pipeline.core.events import Event, dumps_json
 from pipeline.core.inbox import SPLICE_TYPE
-from pipeline.core.log import SessionLog
+from pipeline.core.log import SessionLog, derive_messages
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.processors.verify import verify_processors
 from pipeline.services.replay.check import check_session
@@ -174,8 +176,12 @@ def _what(event: Event) -> str:
 
 
 async def check_processors(urls: Sequence[str], logs: Mapping[str, Sequence[Event]],
-                           timeout_s: float) -> Result:
-    """Each worker's tables and usage equal core's fold of the logs (a fresh replay)."""
+                           timeout_s: float, evidence: Path) -> Result:
+    """Each worker's tables and usage equal core's fold of the logs (a fresh replay).
+
+    A session whose derived messages differ is described (where the two lists part) and
+    both lists are saved under ``evidence``.
+    """
     result = Result("processors' tables and usage equal a fresh replay", True, "")
     for url in urls:
         try:
@@ -184,11 +190,44 @@ async def check_processors(urls: Sequence[str], logs: Mapping[str, Sequence[Even
             result.add(f"{url}: {exc}")
             continue
         for problem in report.problems:
-            result.add(f"{url}: {problem}")
+            session_id = problem.split(":", 1)[0]
+            detail = ""
+            if "derived messages differ" in problem and session_id in logs:
+                detail = await _describe_derived(url, session_id, logs[session_id], evidence)
+            result.add(f"{url}: {problem}{detail}")
         if not report.ok and not report.problems:
             result.add(f"{url}: {report.summary()}")
     result.summary = f"{len(logs)} sessions compared on {len(urls)} workers"
     return result
+
+
+async def _describe_derived(url: str, session_id: str, events: Sequence[Event],
+                            evidence: Path) -> str:
+    expected = [json.loads(dumps_json(m)) for m in derive_messages(events)]
+    try:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(
+                f"{url}/sessions/{session_id}/messages") as answer:
+            body = await answer.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return f" (could not read them again: {exc})"
+    found = body.get("messages", [])
+    first = next((n for n, (a, b) in enumerate(zip(found, expected, strict=False)) if a != b),
+                 min(len(found), len(expected)))
+    evidence.mkdir(parents=True, exist_ok=True)
+    path = evidence / f"derived-{session_id}.json"
+    path.write_text(json.dumps({"worker": found, "core": expected,
+                                "worker_seqs": body.get("seqs"),
+                                "nextSeq": body.get("nextSeq")}, indent=1), encoding="utf-8")
+
+    def brief(items: list[Any]) -> str:
+        if first >= len(items):
+            return "nothing"
+        item = items[first]
+        text = json.dumps(item.get("content"))[:80] if isinstance(item, dict) else str(item)
+        return f"{item.get('role') if isinstance(item, dict) else '?'} {text}"
+    return (f": worker has {len(found)} messages, core {len(expected)}; first difference at "
+            f"message {first}: worker {brief(found)} / core {brief(expected)} (both in {path})")
 
 
 async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord]) -> Result:

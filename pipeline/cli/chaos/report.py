@@ -10,6 +10,7 @@ result; the fault log with wall-clock times.
 
 from __future__ import annotations
 
+import json
 import platform
 import time
 from collections import Counter, defaultdict
@@ -35,18 +36,28 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def normal_lag_s(outcome: Outcome) -> float:
+    """What "recovered" means: the lag is back under twice the no-fault phase's p90 lag
+    (at least :data:`RECOVERED_LAG_S`), since under continuous load it is rarely 0."""
+    baseline = next((p for p in outcome.phases if p.name == "baseline"), None)
+    quiet = [s for _, wall, s, _ in outcome.lag_samples
+             if baseline is not None and baseline.began_ms <= wall < baseline.ended_ms]
+    return max(RECOVERED_LAG_S, 2 * (percentile(quiet, 0.9) or 0.0))
+
+
 def recovery_by_kind(outcome: Outcome) -> dict[str, list[float]]:
-    """Seconds from each fault's end to the first lag sample under :data:`RECOVERED_LAG_S`."""
+    """Seconds from each fault's end to the first lag sample under :func:`normal_lag_s`."""
     faults = outcome.faults
     times: dict[str, list[float]] = defaultdict(list)
     if faults is None:
         return times
+    threshold = normal_lag_s(outcome)
     for record in faults.log:
         if not record.ended:
             continue
-        for at, seconds, _ in outcome.lag_samples:
+        for at, _, seconds, _ in outcome.lag_samples:
             if at >= record.ended and at - record.ended <= RECOVERY_HORIZON_S and (
-                    seconds < RECOVERED_LAG_S):
+                    seconds <= threshold):
                 times[record.kind].append(at - record.ended)
                 break
     return times
@@ -106,10 +117,14 @@ def _recovery_table(outcome: Outcome) -> list[str]:
     times = recovery_by_kind(outcome)
     lines = ["## Recovery", "",
              f"Seconds from the end of a fault (process restarted, node restarted, driver "
-             f"resumed, toxic removed, provider window closed, garbage written) until every "
-             f"consumer group on the inbox and session topic lags by less than "
-             f"{RECOVERED_LAG_S:g} s (sampled every second; under continuous load exact 0 "
-             f"is rare mid-run; the final check below waits for exact 0).", "",
+             f"resumed, toxic removed, provider window closed, garbage written) until the "
+             f"largest lag of the consumer groups on the inbox and session topic is back "
+             f"to normal: at most {normal_lag_s(outcome):.1f} s, twice the no-fault phase's "
+             f"p90 (at least {RECOVERED_LAG_S:g} s). Sampled every second; under continuous "
+             f"load the lag is rarely exactly 0 mid-run (the final check waits for 0). Faults "
+             f"overlap, so a recovery time covers every fault still in effect; "
+             f"'recovered' counts those back to normal within {RECOVERY_HORIZON_S:.0f} s.",
+             "",
              "| fault kind | recovered | p50 s | p99 s |", "|---|---:|---:|---:|"]
     counts = Counter(r.kind for r in (outcome.faults.log if outcome.faults else []))
     for kind in sorted(counts):
@@ -174,3 +189,15 @@ def _fault_log(outcome: Outcome) -> list[str]:
 
 def write_report(outcome: Outcome, path: Path, command: str) -> None:
     path.write_text(render(outcome, command), encoding="utf-8")
+
+
+def write_raw(outcome: Outcome, workdir: Path) -> None:
+    """The fault log and the lag samples as JSON beside the services' logs (for analysis)."""
+    faults = outcome.faults.log if outcome.faults else []
+    (workdir / "faults.json").write_text(json.dumps(
+        [{"kind": r.kind, "target": r.target, "began_wall": r.began_wall, "began": r.began,
+          "ended": r.ended, **r.detail} for r in faults], indent=1), encoding="utf-8")
+    (workdir / "lag.json").write_text(json.dumps(
+        [{"at": at, "wall_ms": wall, "seconds": s, "records": n}
+         for at, wall, s, n in outcome.lag_samples]),
+        encoding="utf-8")

@@ -83,6 +83,7 @@ class Outcome:
     found: TopicSessions | None = None
     session_ids: list[str] = field(default_factory=list)
     provider_served: dict[str, int] = field(default_factory=dict)
+    exits: list[str] = field(default_factory=list)  # services that exited on their own
 
     @property
     def ok(self) -> bool:
@@ -142,7 +143,8 @@ class Campaign:
         background = [asyncio.create_task(load.run(faults.sender, stop,
                                                    self.options.rate_per_s)),
                       asyncio.create_task(ship.run(stop, 2.0)),
-                      asyncio.create_task(self._sample_lag(stop))]
+                      asyncio.create_task(self._sample_lag(stop)),
+                      asyncio.create_task(self._supervise(stop))]
         try:
             baseline = self._phase("baseline")
             self.progress(f"baseline: {self.options.baseline_s:.0f} s of load, no faults")
@@ -164,6 +166,15 @@ class Campaign:
         phase = Phase(name, _now_ms())
         self.outcome.phases.append(phase)
         return phase
+
+    async def _supervise(self, stop: asyncio.Event) -> None:
+        """Restart what exits on its own (every second), and remember it: a finding."""
+        while not stop.is_set():
+            for line in self.fleet.revive():
+                self.outcome.exits.append(f"{time.strftime('%H:%M:%S')} {line}")
+                self.progress(f"supervisor: {line}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
 
     async def _sample_lag(self, stop: asyncio.Event) -> None:
         """Every second: the largest lag (seconds) and the lagging records of all groups."""
@@ -207,8 +218,8 @@ class Campaign:
             fleet.kafka.restart(node.node_id)
         for service in fleet.services.values():
             fleet.resume(service)
-            if not service.alive():
-                fleet.launch(service)
+        for line in fleet.revive():
+            self.outcome.exits.append(f"{time.strftime('%H:%M:%S')} {line}")
         ship.finish()
         settled = time.monotonic()
         self.progress("settling: load stopped, faults off; waiting for lag 0 ...")

@@ -147,6 +147,7 @@ class Faults:
         victim = self.rng.choice(pair)
         pause = self.rng.uniform(0.5, 6.0)
         record = self._record(f"kill-{kind}", victim.name, pause_s=round(pause, 2))
+        victim.held = True
         self.fleet.kill9(victim)
         if kind == "driver":
             task = asyncio.create_task(self._takeover(pair, record))
@@ -154,6 +155,7 @@ class Faults:
             task.add_done_callback(self._measuring.discard)
         await asyncio.sleep(pause)
         self.fleet.launch(victim)
+        victim.held = False
         record.ended = time.monotonic()
 
     async def _takeover(self, drivers: list[Service], record: FaultRecord) -> None:

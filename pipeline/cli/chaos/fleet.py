@@ -51,6 +51,7 @@ class Service:
     port: int = 0
     process: ChildProcess | None = None
     stopped: bool = False  # SIGSTOPped
+    held: bool = False  # killed by a fault, to be restarted by it (not by the supervisor)
     starts: int = 0
 
     def alive(self) -> bool:
@@ -147,6 +148,20 @@ class Fleet:
         service.process = ChildProcess(service.name, service.argv, service.log_path,
                                        Path.cwd(), env=env)
 
+    def revive(self) -> list[str]:
+        """The supervisor's round: restart every service that exited on its own (as a
+        process supervisor would); returns what exited, with its exit code and last line."""
+        exits = []
+        for service in self.services.values():
+            process = service.process
+            if process is None or process.alive() or service.held:
+                continue
+            last = _last_line(service.log_path)
+            exits.append(f"{service.name} exited on its own (code {process.returncode}): "
+                         f"{last}")
+            self.launch(service)
+        return exits
+
     def kill9(self, service: Service) -> None:
         if service.process is not None:
             service.process.kill9()
@@ -199,3 +214,14 @@ class ProviderThread:
             asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (where a service says why it stopped)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 4096))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return next((line.strip() for line in reversed(lines) if line.strip()), "(empty log)")[:300]

@@ -93,7 +93,8 @@ def render(outcome: Outcome, command: str) -> str:
         f"- {outcome.commands} inbox commands acknowledged ({outcome.unacknowledged} not "
         "acknowledged, left out of the checks)",
         "", *_faults_table(outcome), "", *_recovery_table(outcome), "",
-        *_throughput_table(outcome), "", *_invariants(outcome), "", *_fault_log(outcome), ""]
+        *_throughput_table(outcome), "", *_invariants(outcome), "", *_exits(outcome), "",
+        *_fault_log(outcome), ""]
     return "\n".join(lines)
 
 
@@ -172,6 +173,15 @@ def _invariants(outcome: Outcome) -> list[str]:
             lines += ["", f"### Noted (not a violation): {result.name}", ""]
             lines += [f"- {n}" for n in result.notes]
     return lines
+
+
+def _exits(outcome: Outcome) -> list[str]:
+    lines = ["## Services that exited on their own", ""]
+    if not outcome.exits:
+        return [*lines, "None: every service ran until a fault or the end stopped it."]
+    lines += ["A supervisor restarts them within a second (as a process supervisor would); "
+              "each exit is a finding, not counted among the invariants.", ""]
+    return lines + [f"- {line}" for line in outcome.exits]
 
 
 def _fault_log(outcome: Outcome) -> list[str]:

@@ -258,7 +258,9 @@ class Campaign:
         self.outcome.found = found
         results = self.outcome.results
         results.append(inv.check_commands(found, load.sent))
-        results.append(inv.check_logs(found, self.session_ids, final=True))
+        logs_result = inv.check_logs(found, self.session_ids, final=True)
+        results.append(logs_result)
+        results.append(inv.check_zombies(faults.log, logs_result))
         results.append(inv.check_repairs(found, self.session_ids))
         results.append(inv.check_shipped(found, ship.files))
         logs: dict[str, list[Event]] = {s: inv.events_of(found, s)

@@ -23,7 +23,7 @@ from pipeline.adapters.kafka.records import header_value
 from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, LagSample
 from pipeline.cli.chaos.bounded import run_bounded
-from pipeline.cli.chaos.faults import GarbageRecord
+from pipeline.cli.chaos.faults import FaultRecord, GarbageRecord
 from pipeline.cli.chaos.load import SentCommand
 from pipeline.core.errors import DshError, EventError
 from pipeline.core.events import Event, dumps_json
@@ -82,6 +82,20 @@ def check_logs(found: TopicSessions, sessions: Sequence[str], *, final: bool) ->
                            f"{item.partition} offset {item.offset} not strict-valid: {exc}")
                 break
     result.summary = f"{len(sessions)} sessions, {events} events"
+    return result
+
+
+def check_zombies(faults: Sequence[FaultRecord], logs: Result) -> Result:
+    """A driver resumed after its session timeout appended nothing: its appends would repeat
+    seqs the new owner wrote (a duplicate, or an invalid event, in the logs' check)."""
+    stops = [f for f in faults if f.kind == "stop-driver"]
+    fenced = sum(int(f.detail.get("fenced_lines", 0)) for f in stops)
+    duplicates = [v for v in logs.violations if "duplicate" in v or "invalid" in v]
+    result = Result("a driver stopped past its session timeout appended nothing after it "
+                    "resumed", True, f"{len(stops)} SIGSTOP/SIGCONT; {fenced} log lines of the "
+                    "resumed drivers about fencing or revoked partitions; no duplicate seq")
+    for violation in duplicates:
+        result.add(violation)
     return result
 
 

@@ -133,8 +133,8 @@ def _recovery_table(outcome: Outcome) -> list[str]:
         lines.append(f"| {kind} | {len(values)}/{counts[kind]} | "
                      f"{_fmt(percentile(values, 0.5))} | {_fmt(percentile(values, 0.99))} |")
     takeovers = outcome.faults.takeovers if outcome.faults else []
-    lines += ["", f"Driver takeover after a `kill -9` (until the survivor's `/health` lists "
-              f"every partition, none still building): {len(takeovers)} measured, p50 "
+    lines += ["", f"Driver takeover after a `kill -9` (until the drivers' `/health` lists "
+              f"every partition again, none still building): {len(takeovers)} measured, p50 "
               f"{_fmt(percentile(takeovers, 0.5))} s, p99 {_fmt(percentile(takeovers, 0.99))} s."]
     if outcome.lag_zero_s is not None:
         lines.append(f"After the faults stopped, every group reached lag 0 in "

@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints docs
+.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints docs \
+	toxiproxy chaos
 
 setup: $(STAMP) artifacts
 
@@ -65,7 +66,7 @@ promtool:
 	    $$sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
 
-test: setup chromium promtool
+test: setup chromium promtool toxiproxy
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory pytest
 
@@ -82,3 +83,18 @@ bench: setup
 # The docs' generated blocks (settings reference, exit codes) rewritten from the code.
 docs: $(STAMP)
 	$(BIN)/python bench/regenerate_docs.py
+
+# Toxiproxy for `make chaos` (network faults), pinned: `@latest` resolves to the old v2.5.0.
+# Installed once into the cache ($DSH_CACHE_DIR or .cache/); a present binary is kept.
+TOXIPROXY_VERSION := 2.12.0
+TOXIPROXY_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/toxiproxy-$(TOXIPROXY_VERSION)
+toxiproxy:
+	@if [ ! -x "$(TOXIPROXY_DIR)/server" ]; then \
+	    mkdir -p "$(TOXIPROXY_DIR)" && \
+	    GOBIN="$(TOXIPROXY_DIR)" go install github.com/Shopify/toxiproxy/v2/cmd/server@v$(TOXIPROXY_VERSION); \
+	fi
+	@echo "toxiproxy: $(TOXIPROXY_DIR)/server"
+
+# The chaos campaign (docs/chaos.md): about 15 minutes; CHAOS_ARGS e.g. --seed 7 --minutes 5.
+chaos: setup toxiproxy
+	$(BIN)/dsh-pipeline chaos --toxiproxy "$(TOXIPROXY_DIR)/server" $(CHAOS_ARGS)

@@ -47,6 +47,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_schemas",
     "pipeline.cli.cmd_bench",
     "pipeline.cli.cmd_completion",
+    "pipeline.cli.cmd_chaos",
 )
 
 # command -> (its module, its summary in the top-level --help). A test keeps the summaries

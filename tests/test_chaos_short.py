@@ -1,0 +1,119 @@
+"""The short chaos campaign: the whole fleet for about 2 minutes, every fault kind, every invariant.
+
+Runs ``dsh-pipeline chaos --minutes 2`` as a subprocess (its own 3-node cluster behind
+Toxiproxy; the shared broker is not used) and reads the report it writes. Selected with
+``-m cluster``; skipped when the Toxiproxy binary is missing (``make toxiproxy``). The full
+campaign is the command itself (``make chaos``).
+
+The provider and unit-level parts of the campaign are checked here too, without a cluster:
+the generated answers stream through the real provider adapter, and each provider fault reaches
+the adapter as the error the driver's retry policy expects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.adapters.chaos.answers import FAULT_KINDS, GeneratedAnswers
+from pipeline.adapters.chaos.provider_server import LLMTestServer
+from pipeline.adapters.chaos.toxiproxy import toxiproxy_binary
+from pipeline.adapters.llm.http_provider import OpenAICompatibleProvider
+from pipeline.cli.chaos.faults import GARBAGE, TOXICS, FaultPlan
+from pipeline.core.errors import ProviderError
+from pipeline.core.model import ModelRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _request(tools: bool) -> ModelRequest:
+    return ModelRequest(
+        provider="openai", model="chaos-model-a",
+        messages=({"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
+                   "source": {"kind": "user"}},),
+        tools=({"name": "echo", "description": "echo", "parameters": {"type": "object"}},)
+        if tools else None)
+
+
+async def _stream(provider: OpenAICompatibleProvider, request: ModelRequest
+                  ) -> list[dict[str, Any]]:
+    return [chunk async for chunk in provider.stream(request)]
+
+
+async def test_generated_answers_stream_through_the_real_adapter() -> None:
+    answers = GeneratedAnswers(seed=3, chunk_pause_s=0.0)
+    server = LLMTestServer(answers)
+    base_url = await server.start()
+    provider = OpenAICompatibleProvider(base_url, trust_env=False)
+    try:
+        kinds = set()
+        for _ in range(12):
+            chunks = await _stream(provider, _request(tools=True))
+            finish = [c for c in chunks if c.get("type") == "finish"]
+            assert finish, chunks
+            kinds.add(repr(finish[-1]["reason"]))
+        assert len(kinds) == 2  # both a text answer and a tool call came (seeded)
+        assert answers.served["answer"] == 12
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+async def test_each_provider_fault_reaches_the_adapter_as_an_error(kind: str) -> None:
+    answers = GeneratedAnswers(seed=5, chunk_pause_s=0.0, stall_s=0.2)
+    answers.set_rates(**{kind: 1.0})
+    server = LLMTestServer(answers)
+    base_url = await server.start()
+    provider = OpenAICompatibleProvider(base_url, trust_env=False)
+    try:
+        with pytest.raises(ProviderError) as caught:
+            await _stream(provider, _request(tools=False))
+        expected = {"rate_limit": "RATE_LIMIT", "server_error": ("SERVER", "OVERLOADED")}
+        if kind in expected:
+            assert caught.value.code in expected[kind]
+        if kind == "rate_limit":
+            assert caught.value.retry_after_ms in (1000, 2000)
+        assert answers.served[kind] == 1
+    finally:
+        await server.stop()
+
+
+def test_every_fault_kind_is_planned_at_least_once_in_the_short_run() -> None:
+    plan = FaultPlan.for_duration(100)
+    assert plan.service_kills >= 4 and plan.broker_kills >= 1 and plan.stops >= 1
+    assert plan.toxics >= len(TOXICS)
+    assert plan.provider_windows >= len(FAULT_KINDS)
+    assert plan.garbage >= 2 * len(GARBAGE)  # each kind into the inbox and the session topic
+    full = FaultPlan.for_duration(15 * 60 * 0.85)
+    assert full.service_kills >= 100 and full.broker_kills >= 10
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(1500)
+def test_short_campaign_holds_every_invariant(tmp_path: Path) -> None:
+    binary = Path(os.environ.get("DSH_TOXIPROXY", str(toxiproxy_binary())))
+    if not binary.is_file():
+        # `make test` (and so CI) installs it: there, a missing binary is a broken install.
+        if os.environ.get("CI"):
+            pytest.fail(f"no Toxiproxy at {binary}: `make test` should have installed it")
+        pytest.skip(f"no Toxiproxy at {binary}: run `make toxiproxy`")
+    report = tmp_path / "CHAOS.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli.main", "chaos", "--minutes", "2", "--seed", "11",
+         "--sessions", "30", "--toxiproxy", str(binary), "--report", str(report),
+         "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=1400, check=False)
+    text = report.read_text() if report.exists() else ""
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-6000:]}\n{text}"
+    for kind in ("kill-driver", "kill-processors", "kill-broker", "stop-driver",
+                 *(f"net-{t}" for t in TOXICS), *(f"provider-{k}" for k in FAULT_KINDS),
+                 *(f"garbage-{g}" for g in GARBAGE)):
+        assert re.search(rf"^\| {re.escape(kind)} \| [1-9]", text, re.M), kind
+    assert "**VIOLATED**" not in text
+    assert "Result: **PASS**" in text

@@ -19,8 +19,10 @@ from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.driver.kafka_sink import (
+    MAX_METADATA_CHARS,
     InboxOffsets,
     applied_from_metadata,
+    dead_lettered_from_metadata,
     logged_message_ids,
 )
 
@@ -113,6 +115,38 @@ def test_control_commands_applied_beyond_the_commit_point_travel_in_the_metadata
     offsets.done(0)
     assert offsets.advance() == (2, "")  # past the cancel: nothing left to remember
     assert applied_from_metadata("not json") == frozenset()
+
+
+def test_dead_letters_beyond_the_commit_point_travel_in_the_metadata() -> None:
+    offsets = InboxOffsets(committed=0)
+    offsets.start(0)  # a follow-up still running
+    offsets.start(1)  # garbage: its dead letter goes out with the next transaction
+    offsets.dead_letter(1)
+    offsets.start(2)  # a cancel, applied at once
+    offsets.applied_control(2, "cancel-2")
+    offsets.done(2)
+    point = offsets.advance()
+    assert point == (0, '{"applied":["cancel-2"],"dead":[1]}')
+    # The next owner reads that metadata and does not dead-letter offset 1 again.
+    after_crash = InboxOffsets(0, applied_from_metadata(point[1]),
+                               dead_lettered_from_metadata(point[1]))
+    assert after_crash.already_dead_lettered(1) and not after_crash.already_dead_lettered(0)
+    offsets.done(0)
+    assert offsets.advance() == (3, "")  # past both: nothing left to remember
+    assert dead_lettered_from_metadata('{"dead":[1,"x",true]}') == {1}
+    assert dead_lettered_from_metadata("[1]") == frozenset()
+
+
+def test_commit_metadata_stays_under_the_broker_limit_dropping_the_oldest_first() -> None:
+    offsets = InboxOffsets(committed=0)
+    offsets.start(0)
+    for offset in range(1, 2001):
+        offsets.start(offset)
+        offsets.dead_letter(offset)
+    point = offsets.advance()
+    assert point is not None and len(point[1]) <= MAX_METADATA_CHARS
+    kept = dead_lettered_from_metadata(point[1])
+    assert 2000 in kept and 1 not in kept
 
 
 def test_dead_letter_keeps_key_bytes_and_headers_and_says_why() -> None:

@@ -461,6 +461,37 @@ async def test_redelivered_cancel_recorded_as_applied_in_commit_metadata_is_skip
     strict_log(session, events)
 
 
+async def test_redelivered_record_dead_lettered_before_a_crash_is_not_dead_lettered_again(
+        topics: Settings, group_id: str) -> None:
+    """Garbage dead-lettered before a crash, its offset not committed: one dead letter only."""
+    session = "s-dead-once"
+    partition = partition_of(session)
+    first = FollowUp(session, str(uuid.uuid4()), ({"type": "text", "text": "first"},))
+    await send_records(topics, [
+        OutRecord(topics.topics.inbox, session.encode(), InboxCodec().encode(first)),
+        OutRecord(topics.topics.inbox, session.encode(), b"\xffnot an inbox command")])
+    # The dead owner's last transaction: offset 0 still running, the garbage at offset 1
+    # dead-lettered (its dead letter committed with this metadata).
+    previous = PartitionProducer(topics, group_id=group_id, partition=partition)
+    await previous.start()
+    await previous.commit([OutRecord(topics.topics.dlq(topics.topics.inbox), session.encode(),
+                                     b"the first dead letter")],
+                          {(topics.topics.inbox, partition): (0, '{"dead":[1]}')})
+    await previous.close()
+    async with running(topics, group_id) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
+
+        async def offset_committed() -> None:
+            while await committed_offset(topics, group_id, partition) != 2:
+                await asyncio.sleep(0.1)
+        await asyncio.wait_for(offset_committed(), WAIT_S)
+        assert driver.service.metrics.dead_letters == 0
+    letters = await read_all(topics, topics.topics.dlq(topics.topics.inbox))
+    assert [value for _key, value, _headers in letters] == [b"the first dead letter"]
+    strict_log(session, events)
+
+
 async def test_driver_with_registry_writes_confluent_framing(settings: Settings,
                                                              group_id: str) -> None:
     await ensure_topics(settings)

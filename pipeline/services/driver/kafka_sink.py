@@ -73,12 +73,18 @@ class InboxOffsets:
     metadata (``{"applied":[ids]}``), atomically with the events, and the next owner skips
     them (:meth:`already_applied`). A configure is recognised by its ``dsh-pipeline/config``
     event, like a message by its splice; ids in the metadata of older drivers still count.
+
+    A dead-lettered record leaves nothing in the log either: its offset, when beyond the
+    commit point, travels in the same metadata (``"dead":[offsets]``) with its dead letter,
+    so the next owner does not dead-letter it a second time (:meth:`already_dead_lettered`).
     """
 
     committed: int
     applied_before: frozenset[str] = frozenset()  # from the metadata found at assignment
+    dead_before: frozenset[int] = frozenset()  # likewise: offsets already dead-lettered
     pending: dict[int, bool] = field(default_factory=dict)  # offset -> done, offset order
     controls: dict[int, str] = field(default_factory=dict)  # offset -> cancel/configure id
+    dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
     last_seen: int = -1
     metadata: str = ""
 
@@ -100,6 +106,14 @@ class InboxOffsets:
     def already_applied(self, message_id: str) -> bool:
         return message_id in self.applied_before
 
+    def dead_letter(self, offset: int) -> None:
+        """The record at ``offset`` went to the dead-letter topic (or already had): done."""
+        self.dead_lettered.add(offset)
+        self.done(offset)
+
+    def already_dead_lettered(self, offset: int) -> bool:
+        return offset in self.dead_before
+
     def advance(self) -> tuple[int, str] | None:
         """(commit point, metadata) when either changed since the last call, else None."""
         for offset in list(self.pending):
@@ -109,8 +123,10 @@ class InboxOffsets:
         point = next(iter(self.pending), self.last_seen + 1)
         for offset in [o for o in self.controls if o < point]:
             del self.controls[offset]
+        self.dead_lettered = {o for o in self.dead_lettered if o >= point}
         applied = [i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
-        metadata = _applied_metadata(applied)
+        dead = sorted(o for o in self.dead_lettered if self.pending.get(o))
+        metadata = _commit_metadata(applied, dead)
         if point > self.committed or metadata != self.metadata:
             self.committed = max(point, self.committed)
             self.metadata = metadata
@@ -125,28 +141,47 @@ class InboxOffsets:
 MAX_METADATA_CHARS = 4000  # the broker's offset.metadata.max.bytes defaults to 4096
 
 
-def _applied_metadata(message_ids: list[str]) -> str:
-    if not message_ids:
-        return ""
-    text = dumps_json({"applied": message_ids})
-    while len(text) > MAX_METADATA_CHARS and message_ids:
-        message_ids = message_ids[1:]  # oldest first out: it is the most likely committed
-        log.warning("inbox commit metadata too long; a re-delivered control command may be "
-                    "applied twice after a crash")
-        text = dumps_json({"applied": message_ids})
-    return text
+def _commit_metadata(message_ids: list[str], dead_offsets: list[int]) -> str:
+    def text() -> str:
+        content: dict[str, list[str] | list[int]] = {}
+        if message_ids:
+            content["applied"] = message_ids
+        if dead_offsets:
+            content["dead"] = dead_offsets
+        return dumps_json(content) if content else ""
+
+    if len(text()) > MAX_METADATA_CHARS:
+        log.warning("inbox commit metadata too long; a re-delivered control command or bad "
+                    "record may be applied or dead-lettered twice after a crash")
+    while len(text()) > MAX_METADATA_CHARS:
+        # Oldest first out: it is the most likely to be committed soon.
+        if message_ids:
+            message_ids = message_ids[1:]
+        else:
+            dead_offsets = dead_offsets[1:]
+    return text()
+
+
+def _metadata_list(metadata: str, name: str) -> list[object]:
+    if not metadata:
+        return []
+    try:
+        found = json.loads(metadata).get(name, [])
+    except (ValueError, AttributeError):
+        log.warning("ignoring unreadable inbox commit metadata %r", metadata[:80])
+        return []
+    return found if isinstance(found, list) else []
 
 
 def applied_from_metadata(metadata: str) -> frozenset[str]:
     """The control-command ids a committed offset's metadata says were applied."""
-    if not metadata:
-        return frozenset()
-    try:
-        found = json.loads(metadata).get("applied", [])
-    except (ValueError, AttributeError):
-        log.warning("ignoring unreadable inbox commit metadata %r", metadata[:80])
-        return frozenset()
-    return frozenset(i for i in found if isinstance(i, str))
+    return frozenset(i for i in _metadata_list(metadata, "applied") if isinstance(i, str))
+
+
+def dead_lettered_from_metadata(metadata: str) -> frozenset[int]:
+    """The inbox offsets a committed offset's metadata says were dead-lettered already."""
+    return frozenset(o for o in _metadata_list(metadata, "dead")
+                     if isinstance(o, int) and not isinstance(o, bool))
 
 
 class PartitionSink:
@@ -276,11 +311,9 @@ class PartitionSink:
         async with self._commit_done:
             await self._commit_done.wait_for(lambda: predicate() or self.failure is not None)
 
-    def add(self, record: OutRecord, *, done_offset: int | None = None) -> None:
-        """Buffer ``record`` (e.g. a dead letter) and mark an inbox offset done with it."""
+    def add(self, record: OutRecord) -> None:
+        """Buffer ``record`` (e.g. a dead letter): it commits with the next transaction."""
         self._buffer.append(record)
-        if done_offset is not None:
-            self.offsets.done(done_offset)
         self._emitted_gen += 1
         self._wake.set()
 

@@ -43,6 +43,7 @@ from pipeline.services.driver.kafka_sink import (
     InboxOffsets,
     PartitionSink,
     applied_from_metadata,
+    dead_lettered_from_metadata,
     logged_message_ids,
 )
 from pipeline.services.driver.metrics import RunnerMetrics
@@ -140,6 +141,7 @@ class OwnedPartition:
                                   encode=ctx.encode_event,
                                   offsets=InboxOffsets(committed,
                                                        applied_from_metadata(metadata),
+                                                       dead_lettered_from_metadata(metadata),
                                                        metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
@@ -190,6 +192,11 @@ class OwnedPartition:
             self.ctx.metrics.redelivered += 1
             return
         offsets.start(record.offset)
+        if offsets.already_dead_lettered(record.offset):  # before a crash, its offset not yet
+            offsets.dead_letter(record.offset)            # committed: not a second time
+            self.ctx.metrics.redelivered += 1
+            self.sink.wake()
+            return
         self.ctx.metrics.commands += 1
         limit = inbox_record_limit(self.ctx.settings.max_record_bytes)
         if record_bytes(record.key, record.value, record.headers) > limit:
@@ -225,8 +232,8 @@ class OwnedPartition:
     def _dead_letter(self, record: InboxRecord, error: DshError) -> None:
         log.warning("inbox %s[%d]@%d to the dead-letter topic: %s", record.topic,
                     record.partition, record.offset, error)
-        self.sink.add(dead_letter(record, error, self.ctx.settings.max_record_bytes),
-                      done_offset=record.offset)
+        self.sink.offsets.dead_letter(record.offset)  # committed with the dead letter
+        self.sink.add(dead_letter(record, error, self.ctx.settings.max_record_bytes))
         self.ctx.metrics.dead_letters += 1
 
     def _submit(self, slot: SessionSlot, record: InboxRecord, command: InboxCommand) -> None:

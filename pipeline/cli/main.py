@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_avro",
     "pipeline.cli.cmd_fanout",
     "pipeline.cli.cmd_dashboard",
+    "pipeline.cli.cmd_sessions",
     "pipeline.cli.cmd_bench",
 )
 

@@ -19,13 +19,14 @@ older value of a key the snapshot phase has not reached yet; the snapshot then h
 value instead, which is still the key's value at the ends or a newer one the change phase
 repeats: folding it again is idempotent for last-value state.)
 
-``live_only`` skips the snapshot: the ends are the starting point (a tail of new records).
+``live_only`` skips the snapshot: the ends are the starting point (a tail of new records),
+or the offsets in ``resume`` (a tail that restarts where it stopped).
 A topic that does not exist is reported in :attr:`missing` and followed by nobody.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -44,9 +45,11 @@ class CompactedFollow:
     """Every record of ``topics``: up to the ends taken at start, then live."""
 
     def __init__(self, settings: Settings, topics: Sequence[str], *,
-                 live_only: bool = False, poll_ms: int = 200) -> None:
+                 live_only: bool = False, poll_ms: int = 200,
+                 resume: Mapping[tuple[str, int], int] | None = None) -> None:
         self.topics = tuple(topics)
         self.live_only = live_only
+        self.resume = dict(resume or {})  # live_only: (topic, partition) -> where to go on
         self.poll_ms = poll_ms
         self.ends: dict[TopicPartition, int] = {}
         self.missing: list[str] = []
@@ -84,7 +87,7 @@ class CompactedFollow:
             self.ends = await consumer.end_offsets(parts)
             if self.live_only:
                 for tp, end in self.ends.items():
-                    consumer.seek(tp, end)
+                    consumer.seek(tp, self.resume.get((tp.topic, tp.partition), end))
             else:
                 await consumer.seek_to_beginning(*parts)
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from suite_core import CHECKOUT, Context, Figure, load_average
+from suite_dashboard import bench_dashboard
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory
 from suite_report import render
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "processors": (bench_processors_worker, True),
     "driver": (bench_driver, True),
     "replay": (bench_replay, True),
+    "dashboard": (bench_dashboard, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 

@@ -39,6 +39,9 @@ from pipeline.settings import Settings
 
 _BATCH: Final = 5000
 _FETCH_BYTES: Final = 4 * 1024 * 1024
+# A fetch returns after this long even with little data: the snapshot's last rounds (a few
+# records short of the ends) and live changes wait for it, not the client's 500 ms.
+_FETCH_WAIT_MS: Final = 100
 
 
 class CompactedFollow:
@@ -59,7 +62,11 @@ class CompactedFollow:
         self._stash: list[InboxRecord] = []
 
     async def __aenter__(self) -> CompactedFollow:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # a failed or cancelled start leaves no client open
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -70,6 +77,7 @@ class CompactedFollow:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                     auto_offset_reset="earliest",
                                     max_partition_fetch_bytes=_FETCH_BYTES,
+                                    fetch_max_wait_ms=_FETCH_WAIT_MS,
                                     **client_options(self._settings))
         self._consumer = consumer
         with broker_errors(f"follow {', '.join(self.topics)}"):

@@ -75,6 +75,8 @@ def bench_dashboard(ctx: Context) -> list[Figure]:
             figure.ours.append(seconds)
             inside.append(service_s)
             reads = (outputs, events)
+            ctx.log(f"  ready after {seconds:.2f} s (service {service_s:.2f} s), "
+                    f"{outputs:,} output records, {events} session-topic records read")
         figure.note = (f"{total:,} events, {len(sessions):,} sessions; processors folded them "
                        f"in {folded:.0f} s; from launching `dsh-pipeline dashboard` to "
                        f"/health ready (of which the service's own read of the outputs: "

@@ -17,7 +17,7 @@ from pipeline.codec.outputs import (
     OutputDecoder,
     default_output_codecs,
 )
-from pipeline.codec.records import SourcePosition, source_headers
+from pipeline.codec.records import SourcePosition, source_headers, source_position
 from pipeline.core.errors import ConfigError
 from pipeline.core.events import Event
 from pipeline.core.fleet import FleetStatus
@@ -203,3 +203,15 @@ def test_group_labels_drop_the_deployment_prefixes() -> None:
 ])
 def test_token_accepted_as_bearer_or_basic_password(header: str | None, ok: bool) -> None:
     assert token_accepted(header, "s3cret") is ok
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    (source_headers(2, 17), SourcePosition(2, 17)),
+    ((("dsh.source.partition", b"x"), ("dsh.source.offset", b"1")), None),
+    ((("dsh.source.offset", b"1"),), None),
+    ((("dsh.source.partition", b"-1"), ("dsh.source.offset", b"1")), None),
+    ((("dsh.source.partition", None), ("dsh.source.offset", b"1")), None),
+    (None, None),
+])
+def test_source_positions_are_read_back_or_none(headers: Any, expected: Any) -> None:
+    assert source_position(headers) == expected

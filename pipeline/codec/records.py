@@ -138,12 +138,14 @@ def source_position(headers: Iterable[tuple[str, bytes | None]] | None
     written before the processors published it, or by another producer)."""
     partition = offset = None
     for name, value in headers or ():
-        if value is None or not bytes(value).isdigit() or len(value) > 20:
-            continue
         if name == HEADER_SOURCE_PARTITION:
-            partition = int(bytes(value))
+            partition = value
         elif name == HEADER_SOURCE_OFFSET:
-            offset = int(bytes(value))
+            offset = value
     if partition is None or offset is None:
         return None
-    return SourcePosition(partition, offset)
+    try:
+        found = SourcePosition(int(partition), int(offset))
+    except (TypeError, ValueError):
+        return None
+    return found if found.partition >= 0 and found.offset >= 0 else None

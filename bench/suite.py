@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from suite_core import CHECKOUT, Context, Figure, load_average
+from suite_dashboard import bench_dashboard
 from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory
@@ -46,6 +47,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "replay": (bench_replay, True),
     "otel": (bench_otel_export, True),
     "import": (bench_import, True),
+    "dashboard": (bench_dashboard, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 

@@ -36,6 +36,27 @@ processors keep publishing into the active one)::
 
     conversations = await derived_conversations(settings)   # {session id: [message, ...]}
 
+Snapshot, then live changes, of the processors' compacted outputs (never the session
+topic's history): ``follow_fleet``, ``follow_usage``, ``follow_derived``. Each yields one
+:class:`Snapshot` first, then one :class:`OutputChange` per record written since::
+
+    async for item in follow_fleet(settings):
+        if isinstance(item, Snapshot):
+            rows = item.view.values          # {session id: fleet status}, as of the snapshot
+        else:
+            print(item.key, item.value)      # the new status (None: deleted); item.view is current
+
+The guarantee: the snapshot is every key's last value up to the end offsets taken when the
+reader started (read committed), and the changes are exactly the records from those offsets
+on, in order per partition: no change is lost or applied twice across the seam, whatever is
+written while the snapshot is read. The view (``Snapshot.view``) keeps folding: each change
+is applied to it before it is yielded. Records that do not decode are counted
+(``view.undecodable``, ``view.problems``) and skipped, never fatal. Every output value
+carries ``source`` (``dsh.source.partition`` / ``dsh.source.offset`` headers): the
+session-topic position of the last event folded into it; to continue a session from its
+derived messages, read its partition from ``source.offset + 1``
+(``session_records(..., from_offset=...)``).
+
 The derived output topics (``derived-messages``, ``usage``, ``fleet``) hold Avro records
 (``schemas/dsh.DerivedMessageChange.avsc``, ``dsh.UsageRecord``, ``dsh.FleetStatus``);
 :class:`OutputDecoder` turns a record value back into the JSON object the HTTP API serves
@@ -59,7 +80,9 @@ your results.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
 
+from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import (
     At,
     EventRecord,
@@ -71,24 +94,39 @@ from pipeline.adapters.kafka.event_stream import (
     session_events,
     session_records,
 )
+from pipeline.adapters.kafka.projection_pointer import active_derived_messages
 from pipeline.adapters.kafka.spill import SpillRef, read_spill, spill_refs
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.avro import EventSerde
-from pipeline.codec.outputs import OutputDecoder, OutputSchemaTable
+from pipeline.codec.output_views import (
+    Conversation,
+    DerivedView,
+    OutputChange,
+    OutputView,
+)
+from pipeline.codec.outputs import (
+    FLEET_STATUS,
+    USAGE_RECORD,
+    OutputDecoder,
+    OutputSchemaTable,
+)
+from pipeline.codec.records import SourcePosition
 from pipeline.core.dedup import Delivery, SeqTracker
-from pipeline.core.errors import CodecError
+from pipeline.core.errors import BrokerError, CodecError
 from pipeline.core.events import Event
 from pipeline.core.events import JsonValue as JsonValue
-from pipeline.services.replay.compare import read_conversations
-from pipeline.services.replay.versions import ActiveVersion, active_version
+from pipeline.core.projection import ActivePointer
 from pipeline.settings import Settings
 
+ActiveVersion = ActivePointer  # ``version`` and ``topic`` (and what a rebuild covered)
+
 __all__ = [
-    "ActiveVersion", "At", "CodecError", "Delivery", "Event", "EventRecord", "EventSerde",
-    "EventStream", "OutputDecoder", "OutputSchemaTable", "SeqTracker", "SessionGap",
-    "Settings", "Start", "active_version", "catch_up", "derived_conversations",
-    "open_stream", "output_decoder", "partition_for", "process_at_least_once", "session_events",
-    "session_records",
+    "ActiveVersion", "At", "CodecError", "Conversation", "Delivery", "DerivedView", "Event",
+    "EventRecord", "EventSerde", "EventStream", "OutputChange", "OutputDecoder",
+    "OutputSchemaTable", "OutputView", "SeqTracker", "SessionGap", "Settings", "Snapshot",
+    "SourcePosition", "Start", "active_version", "catch_up", "derived_conversations",
+    "follow_derived", "follow_fleet", "follow_usage", "open_stream", "output_decoder",
+    "partition_for", "process_at_least_once", "session_events", "session_records",
 ]
 
 _DEFAULT_SERDE: EventSerde | None = None
@@ -116,10 +154,76 @@ def catch_up(settings: Settings, session_id: str, *, from_seq: int = 0,
                           types=types)
 
 
+async def active_version(settings: Settings) -> ActiveVersion:
+    """The derived-messages version readers use: the last switch recorded, else version 0."""
+    return await active_derived_messages(settings)
+
+
 async def derived_conversations(settings: Settings) -> dict[str, list[JsonValue]]:
     """Session id -> derived messages, read from the active projection version."""
     active = await active_version(settings)
-    return await read_conversations(settings, active.topic) or {}
+    view = DerivedView(output_decoder(settings))
+    async with CompactedFollow(settings, [active.topic]) as follow:
+        async for batch in follow.snapshot():
+            for record in batch:
+                view.apply(record)
+    return view.conversations()
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The first item of a ``follow_*`` reader: ``view`` as of the end offsets taken at its
+    start (``records``: how many records that took). ``view`` keeps folding the changes."""
+
+    view: OutputView
+    topic: str
+    records: int
+    ends: dict[int, int]  # partition -> the end offset the snapshot reached (the seam)
+
+
+async def follow_fleet(settings: Settings, *, decoder: OutputDecoder | None = None
+                       ) -> AsyncIterator[Snapshot | OutputChange]:
+    """``<prefix>fleet``: key session id, value its status (see the module doc)."""
+    view = OutputView(decoder or output_decoder(settings), FLEET_STATUS)
+    async for item in _follow(settings, settings.topics.fleet, view):
+        yield item
+
+
+async def follow_usage(settings: Settings, *, decoder: OutputDecoder | None = None
+                       ) -> AsyncIterator[Snapshot | OutputChange]:
+    """``<prefix>usage``: keys ``session/<id>``, ``model/...``, ``window/...``."""
+    view = OutputView(decoder or output_decoder(settings), USAGE_RECORD)
+    async for item in _follow(settings, settings.topics.usage, view):
+        yield item
+
+
+async def follow_derived(settings: Settings, *, decoder: OutputDecoder | None = None
+                         ) -> AsyncIterator[Snapshot | OutputChange]:
+    """The active derived-messages version: keys ``<session>/<slot>``; the view is a
+    :class:`DerivedView` (``conversations()``, ``conversation(session_id)``). Read from the
+    version active at the start: after a ``replay`` switch, start a new reader."""
+    active = await active_version(settings)
+    view = DerivedView(decoder or output_decoder(settings))
+    async for item in _follow(settings, active.topic, view):
+        yield item
+
+
+async def _follow(settings: Settings, topic: str, view: OutputView
+                  ) -> AsyncIterator[Snapshot | OutputChange]:
+    async with CompactedFollow(settings, [topic]) as follow:
+        if follow.missing:
+            raise BrokerError(f"topic {topic!r} does not exist: start the processors "
+                              "(`dsh-pipeline processors`), which create and fill it")
+        async for batch in follow.snapshot():
+            for record in batch:
+                view.apply(record)
+        ends = {tp.partition: end for tp, end in follow.ends.items()}
+        yield Snapshot(view, topic, follow.snapshot_records, ends)
+        async for batch in follow.changes():
+            for record in batch:
+                change = view.apply(record)
+                if change is not None:
+                    yield change
 
 
 __all__ += ["SpillRef", "read_spill", "spill_refs"]

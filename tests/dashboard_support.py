@@ -4,10 +4,11 @@ plain HTTP reads (urllib against the real server) and a Prometheus text check.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from processors_support import event_records
@@ -129,3 +130,30 @@ async def eventually(check: Any, timeout_s: float = 30.0, what: str = "condition
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+SseMessages = list[tuple[str, Any]]
+
+
+async def read_sse(url: str, headers: dict[str, str], wanted: int | None = None,
+                   until: Callable[[SseMessages], bool] | None = None) -> SseMessages:
+    """SSE messages of a stream (read over a raw socket): the first ``wanted``, or up to the
+    first list ``until`` accepts."""
+    host, _, rest = url.removeprefix("http://").partition("/")
+    name, port = host.split(":")
+    reader, writer = await asyncio.open_connection(name, int(port))
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"GET /{rest} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode())
+    await writer.drain()
+    messages: SseMessages = []
+    event = ""
+    try:
+        while not (len(messages) == wanted or (until is not None and until(messages))):
+            line = (await asyncio.wait_for(reader.readline(), 20)).decode().rstrip("\r\n")
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                messages.append((event, json.loads(line[6:])))
+    finally:
+        writer.close()
+    return messages

@@ -1,17 +1,32 @@
-"""The Prometheus registry, the dashboard's fold of events, and the token check: pure parts."""
+"""The Prometheus registry, the dashboard's model (rows from the processors' output records,
+charts from live events), group labels and the token check: pure parts."""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 from dashboard_support import LiveSession, prometheus_samples
 
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.codec.output_views import OutputView
+from pipeline.codec.outputs import (
+    FLEET_STATUS,
+    USAGE_RECORD,
+    OutputDecoder,
+    default_output_codecs,
+)
+from pipeline.codec.records import SourcePosition, source_headers, source_position
 from pipeline.core.errors import ConfigError
 from pipeline.core.events import Event
+from pipeline.core.fleet import FleetStatus
 from pipeline.core.metrics import MetricsRegistry, RecentSamples, percentile
+from pipeline.core.usage import SessionUsage, model_record, session_record, window_record
 from pipeline.services.dashboard.model import FleetModel, TimeBuckets
+from pipeline.services.dashboard.service import group_label, processors_group
 from pipeline.services.dashboard.web import token_accepted
+from pipeline.settings import Settings
 
 
 def test_registry_renders_text_the_official_parser_reads_back() -> None:
@@ -84,19 +99,64 @@ def _session_with_error_and_tool() -> LiveSession:
     return live
 
 
-def test_model_folds_rows_charts_and_metrics() -> None:
+def _output(topic: str, key: str, value: dict[str, Any] | None, codec: Any,
+            offset: int = 0) -> InboxRecord:
+    """A record as the processors write it (their Avro codec and source headers)."""
+    return InboxRecord(topic, 2, offset, key.encode(), codec.encode(value),
+                       source_headers(2, 100 + offset))
+
+
+def _rows_from_outputs(model: FleetModel, live: LiveSession) -> None:
+    """The processors' fleet and usage records of ``live``, folded as the dashboard does."""
+    codecs = default_output_codecs()
+    status = FleetStatus("s1")
+    usage = SessionUsage()
+    samples = []
+    for event in live.events:
+        if event.type != "assistant/chunk":
+            status.apply(event)
+        sample = usage.apply("s1", event)
+        if sample is not None:
+            samples.append(sample)
+    fleet = OutputView(OutputDecoder(), FLEET_STATUS)
+    totals = OutputView(OutputDecoder(), USAGE_RECORD)
+    minute = live.events[-1].time - live.events[-1].time % 60_000
+    records = [
+        (fleet, _output("fleet", "s1", status.to_json(), codecs.fleet)),
+        (totals, _output("usage", "session/s1", session_record("s1", usage.totals),
+                         codecs.usage, 1)),
+        (totals, _output("usage", "model/deepseek/chat-1", model_record(
+            "deepseek", "chat-1", usage.totals), codecs.usage, 2)),
+        (totals, _output("usage", "window/minute/x", window_record(
+            ["minute", minute, minute + 60_000, "deepseek", "chat-1"], usage.totals,
+            closed=False), codecs.usage, 3)),
+        (fleet, InboxRecord("fleet", 0, 9, b"s1", b"garbage", ())),
+    ]
+    for view, record in records:
+        change = view.apply(record)
+        if change is not None and view is fleet:
+            model.apply_fleet(change)
+        elif change is not None:
+            model.apply_usage(change)
+    assert fleet.undecodable == 1 and "fleet[0]@9" in fleet.problems[0]
+    assert len(samples) == 1
+
+
+def test_rows_from_the_outputs_charts_from_the_live_events() -> None:
     live = _session_with_error_and_tool()
     model = FleetModel()
     for event in live.events:
-        model.apply("s1", event, partition=2)
+        model.apply_event("s1", event)
+    _rows_from_outputs(model, live)
     row = model.rows["s1"].to_json()
     assert (row["state"], row["turn"], row["step"]) == ("in-turn", 1, None)
     assert (row["input_tokens"], row["output_tokens"], row["tool_errors"]) == (14, 5, 1)
     assert row["model"] == "deepseek/chat-1" and row["partition"] == 2
+    assert model.rows["s1"].source == SourcePosition(2, 100)
     assert [r["session_id"] for r in model.take_changed()] == ["s1"]
     assert model.take_changed() == []
     live.end_turn("error")
-    model.apply("s1", live.events[-1], partition=2)
+    model.apply_event("s1", live.events[-1])
     now = live.events[-1].time
     model.tick(now)
     charts = model.charts(now)
@@ -114,16 +174,25 @@ def test_model_folds_rows_charts_and_metrics() -> None:
                                                    ("provider", "deepseek")))] == 14
 
 
-def test_old_events_do_not_show_as_tokens_now() -> None:
+def test_old_windows_do_not_show_as_tokens_now() -> None:
     model = FleetModel()
-    live = LiveSession("old")
+    live = LiveSession("s1")
     live.start_turn("x")
     live.finish(live.answer(["y"]), "y", {"inputTokens": 100, "outputTokens": 1})
-    for event in live.events:
-        model.apply("old", Event(event.type, event.seq, 1_000, event.data, event.surface_op,
-                                 event.source_event_seqs))
+    old = [Event(e.type, e.seq, 1_000, e.data, e.surface_op, e.source_event_seqs)
+           for e in live.events]
+    live.events = old
+    _rows_from_outputs(model, live)
     charts = model.charts(10_000_000)
     assert all(not sums for _, sums in charts["tokens"])
+
+
+def test_group_labels_drop_the_deployment_prefixes() -> None:
+    settings = Settings.from_env({}, topic_prefix="dsh.", group_id_prefix="dsh-")
+    assert group_label(settings, processors_group(settings)) == "processors"
+    assert processors_group(settings) == "dsh-dsh.processors"
+    assert group_label(settings, "dsh-driver") == "driver"
+    assert group_label(settings, "other") == "other"
 
 
 @pytest.mark.parametrize(("header", "ok"), [
@@ -134,3 +203,15 @@ def test_old_events_do_not_show_as_tokens_now() -> None:
 ])
 def test_token_accepted_as_bearer_or_basic_password(header: str | None, ok: bool) -> None:
     assert token_accepted(header, "s3cret") is ok
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    (source_headers(2, 17), SourcePosition(2, 17)),
+    ((("dsh.source.partition", b"x"), ("dsh.source.offset", b"1")), None),
+    ((("dsh.source.offset", b"1"),), None),
+    ((("dsh.source.partition", b"-1"), ("dsh.source.offset", b"1")), None),
+    ((("dsh.source.partition", None), ("dsh.source.offset", b"1")), None),
+    (None, None),
+])
+def test_source_positions_are_read_back_or_none(headers: Any, expected: Any) -> None:
+    assert source_position(headers) == expected

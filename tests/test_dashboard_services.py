@@ -5,6 +5,8 @@ consumer lag of the driver's and the processors' groups."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -79,9 +81,13 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
     dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0,
                                       config=DashboardConfig(lag_interval_s=0.5))
     try:
-        worker.wait_ready()
+        await asyncio.to_thread(worker.wait_ready)  # the dashboard's loops run meanwhile
         before = prometheus_samples((await aget(worker.url("/metrics")))[2])
-        _send_followups(settings, tmp_path)
+
+        async def tail_started() -> Any:  # it reads the live tail from its start-up on
+            return json.loads((await aget(dashboard.url + "health"))[2])["tailStart"]
+        await eventually(tail_started, 60, "the dashboard's tail started")
+        await asyncio.to_thread(_send_followups, settings, tmp_path)
 
         async def turns_seen() -> Any:
             samples = prometheus_samples((await aget(dashboard.url + "metrics"))[2])

@@ -1,21 +1,29 @@
-"""The dashboard's HTTP API against a real broker: token, read-only, JSON, SSE, /metrics."""
+"""The dashboard's HTTP API against a real broker and a real processors worker: token,
+read-only, JSON, SSE (the session stream's snapshot and resume), /metrics, and /health when
+no processors worker runs."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from dashboard_support import (
     LiveSession,
+    SseMessages,
     aget,
     dashboard_settings,
     eventually,
     prepare_topics,
     prometheus_samples,
     publish,
+    read_sse,
 )
+from processors_support import Worker, free_port
 
 from pipeline.codec.avro import EventSerde
 from pipeline.services.dashboard.server import start_dashboard
@@ -25,30 +33,19 @@ TOKEN = "t0ken-for-tests"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
-async def _read_sse(url: str, headers: dict[str, str], wanted: int) -> list[tuple[str, Any]]:
-    """The first ``wanted`` SSE messages of a stream, read over a raw socket."""
-    host, _, rest = url.removeprefix("http://").partition("/")
-    name, port = host.split(":")
-    reader, writer = await asyncio.open_connection(name, int(port))
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"GET /{rest} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode())
-    await writer.drain()
-    messages: list[tuple[str, Any]] = []
-    event = ""
+@pytest.fixture
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
+    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
+                     tmp_path / "processors")
     try:
-        while len(messages) < wanted:
-            line = (await asyncio.wait_for(reader.readline(), 20)).decode().rstrip("\r\n")
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                messages.append((event, json.loads(line[6:])))
+        yield started
     finally:
-        writer.close()
-    return messages
+        started.stop()
 
 
 async def test_token_read_only_api_streams_and_metrics(kafka_bootstrap: str,
-                                                       topic_prefix: str) -> None:
+                                                       topic_prefix: str,
+                                                       worker: Worker) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix, token=TOKEN)
     await prepare_topics(settings)
     live = LiveSession("web-1")
@@ -71,29 +68,41 @@ async def test_token_read_only_api_streams_and_metrics(kafka_bootstrap: str,
         async def fleet_lists_session() -> Any:
             _, _, body = await aget(base + "api/fleet", BEARER)
             return [r for r in json.loads(body)["sessions"] if r["session_id"] == "web-1"]
-        (row,) = await eventually(fleet_lists_session, what="the session in /api/fleet")
+        (row,) = await eventually(fleet_lists_session, 120, what="the session in /api/fleet")
         assert (row["state"], row["turn"], row["step"]) == ("in-turn", 1, 1)
 
-        before = prometheus_samples((await aget(base + "metrics", BEARER))[2])
         live.finish(live.answer(["hi"]), "hi", {"inputTokens": 7, "outputTokens": 3})
         live.end_turn()
-        await publish(settings, live.session_id, live.take())
+        after_start = live.take()
+        await publish(settings, live.session_id, after_start)
         turns = ("dsh_dashboard_turns_ended_total", (("reason", "completed"),))
 
         async def counted() -> Any:
             after = prometheus_samples((await aget(base + "metrics", BEARER))[2])
             return after if after.get(turns) == 1 else None
         after = await eventually(counted, what="the turn counted in /metrics")
-        read = "dsh_dashboard_events_read_total"
-        assert sum(v for (n, _), v in after.items() if n == read) == len(live.events)
-        assert sum(v for (n, _), v in before.items() if n == read) < len(live.events)
+        read = "dsh_dashboard_events_read_total"  # the live tail only, not the history
+        assert sum(v for (n, _), v in after.items() if n == read) == len(after_start)
 
-        messages = await _read_sse(base + "api/stream/fleet", BEARER, 2)
+        async def idle() -> Any:
+            messages = await read_sse(base + "api/stream/fleet", BEARER, 2)
+            return messages if messages[0][1]["sessions"][0]["state"] == "idle" else None
+        messages = await eventually(idle, 60, "the session idle on the fleet stream")
         assert [name for name, _ in messages] == ["snapshot", "charts"]
-        assert messages[0][1]["sessions"][0]["state"] == "idle"
-        session_messages = await _read_sse(base + "api/stream/sessions/web-1",
-                                           {**BEARER, "Last-Event-ID": "3"}, 3)
-        assert [m[1]["seq"] for m in session_messages] == [4, 5, 6]  # resumed after seq 3
+        assert messages[0][1]["sessions"][0]["output_tokens"] == 3
+
+        def caught_up(found: SseMessages) -> bool:
+            return any(name == "caught-up" for name, _ in found)
+        session = await read_sse(base + "api/stream/sessions/web-1", BEARER, until=caught_up)
+        assert session[0][0] == "snapshot"
+        at_seq = session[0][1]["atSeq"]
+        assert at_seq == next(e.seq for e in after_start if e.type == "assistant/message")
+        resumed = await read_sse(base + "api/stream/sessions/web-1",
+                                 {**BEARER, "Last-Event-ID": str(at_seq)}, until=caught_up)
+        assert [m[1]["seq"] for m in resumed if m[0] == "event"] == [at_seq + 1, at_seq + 2]
+        assert all(name != "snapshot" for name, _ in resumed)  # resumed after the seq
+        health = json.loads((await aget(base + "health"))[2])
+        assert health["processorsWorkers"] >= 1 and health["processorsError"] is None
     finally:
         await dashboard.stop()
 
@@ -101,13 +110,23 @@ async def test_token_read_only_api_streams_and_metrics(kafka_bootstrap: str,
 async def test_nothing_can_be_written(kafka_bootstrap: str, topic_prefix: str) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
     await prepare_topics(settings)
-    dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0)
+    dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0,
+                                      config=DashboardConfig(lag_interval_s=0.5))
     try:
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             status = await asyncio.to_thread(_request, dashboard.url + "api/fleet", method)
             assert status == 405, method
         assert (await aget(dashboard.url + "api/fleet"))[0] == 200  # no token configured
         assert (await aget(dashboard.url + "api/sessions/unknown"))[0] == 404
+
+        async def no_processors() -> Any:  # no worker runs in this test: it says so
+            health = json.loads((await aget(dashboard.url + "health"))[2])
+            return health if health["processorsError"] else None
+        health = await eventually(no_processors, 30, "/health saying no processors run")
+        assert health["status"] == "degraded" and health["processorsWorkers"] == 0
+        assert "dsh-pipeline processors" in health["processorsError"]
+        _, _, body = await aget(dashboard.url + "api/fleet")
+        assert json.loads(body)["processorsError"] == health["processorsError"]
     finally:
         await dashboard.stop()
 

@@ -6,6 +6,7 @@ as JSONL or a transcript."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,11 +17,19 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.cli.main import main
-from pipeline.codec.outputs import default_output_codecs
+from pipeline.codec.output_views import DerivedView
+from pipeline.codec.outputs import OutputDecoder, default_output_codecs
 from pipeline.codec.sessionfile import read_session_file
+from pipeline.core.events import SURFACE_TYPES
 from pipeline.core.projection import slot_key
 from pipeline.core.synth import synth_session
-from pipeline.sdk import active_version, derived_conversations
+from pipeline.sdk import (
+    Snapshot,
+    active_version,
+    derived_conversations,
+    follow_derived,
+    partition_for,
+)
 from pipeline.services.replay.rebuild import Rebuilder, read_conversations
 from pipeline.settings import Settings
 
@@ -59,6 +68,14 @@ def test_replay_builds_verifies_switches_and_reports_a_corrupted_version(
     assert "core's derivation" in first["compared_with"]
     assert asyncio.run(active_version(settings)).version == 1
     assert asyncio.run(derived_conversations(settings)) == expected
+    positions = asyncio.run(_derived_positions(settings))
+    before: dict[int, int] = {}  # records published to each partition so far (in order)
+    for name in NAMES:  # the rebuild writes each change's source position, as the processors
+        events = read_session_file(FIXTURES / f"{name}.jsonl").events
+        last_surface = max(e.seq for e in events if e.type in SURFACE_TYPES)
+        partition = partition_for(name, settings.partitions)
+        assert positions[name] == (partition, before.get(partition, 0) + last_surface)
+        before[partition] = before.get(partition, 0) + len(events)
 
     # Corrupt version 1 (the live one now): one message of one session changed.
     live = asyncio.run(active_version(settings)).topic
@@ -181,3 +198,13 @@ def _tombstones(settings: Settings, topic: str) -> int:
             return sum([sum(r.value is None for r in batch)
                         async for batch in found.batches()])
     return asyncio.run(scan())
+
+
+async def _derived_positions(settings: Settings) -> dict[str, tuple[int, int]]:
+    """Session -> (partition, offset) of its latest derived change's source, as the active
+    version holds them."""
+    follow = follow_derived(settings, decoder=OutputDecoder())
+    async with contextlib.aclosing(follow):
+        snapshot = await anext(follow)
+    assert isinstance(snapshot, Snapshot) and isinstance(snapshot.view, DerivedView)
+    return {sid: (p.partition, p.offset) for sid, p in snapshot.view.positions.items()}

@@ -20,7 +20,7 @@ from pipeline.settings import Settings
 
 SUITE = CHECKOUT_ROOT / "bench" / "suite.py"
 BENCHMARK_NAMES = ("avro", "fold", "memory", "ingest", "processors", "driver", "replay", "otel",
-                   "import", "scaleout")
+                   "import", "dashboard", "scaleout")
 
 
 def register(subparsers: Any) -> None:

@@ -1,6 +1,8 @@
 """``dsh-pipeline dashboard``: the live fleet dashboard (web page, JSON + SSE API, /metrics).
 
-Reads the session topic of ``DSH_TOPIC_PREFIX`` from the beginning, listens on
+Reads the processors' compacted outputs (``fleet``, ``usage``, the active ``derived-messages``
+version) and only the live tail of the session topic (never its history; a processors
+worker must run, the page says when none does), listens on
 ``DSH_DASHBOARD_HOST``:``DSH_DASHBOARD_PORT`` (``--host``/``--port`` win) and prints the URL.
 With ``DSH_DASHBOARD_TOKEN`` set every request but ``/health`` needs the token (bearer, or the
 password of basic auth). Stops on SIGINT/SIGTERM.
@@ -24,7 +26,9 @@ from pipeline.settings import Settings
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "dashboard", help="serve the live fleet dashboard (web page, JSON/SSE API, /metrics)",
-        description="Serve the read-only live dashboard of the fleet, fed by the session topic.")
+        description="Serve the read-only live dashboard of the fleet, fed by the processors' "
+                    "outputs and the live tail of the session topic (run `dsh-pipeline "
+                    "processors` too).")
     add_listen_options(parser, what="the dashboard", host_default=None,
                        host_help="interface the dashboard binds to (default: "
                                  "DSH_DASHBOARD_HOST)",
@@ -43,8 +47,9 @@ async def _serve(settings: Settings, host: str | None, port: int | None) -> None
     running = await start_dashboard(settings, EventSerde().decode, host=host, port=port)
     protected = " (token required)" if settings.dashboard_token else ""
     print(f"dashboard: {running.url}{protected}", flush=True)
-    print(f"dashboard: reading {settings.topics.session_events} at "
-          f"{settings.bootstrap_servers}", file=sys.stderr, flush=True)
+    print(f"dashboard: reading {settings.topics.fleet}, {settings.topics.usage} and the live "
+          f"tail of {settings.topics.session_events} at {settings.bootstrap_servers}",
+          file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

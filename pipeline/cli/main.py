@@ -45,6 +45,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_dashboard",
     "pipeline.cli.cmd_otel",
     "pipeline.cli.cmd_schemas",
+    "pipeline.cli.cmd_sessions",
     "pipeline.cli.cmd_bench",
     "pipeline.cli.cmd_completion",
     "pipeline.cli.cmd_chaos",
@@ -76,6 +77,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("pipeline.cli.cmd_fanout", "rebuild derived messages into a new version (or "
                                           "print one session)"),
     "check": ("pipeline.cli.cmd_fanout", "fsck of the session topic (JSON summary)"),
+    "sessions": ("pipeline.cli.cmd_sessions", "list the sessions of the fleet (from the "
+                                              "processors' outputs)"),
     "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "
                                                 "JSON/SSE API, /metrics)"),
     "otel": ("pipeline.cli.cmd_otel", "export turns as OpenTelemetry GenAI traces over "

@@ -6,6 +6,11 @@
 
 Consumers read type and seq from the headers without decoding the value, e.g. to skip the
 many ``assistant/chunk`` records or to drop duplicates before paying for Avro.
+
+The processors' output records (``fleet``, ``usage``, ``derived-messages``) carry
+``dsh.source.partition`` and ``dsh.source.offset``: the session-topic position of the last
+event folded into the value (:func:`source_headers`). A reader that starts from an output
+follows the session's events from the offset after it, so nothing is seen twice or missed.
 Headers are ``(str, bytes)`` pairs, the shape aiokafka produces and consumes.
 """
 
@@ -22,6 +27,8 @@ HEADER_TYPE: Final = "dsh.type"
 HEADER_SEQ: Final = "dsh.seq"
 HEADER_SCHEMA: Final = "dsh.schema"
 HEADER_TRACEPARENT: Final = "traceparent"
+HEADER_SOURCE_PARTITION: Final = "dsh.source.partition"
+HEADER_SOURCE_OFFSET: Final = "dsh.source.offset"
 
 Headers = list[tuple[str, bytes]]
 
@@ -108,3 +115,37 @@ def _seq(value: bytes) -> int:
     if not raw.isdigit() or len(raw) > 20:
         raise CodecError(f"header {HEADER_SEQ} must be a decimal seq, got {raw[:40]!r}")
     return int(raw)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SourcePosition:
+    """Where an output value stands in the session topic: every event of its session at or
+    before ``offset`` of ``partition`` is folded into it, none after."""
+
+    partition: int
+    offset: int
+
+
+def source_headers(partition: int, offset: int) -> tuple[tuple[str, bytes], ...]:
+    """The headers of an output record folded up to ``offset`` of ``partition``."""
+    return ((HEADER_SOURCE_PARTITION, str(partition).encode()),
+            (HEADER_SOURCE_OFFSET, str(offset).encode()))
+
+
+def source_position(headers: Iterable[tuple[str, bytes | None]] | None
+                    ) -> SourcePosition | None:
+    """The position :func:`source_headers` wrote; None when absent or malformed (records
+    written before the processors published it, or by another producer)."""
+    partition = offset = None
+    for name, value in headers or ():
+        if name == HEADER_SOURCE_PARTITION:
+            partition = value
+        elif name == HEADER_SOURCE_OFFSET:
+            offset = value
+    if partition is None or offset is None:
+        return None
+    try:
+        found = SourcePosition(int(partition), int(offset))
+    except (TypeError, ValueError):
+        return None
+    return found if found.partition >= 0 and found.offset >= 0 else None

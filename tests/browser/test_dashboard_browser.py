@@ -1,21 +1,23 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright).
 
-One dashboard, one page, a real broker: the fleet table lists the test's sessions, a state
-change appended to the topic shows on screen within 2 s, the session page shows streamed
-text as chunks arrive, the charts draw data, and the page's live stream comes back after the
-dashboard restarts on the same port. Screenshots go to ``test-artifacts/``.
+One dashboard, one page, a real broker and a real processors worker (the fleet comes from
+its outputs): the fleet table lists the test's sessions, a state change appended to the topic
+shows on screen within 2 s, the session page shows streamed text as chunks arrive and a
+streamed tool call once, the charts draw data, and the page's live stream comes back after
+the dashboard restarts on the same port. Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dashboard_support import LiveSession, dashboard_settings, prepare_topics, publish
-from processors_support import free_port, generated_sessions
+from processors_support import Worker, free_port, generated_sessions
 
 from pipeline.codec.avro import EventSerde
 from pipeline.core.events import Replace
@@ -45,6 +47,16 @@ async def browser() -> AsyncIterator[Any]:
             await browser.close()
 
 
+@pytest.fixture
+def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
+    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
+                     tmp_path / "processors")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 async def _start(settings: Settings, port: int) -> RunningDashboard:
     return await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=port)
 
@@ -55,7 +67,7 @@ async def _state_of(page: Any, session_id: str) -> str:
 
 
 async def test_fleet_page_live_session_page_charts_and_reconnect(
-        kafka_bootstrap: str, topic_prefix: str, browser: Any) -> None:
+        kafka_bootstrap: str, topic_prefix: str, browser: Any, worker: Worker) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
     await prepare_topics(settings)
     now = int(time.time() * 1000)
@@ -66,6 +78,7 @@ async def test_fleet_page_live_session_page_charts_and_reconnect(
     live.start_turn("What is Kafka?")
     await publish(settings, live.session_id, live.take())
 
+    await asyncio.to_thread(worker.wait_ready)
     port = free_port()
     dashboard = await _start(settings, port)
     try:
@@ -89,7 +102,13 @@ async def test_fleet_page_live_session_page_charts_and_reconnect(
         seen_after_ms = (time.monotonic() - appended) * 1000
         assert seen_after_ms <= STATE_CHANGE_BUDGET_MS, f"state shown after {seen_after_ms:.0f} ms"
 
-        # Charts draw data (tokens, end reasons, latency percentiles).
+        # Charts draw data (tokens, end reasons, latency percentiles). Latencies come from
+        # the live tail: a turn that starts and ends after the dashboard did.
+        quick = LiveSession("quick-turn")
+        quick.start_turn("Quick?")
+        quick.finish(quick.answer(["Yes."]), "Yes.", {"inputTokens": 10, "outputTokens": 2})
+        quick.end_turn()
+        await publish(settings, quick.session_id, quick.take())
         for chart in ("c-tokens", "c-reasons", "c-latency", "c-inflight"):
             await page.wait_for_function(
                 f'Number(document.getElementById("{chart}").dataset.points || 0) > 0',
@@ -149,5 +168,35 @@ async def _session_page_streams(settings: Settings, browser: Any, base: str,
     await page.wait_for_selector("#derived-pane:not([hidden])", timeout=5_000)
     derived = await page.inner_text("#derived")
     assert "What is Apache Kafka?" in derived and "What is Kafka?" not in derived
+    await _tool_call_shows_once(settings, page, live)
     await page.screenshot(path=str(ARTIFACTS / "dashboard-session.png"), full_page=False)
     await page.close()
+
+
+async def _tool_call_shows_once(settings: Settings, page: Any, live: LiveSession) -> None:
+    """A tool call streamed in chunks, then final in its message and its ``tool/call`` event:
+    one node, rendered the final way."""
+    live.start_turn("Run echo")
+    call = {"type": "tool-call", "id": "call_3_0", "name": "echo", "arguments": '{"text": "hi"}'}
+    seqs = [live.chunk({"type": "block-start", "index": 0, "blockType": "tool-call"}),
+            live.chunk({"type": "tool-call-delta", "index": 0, "name": "echo",
+                        "argumentsDelta": '{"text": "hi"}'}),
+            live.chunk({"type": "block-end", "index": 0, "block": call}),
+            live.chunk({"type": "finish", "reason": {"kind": "tool-calls"}})]
+    source = {"kind": "model", "provider": live.provider, "model": live.model}
+    live.add("assistant/message", {"turn": live.turn, "step": live.step, "usage": {},
+                                   "message": {"id": "m-call", "role": "assistant",
+                                               "content": [call], "source": source}},
+             "append", tuple(seqs))
+    live.add("tool/call", {"turn": live.turn, "step": live.step, "callId": "call_3_0",
+                           "name": "echo", "arguments": '{"text": "hi"}'})
+    await publish(settings, live.session_id, live.take())
+    await page.wait_for_selector('#transcript .tool.call[data-call-id="call_3_0"]',
+                                 timeout=10_000)
+    events = live.events[-1].seq + 1  # the page has handled the tool/call event too
+    await page.wait_for_function(
+        f'document.getElementById("stats").textContent.startsWith("{events} events")',
+        timeout=10_000)
+    names = await page.eval_on_selector_all("#transcript .tool.call .name",
+                                            "nodes => nodes.map(n => n.textContent)")
+    assert names == ["tool call · echo · call_3_0"]

@@ -302,9 +302,15 @@ async def session_events(settings: Settings, session_id: str, *, decode: Decoder
 
 async def session_records(settings: Settings, session_id: str, *, decode: Decoder,
                           from_seq: int = 0, topic: str | None = None,
-                          types: Collection[str] | None = None
+                          types: Collection[str] | None = None, from_offset: int = 0,
+                          read: Callable[[int, int], None] | None = None
                           ) -> AsyncIterator[EventRecord]:
-    """:func:`session_events` with where each event came from and its record headers."""
+    """:func:`session_events` with where each event came from and its record headers.
+
+    ``from_offset``: where to start in the session's partition (e.g. after the source
+    position of an output value, ``source.offset + 1``: the records before it are never
+    fetched). ``read(partition, offset)`` is told each record fetched, the session's or
+    not (what a reader proves it did not read is what it was never handed)."""
     name = topic or settings.topics.session_events
     consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                 **client_options(settings), **consumer_size_options(settings))
@@ -314,10 +320,15 @@ async def session_records(settings: Settings, session_id: str, *, decode: Decode
             partitions = await partitions_of(consumer, name)
             tp = partitions[partition_for(session_id, len(partitions))]
             consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
+            if from_offset > 0:
+                consumer.seek(tp, from_offset)
+            else:
+                await consumer.seek_to_beginning(tp)
             end = (await consumer.end_offsets([tp]))[tp]
         wanted = _SessionFilter(record_key(session_id), from_seq, types)
         async for raw in _drain(consumer, tp, end):
+            if read is not None:
+                read(raw.partition, raw.offset)
             if wanted.skips(raw):
                 continue
             _, event = decode(raw.value)

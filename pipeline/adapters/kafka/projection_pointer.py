@@ -12,7 +12,7 @@ from typing import Final
 
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.core.events import JsonValue, dumps_json
-from pipeline.core.projection import PointerState, fold_pointer_records
+from pipeline.core.projection import ActivePointer, PointerState, fold_pointer_records
 from pipeline.settings import Settings
 
 DERIVED_MESSAGES: Final = "derived-messages"  # the projection versioned through the pointer
@@ -30,6 +30,13 @@ async def read_pointer_state(settings: Settings, projection: str = DERIVED_MESSA
         async for batch in scan.batches():
             records.extend((r.key, r.value) for r in batch)
     return fold_pointer_records(projection, records)
+
+
+async def active_derived_messages(settings: Settings) -> ActivePointer:
+    """The derived-messages version readers read: the last switch recorded, else version 0
+    (the processors' own ``<prefix>derived-messages``)."""
+    active = (await read_pointer_state(settings, DERIVED_MESSAGES)).active
+    return active or ActivePointer(0, settings.topics.derived_messages)
 
 
 async def write_pointer_records(settings: Settings, records: Mapping[str, JsonValue | None]

@@ -39,7 +39,8 @@ class Subscriber:
 
 
 class Hub:
-    """Fleet subscribers get rows and charts; session subscribers get their session's events."""
+    """Fleet subscribers get rows and charts; session subscribers get their session's events
+    and fleet row."""
 
     def __init__(self) -> None:
         self.fleet: set[Subscriber] = set()
@@ -69,6 +70,10 @@ class Hub:
     def publish_event(self, session_id: str, event: Event) -> None:
         for subscriber in self.sessions.get(session_id, ()):
             subscriber.offer(("event", event))
+
+    def publish_row(self, session_id: str, row: Any) -> None:
+        for subscriber in self.sessions.get(session_id, ()):
+            subscriber.offer(("row", row))
 
     def publish_fleet(self, name: str, payload: Any) -> None:
         for subscriber in self.fleet:

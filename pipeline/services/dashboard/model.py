@@ -1,15 +1,16 @@
-"""What the dashboard knows: every session's row and the chart series, folded from events.
+"""What the dashboard knows: every session's row and the chart series.
 
-:class:`FleetModel` folds each session event read from the session topic (any order across
-sessions, in order within one) with the core folds (:class:`FleetStatus`, :class:`SessionUsage`)
-and keeps:
+:class:`FleetModel` holds:
 
-- one row per session (state, turn/step, last end reason, last activity, tokens, errors);
-- time buckets by *event* time (tokens by provider/model, turn end reasons, tool results and
-  tool errors), so catching up on old events never shows as a spike "now";
-- recent step/turn/provider latencies (from event times) for p50/p95/p99;
-- the Prometheus metrics of the dashboard (events read, turns, steps, provider latency and
-  errors by code, consumer lag).
+- one row per session, from the processors' compacted outputs: its ``fleet`` status (state,
+  turn/step, last end reason, last activity, counts) and its ``usage`` totals
+  (``session/<id>`` records). Nothing of a row is folded from session events, so the rows
+  are right however little of the session topic the dashboard reads;
+- the tokens chart from the ``usage`` topic's minute windows (by provider/model);
+- from the live tail of the session topic only (never its history): time buckets by *event*
+  time (turn end reasons, tool results and tool errors), recent step/turn/provider latencies
+  for p50/p95/p99, the model and title a session last announced, and the Prometheus metrics
+  of what was read (events, turns, steps, provider latency and errors, consumer lag).
 
 Synchronous and clock-free: the caller passes ``now_ms``.
 """
@@ -20,16 +21,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeline.codec.output_views import OutputChange
+from pipeline.codec.records import SourcePosition
 from pipeline.core.events import Event, JsonValue
-from pipeline.core.fleet import IN_TURN, FleetStatus
+from pipeline.core.fleet import IN_TURN
 from pipeline.core.metrics import MetricsRegistry, RecentSamples
-from pipeline.core.usage import UNKNOWN, SessionUsage
 
-TOKEN_BUCKET_MS: Final = 1_000
+TOKEN_BUCKET_MS: Final = 60_000     # the processors' "minute" usage windows
+TOKEN_HISTORY_MS: Final = 30 * 60_000
 EVENT_BUCKET_MS: Final = 10_000
 HISTORY_MS: Final = 300_000
 LATENCY_SPAN_MS: Final = 120_000
 LATENCY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+INPUT: Final = "gen_ai.usage.input_tokens"     # cache reads and writes included
+OUTPUT: Final = "gen_ai.usage.output_tokens"
+PROVIDER: Final = "gen_ai.provider.name"
+MODEL: Final = "gen_ai.request.model"
 
 
 @dataclass(slots=True)
@@ -45,6 +52,9 @@ class TimeBuckets:
         bucket = self.buckets.setdefault(start, {})
         bucket[key] = bucket.get(key, 0.0) + amount
 
+    def put(self, start: int, key: str, amount: float) -> None:
+        self.buckets.setdefault(start - start % self.bucket_ms, {})[key] = amount
+
     def series(self, now_ms: int) -> list[list[Any]]:
         """``[[bucket start ms, {key: sum}], ...]`` oldest first, empty buckets included."""
         first = now_ms - now_ms % self.bucket_ms - self.history_ms
@@ -56,31 +66,37 @@ class TimeBuckets:
 
 @dataclass(slots=True)
 class SessionRow:
-    """One session on the fleet page."""
+    """One session on the fleet page: its published status and usage, plus what the live
+    tail told about it (model, title)."""
 
-    status: FleetStatus
-    usage: SessionUsage = field(default_factory=SessionUsage)
+    session_id: str
+    status: dict[str, JsonValue] = field(default_factory=dict)
+    usage: dict[str, JsonValue] = field(default_factory=dict)
     partition: int = -1
     title: str | None = None
+    model: str | None = None
+    source: SourcePosition | None = None  # the fleet status's source position
+
+    @property
+    def state(self) -> JsonValue:
+        return self.status.get("state", "idle")
+
+    def to_json(self) -> dict[str, JsonValue]:
+        row: dict[str, JsonValue] = {"session_id": self.session_id, "state": "idle"}
+        row.update(self.status)
+        row.update({"partition": self.partition, "title": self.title, "model": self.model,
+                    "input_tokens": _int(self.usage.get(INPUT)),
+                    "output_tokens": _int(self.usage.get(OUTPUT))})
+        return row
+
+
+@dataclass(slots=True)
+class LiveTiming:
+    """When a session's current turn, step and model call started (live tail only)."""
+
     turn_started_ms: int | None = None
     step_started_ms: int | None = None
     attempt_started_ms: int | None = None
-
-    def to_json(self) -> dict[str, JsonValue]:
-        totals = self.usage.totals
-        row = self.status.to_json()
-        row.update({
-            "partition": self.partition, "title": self.title,
-            "input_tokens": totals.input_tokens + totals.cache_read_tokens
-            + totals.cache_write_tokens,
-            "output_tokens": totals.output_tokens,
-            "model": "/".join(self.usage.last_model) if self.usage.last_model else None,
-        })
-        return row
-
-    def model_labels(self) -> dict[str, str]:
-        provider, model = self.usage.last_model or (UNKNOWN, UNKNOWN)
-        return {"provider": provider, "model": model}
 
 
 class DashboardMetrics:
@@ -88,7 +104,8 @@ class DashboardMetrics:
 
     def __init__(self) -> None:
         r = self.registry = MetricsRegistry(prefix="dsh_dashboard_")
-        self.events = r.counter("events_read_total", "Session events read", ("type",))
+        self.events = r.counter("events_read_total", "Session events read (live tail)",
+                                ("type",))
         self.turns = r.counter("turns_ended_total", "Turns ended, by end reason", ("reason",))
         self.steps = r.counter("steps_ended_total", "Steps ended")
         self.tokens = r.counter("tokens_total", "Tokens by provider, model and direction",
@@ -107,101 +124,153 @@ class DashboardMetrics:
         self.lag_seconds = r.gauge("consumer_lag_seconds", "Age of the oldest unread record",
                                    ("group", "topic", "partition"))
         self.undecodable = r.counter("undecodable_records_total",
-                                     "Records of the session topic that could not be decoded")
+                                     "Records that could not be decoded, by topic", ("topic",))
+        self.output_records = r.counter("output_records_total",
+                                        "Records read from the processors' outputs", ("topic",))
         self.feed_offset = r.gauge("feed_position", "Next offset the dashboard reads",
                                    ("partition",))
+        self.feed_errors = r.counter("tail_errors_total",
+                                     "Distinct problems of the session-topic tail (retried)")
+        self.processors = r.gauge("processors_workers",
+                                  "Members of the processors' consumer group (-1: unknown)")
 
 
 class FleetModel:
-    """Rows and chart series folded from session events (see the module doc)."""
+    """Rows from the outputs, charts from the outputs and the live tail (see the module doc)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, SessionRow] = {}
         self.changed: set[str] = set()
         self.metrics = DashboardMetrics()
-        self.tokens = TimeBuckets(TOKEN_BUCKET_MS, history_ms=120_000)
+        self.tokens = TimeBuckets(TOKEN_BUCKET_MS, history_ms=TOKEN_HISTORY_MS)
+        self.model_totals: dict[tuple[str, str, str], float] = {}
         self.end_reasons = TimeBuckets(EVENT_BUCKET_MS)
         self.tool_results = TimeBuckets(EVENT_BUCKET_MS)
         self.step_latency = RecentSamples(LATENCY_SPAN_MS)
         self.turn_latency = RecentSamples(LATENCY_SPAN_MS)
+        self.timing: dict[str, LiveTiming] = {}
         self.in_flight: list[list[int]] = []
         self.lag: list[dict[str, JsonValue]] = []
 
-    def apply(self, session_id: str, event: Event, partition: int = -1) -> None:
+    def _row(self, session_id: str) -> SessionRow:
         row = self.rows.get(session_id)
         if row is None:
-            row = self.rows[session_id] = SessionRow(FleetStatus(session_id))
-        row.partition = partition
+            row = self.rows[session_id] = SessionRow(session_id)
+        return row
+
+    # --- the processors' outputs -------------------------------------------------------
+
+    def apply_fleet(self, change: OutputChange) -> None:
+        """One ``fleet`` record: the session's status (a tombstone drops the row)."""
+        if change.value is None:
+            if self.rows.pop(change.key, None) is not None:
+                self.changed.add(change.key)
+            return
+        row = self._row(change.key)
+        row.status = dict(change.value)
+        if change.source is not None:
+            row.partition = change.source.partition
+            row.source = change.source
+        self.changed.add(change.key)
+
+    def apply_usage(self, change: OutputChange) -> None:
+        """One ``usage`` record: a session's totals, a model's totals or a window's sums."""
+        kind, _, rest = change.key.partition("/")
+        value = change.value or {}
+        if kind == "session" and rest:
+            self._row(rest).usage = dict(value)
+            self.changed.add(rest)
+        elif kind == "window" and value.get("granularity") == "minute":
+            start = _int(value.get("startMs"))
+            label = f"{value.get(PROVIDER)}/{value.get(MODEL)}"
+            self.tokens.put(start, label, float(_int(value.get(INPUT)) + _int(value.get(OUTPUT))))
+        elif kind == "model" and value:
+            self._model_totals(value)
+
+    def _model_totals(self, value: Mapping[str, JsonValue]) -> None:
+        labels = {"provider": str(value.get(PROVIDER)), "model": str(value.get(MODEL))}
+        for direction, name in (("input", INPUT), ("output", OUTPUT)):
+            key = (labels["provider"], labels["model"], direction)
+            total = float(_int(value.get(name)))
+            grew = total - self.model_totals.get(key, 0.0)
+            if grew > 0:  # a counter: totals only grow (a repeat after a crash is equal)
+                self.metrics.tokens.inc(grew, direction=direction, **labels)
+                self.model_totals[key] = total
+
+    # --- the live tail of the session topic --------------------------------------------
+
+    def apply_event(self, session_id: str, event: Event) -> None:
+        """One live session event: charts, latencies, metrics; the row's model and title."""
         data = event.data if isinstance(event.data, Mapping) else {}
         self.metrics.events.inc(type=event.type)
-        self._timing(row, event, data)
-        sample = row.usage.apply(session_id, event)
-        if sample is not None:
-            self._tokens(event.time, sample.provider, sample.model,
-                         sample.counts.input_tokens + sample.counts.cache_read_tokens
-                         + sample.counts.cache_write_tokens, sample.counts.output_tokens)
+        timing = self.timing.setdefault(session_id, LiveTiming())
+        self._timing(session_id, timing, event, data)
         if event.type == "session/title" and isinstance(data.get("title"), str):
-            row.title = str(data["title"])
-        if row.status.apply(event) or sample is not None or event.type != "assistant/chunk":
+            self._row(session_id).title = str(data["title"])
             self.changed.add(session_id)
+        elif event.type == "request/header":
+            header = data.get("header")
+            config = header.get("config") if isinstance(header, Mapping) else None
+            if isinstance(config, Mapping) and config.get("provider") and config.get("model"):
+                self._row(session_id).model = f"{config['provider']}/{config['model']}"
+                self.changed.add(session_id)
 
-    def _tokens(self, time_ms: int, provider: str, model: str, tokens_in: int,
-                tokens_out: int) -> None:
-        key = f"{provider}/{model}"
-        self.tokens.add(time_ms, key, tokens_in + tokens_out)
-        self.metrics.tokens.inc(tokens_in, provider=provider, model=model, direction="input")
-        self.metrics.tokens.inc(tokens_out, provider=provider, model=model, direction="output")
-
-    def _timing(self, row: SessionRow, event: Event, data: Mapping[str, JsonValue]) -> None:
+    def _timing(self, session_id: str, timing: LiveTiming, event: Event,
+                data: Mapping[str, JsonValue]) -> None:
         kind, at = event.type, event.time
         if kind == "turn/start":
-            row.turn_started_ms = at
+            timing.turn_started_ms = at
         elif kind == "turn/end":
-            self._turn_end(row, at, data)
+            self._turn_end(timing, at, data)
         elif kind in ("step/start", "llm/retry-started"):
-            row.attempt_started_ms = at
+            timing.attempt_started_ms = at
             if kind == "step/start":
-                row.step_started_ms = at
+                timing.step_started_ms = at
         elif kind == "step/end":
             self.metrics.steps.inc()
-            if row.step_started_ms is not None:
-                self.step_latency.add(at, max(0, at - row.step_started_ms) / 1000)
-                row.step_started_ms = None
+            if timing.step_started_ms is not None:
+                self.step_latency.add(at, max(0, at - timing.step_started_ms) / 1000)
+                timing.step_started_ms = None
         elif kind == "assistant/chunk":
-            self._chunk(row, at, data)
+            self._chunk(session_id, timing, at, data)
         elif kind == "tool/result":
             failed = isinstance(data.get("error"), Mapping)
             self.tool_results.add(at, "error" if failed else "ok")
             self.metrics.tool_results.inc(error=str(failed).lower())
 
-    def _turn_end(self, row: SessionRow, at: int, data: Mapping[str, JsonValue]) -> None:
+    def _turn_end(self, timing: LiveTiming, at: int, data: Mapping[str, JsonValue]) -> None:
         reason = data.get("reason")
         kind = reason.get("kind") if isinstance(reason, Mapping) else None
         label = kind if isinstance(kind, str) else "unknown"
         self.end_reasons.add(at, label)
         self.metrics.turns.inc(reason=label)
-        if row.turn_started_ms is not None:
-            self.turn_latency.add(at, max(0, at - row.turn_started_ms) / 1000)
-            row.turn_started_ms = None
+        if timing.turn_started_ms is not None:
+            self.turn_latency.add(at, max(0, at - timing.turn_started_ms) / 1000)
+            timing.turn_started_ms = None
 
-    def _chunk(self, row: SessionRow, at: int, data: Mapping[str, JsonValue]) -> None:
+    def _chunk(self, session_id: str, timing: LiveTiming, at: int,
+               data: Mapping[str, JsonValue]) -> None:
         chunk = data.get("chunk")
         if not isinstance(chunk, Mapping) or chunk.get("type") != "finish":
             return
-        labels = row.model_labels()
-        if row.attempt_started_ms is not None:
-            seconds = max(0, at - row.attempt_started_ms) / 1000
+        row = self.rows.get(session_id)
+        provider, _, model = ((row.model if row else None) or "unknown/unknown").partition("/")
+        labels = {"provider": provider, "model": model}
+        if timing.attempt_started_ms is not None:
+            seconds = max(0, at - timing.attempt_started_ms) / 1000
             self.metrics.provider_latency.observe(seconds, **labels)
-            row.attempt_started_ms = None
+            timing.attempt_started_ms = None
         reason = chunk.get("reason")
         if isinstance(reason, Mapping) and reason.get("kind") == "error":
             failure = reason.get("failure")
             code = failure.get("code") if isinstance(failure, Mapping) else None
             self.metrics.provider_errors.inc(1, code=str(code or "unknown"), **labels)
 
+    # --- what the pages get ------------------------------------------------------------
+
     def take_changed(self) -> list[dict[str, JsonValue]]:
         """The rows changed since the last call (for the live fleet stream)."""
-        rows = [self.rows[s].to_json() for s in sorted(self.changed)]
+        rows = [self.rows[s].to_json() for s in sorted(self.changed) if s in self.rows]
         self.changed.clear()
         return rows
 
@@ -210,7 +279,7 @@ class FleetModel:
 
     def tick(self, now_ms: int) -> None:
         """Sample the gauges (once a second): turns in flight, sessions."""
-        in_turn = sum(1 for row in self.rows.values() if row.status.state == IN_TURN)
+        in_turn = sum(1 for row in self.rows.values() if row.state == IN_TURN)
         self.in_flight.append([now_ms, in_turn])
         cutoff = now_ms - HISTORY_MS
         while self.in_flight and self.in_flight[0][0] < cutoff:
@@ -243,6 +312,10 @@ class FleetModel:
                                          for labels, s in pairs)
         self.metrics.lag_seconds.replace((labels, float(str(s["seconds"])))
                                          for labels, s in pairs)
+
+
+def _int(value: JsonValue | None) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _rate(sums: Mapping[str, float]) -> float | None:

@@ -1,14 +1,22 @@
-"""The dashboard service: one reader of the session topic feeding the model and the streams.
+"""The dashboard service: the processors' outputs plus the live tail, feeding model and streams.
 
-Three background loops run beside the web server:
+The session topic is kept forever, so the dashboard never reads it from the beginning
+(DESIGN.md section 6a). Four background loops run beside the web server:
 
-- the **feed** reads every partition of the session topic from the beginning (no consumer
-  group: each dashboard sees the whole fleet, whatever the number of processors workers) with
-  the consumer SDK, folds each event into :class:`FleetModel` and hands it to the session
-  streams; a broker failure is logged and the feed restarts from where it was;
+- the **outputs** loop reads ``<prefix>fleet`` and ``<prefix>usage`` (compacted, published by
+  the processors) up to the end offsets taken at its start, read committed: then the fleet
+  is shown (``ready``), and the loop follows both topics live. Its cost is the size of the
+  compacted outputs, not the history;
+- the **tail** reads every partition of the session topic from its end at start-up (no
+  consumer group: each dashboard sees the whole fleet), for the charts of what happens now
+  and for the open session pages' live events; a broker failure restarts it where it was;
 - the **broadcaster** pushes the changed rows every ``push_interval_s`` and the charts once a
   second to the fleet streams;
-- the **lag probe** samples consumer lag per group and partition every ``lag_interval_s``.
+- the **lag probe** samples consumer lag per group and partition every ``lag_interval_s``, and
+  whether the processors' consumer group has members: without a processors worker nothing
+  new reaches the outputs, which the page and ``/health`` say.
+
+Records of these topics that do not decode are counted and shown (``/health``), never fatal.
 """
 
 from __future__ import annotations
@@ -18,36 +26,41 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.adapters.kafka.event_stream import Decoder, EventStream, Start
+from pipeline.adapters.kafka.admin import group_members
+from pipeline.adapters.kafka.compacted import CompactedFollow
+from pipeline.adapters.kafka.event_stream import Decoder
+from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, leaders_ready
+from pipeline.adapters.registry.outputs import output_decoder
+from pipeline.codec.output_views import OutputView
+from pipeline.codec.outputs import FLEET_STATUS, USAGE_RECORD, OutputDecoder
 from pipeline.core.errors import DshError
-from pipeline.core.events import Event
 from pipeline.services.dashboard.hub import Hub
 from pipeline.services.dashboard.model import FleetModel
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-
-UNDECODABLE: Final = "dashboard/undecodable"
+PROCESSORS_APP: Final = "processors"  # the processors' default app name (their group id's end)
+PROBLEMS_SHOWN: Final = 5
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def tolerant(decode: Decoder) -> Decoder:
-    """``decode``, but a record it refuses becomes an ``UNDECODABLE`` marker event, so one
-    foreign or corrupt record is counted and skipped instead of stopping the feed for good."""
-    def decode_or_mark(data: bytes) -> tuple[str, Event]:
-        try:
-            return decode(data)
-        except DshError as exc:
-            return "", Event(UNDECODABLE, -1, 0, str(exc)[:300])
-    return decode_or_mark
+def processors_group(settings: Settings) -> str:
+    """The processors' consumer group id (their faust app id with the default app name)."""
+    return f"{settings.group_id_prefix}{settings.topic_prefix}{PROCESSORS_APP}"
+
+
+def group_label(settings: Settings, group: str) -> str:
+    """A group id without the deployment's prefixes (``dsh-dsh.processors`` -> ``processors``)."""
+    label = group.removeprefix(settings.group_id_prefix)
+    return label.removeprefix(settings.topic_prefix) or group
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +71,52 @@ class DashboardConfig:
     retry_s: float = 2.0
 
 
+@dataclass(slots=True)
+class SessionTopicReads:
+    """Every session-topic record the dashboard was handed (the tail, session pages): the
+    first offset per partition and how many. What it proves: nothing older was read."""
+
+    first: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+
+    def saw(self, partition: int, offset: int) -> None:
+        self.records += 1
+        if offset < self.first.get(partition, offset + 1):
+            self.first[partition] = offset
+
+
 class DashboardService:
     """Owns the model, the hub and the loops; the web app reads from it."""
 
     def __init__(self, settings: Settings, decode: Decoder,
                  config: DashboardConfig | None = None,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms,
+                 outputs: OutputDecoder | None = None) -> None:
         self.settings = settings
         self.decode = decode
         self.config = config or DashboardConfig()
         self.clock = clock
+        self.outputs = outputs or output_decoder(settings)  # registry ids resolved lazily
         self.model = FleetModel()
         self.hub = Hub()
-        self.feed_error: str | None = None
+        self.feed_error: str | None = None      # the tail of the session topic
+        self.outputs_error: str | None = None   # the fleet and usage outputs
+        self.processors_workers: int | None = None
+        self.ready_s: float | None = None       # seconds from start to the fleet shown
+        self.tail_start: dict[int, int] = {}    # partition -> the end the tail started at
+        self.reads = SessionTopicReads()
         self.events_read = 0
-        self.last_undecodable: str | None = None
+        self.problems: list[str] = []           # the last undecodable records, described
+        self.views = {settings.topics.fleet: OutputView(self.outputs, FLEET_STATUS),
+                      settings.topics.usage: OutputView(self.outputs, USAGE_RECORD)}
+        self._started = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._feed(), name="dashboard-feed"),
-                       asyncio.create_task(self._broadcast(), name="dashboard-broadcast"),
-                       asyncio.create_task(self._lag(), name="dashboard-lag")]
+        self._started = time.monotonic()
+        loops = {"outputs": self._outputs(), "tail": self._tail(),
+                 "broadcast": self._broadcast(), "lag": self._lag()}
+        self._tasks = [asyncio.create_task(c, name=f"dashboard-{n}") for n, c in loops.items()]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -88,13 +126,79 @@ class DashboardService:
                 await task
         self._tasks = []
 
-    async def _feed(self) -> None:
-        positions: dict[int, int] = {}
+    @property
+    def processors_error(self) -> str | None:
+        if self.processors_workers is None or self.processors_workers > 0:
+            return None
+        return (f"no processors worker is running (consumer group "
+                f"{processors_group(self.settings)!r} has no members): the fleet shows what "
+                "they last published and nothing newer; start `dsh-pipeline processors`")
+
+    @property
+    def undecodable(self) -> int:
+        return sum(v.undecodable for v in self.views.values()) + int(
+            self.model.metrics.undecodable.get(topic=self.settings.topics.session_events))
+
+    def problem(self, line: str) -> None:
+        self.problems = [*self.problems[-(PROBLEMS_SHOWN - 1):], line]
+
+    # --- the outputs -----------------------------------------------------------------
+
+    async def _outputs(self) -> None:
+        topics = [self.settings.topics.fleet, self.settings.topics.usage]
+        while True:
+            try:
+                async with CompactedFollow(self.settings, topics) as follow:
+                    if follow.missing:
+                        self._outputs_failed(
+                            f"topics {follow.missing} do not exist yet: the processors create "
+                            "and fill them (start `dsh-pipeline processors`)", logging.INFO)
+                    else:
+                        await self._read_outputs(follow)
+            except DshError as exc:
+                self._outputs_failed(str(exc), logging.WARNING)
+            await asyncio.sleep(self.config.retry_s)
+
+    async def _read_outputs(self, follow: CompactedFollow) -> None:
+        async for batch in follow.snapshot():
+            self._apply_outputs(batch)
+        self.outputs_error = None
+        if self.ready_s is None:
+            self.ready_s = time.monotonic() - self._started
+            log.info("dashboard: fleet read from the outputs in %.2f s (%d records)",
+                     self.ready_s, follow.snapshot_records)
+        async for batch in follow.changes():
+            self._apply_outputs(batch)
+
+    def _apply_outputs(self, batch: list[InboxRecord]) -> None:
+        fleet = self.settings.topics.fleet
+        for record in batch:
+            view = self.views[record.topic]
+            self.model.metrics.output_records.inc(topic=record.topic)
+            change = view.apply(record)
+            if change is None:
+                self.model.metrics.undecodable.inc(topic=record.topic)
+                self.problem(view.problems[-1])
+            elif record.topic == fleet:
+                self.model.apply_fleet(change)
+            else:
+                self.model.apply_usage(change)
+
+    def _outputs_failed(self, why: str, level: int) -> None:
+        if why != self.outputs_error:  # once per distinct problem, not every retry
+            log.log(level, "dashboard outputs: %s; retrying every %.0f s", why,
+                    self.config.retry_s)
+        self.outputs_error = why
+
+    # --- the live tail ---------------------------------------------------------------
+
+    async def _tail(self) -> None:
+        positions: dict[tuple[str, int], int] = {}
         topic = self.settings.topics.session_events
         while True:
             try:
                 if await leaders_ready(self.settings, topic):
-                    await self._read(positions)
+                    await self._read_tail(positions)
                 else:
                     # normal while a stack starts: the page shows it, the log stays quiet
                     self._failed(f"topic {topic!r} does not exist yet (or has no leader)",
@@ -105,27 +209,38 @@ class DashboardService:
 
     def _failed(self, why: str, level: int) -> None:
         if why != self.feed_error:  # once per distinct problem, not every retry
-            log.log(level, "dashboard feed: %s; retrying every %.0f s", why, self.config.retry_s)
+            self.model.metrics.feed_errors.inc()
+            log.log(level, "dashboard tail: %s; retrying every %.0f s", why, self.config.retry_s)
         self.feed_error = why
 
-    async def _read(self, positions: dict[int, int]) -> None:
-        model, hub = self.model, self.hub
-        stream = EventStream(self.settings, decode=tolerant(self.decode), start=Start.BEGINNING)
-        async with stream:
+    async def _read_tail(self, positions: dict[tuple[str, int], int]) -> None:
+        model, hub, metrics = self.model, self.hub, self.model.metrics
+        topic = self.settings.topics.session_events
+        # where the first start found the end, unless read further since: a restart of the
+        # tail loses nothing after the dashboard's start
+        resume = {**{(topic, p): end for p, end in self.tail_start.items()}, **positions}
+        async with CompactedFollow(self.settings, [topic], live_only=True,
+                                   resume=resume) as tail:
+            for tp, end in tail.ends.items():
+                self.tail_start.setdefault(tp.partition, end)
             self.feed_error = None
-            async for record in stream:
-                if record.offset < positions.get(record.partition, 0):
-                    continue  # re-read after a restart of the feed
-                positions[record.partition] = record.offset + 1
-                model.metrics.feed_offset.set(record.offset + 1, partition=str(record.partition))
-                if record.event.type == UNDECODABLE:
-                    model.metrics.undecodable.inc()
-                    self.last_undecodable = f"{record.topic}[{record.partition}]@" \
-                                            f"{record.offset}: {record.event.data}"
-                    continue
-                model.apply(record.session_id, record.event, record.partition)
-                hub.publish_event(record.session_id, record.event)
-                self.events_read += 1
+            async for batch in tail.changes():
+                for record in batch:
+                    positions[(topic, record.partition)] = record.offset + 1
+                    metrics.feed_offset.set(record.offset + 1, partition=str(record.partition))
+                    self.reads.saw(record.partition, record.offset)
+                    try:
+                        session_id, event = self.decode(record.value or b"")
+                    except DshError as exc:
+                        metrics.undecodable.inc(topic=topic)
+                        self.problem(f"{topic}[{record.partition}]@{record.offset}: "
+                                     f"{str(exc)[:200]}")
+                        continue
+                    model.apply_event(session_id, event)
+                    hub.publish_event(session_id, event)
+                    self.events_read += 1
+
+    # --- pushing, lag and the processors ---------------------------------------------
 
     async def _broadcast(self) -> None:
         config, model, hub = self.config, self.model, self.hub
@@ -136,6 +251,8 @@ class DashboardService:
             rows = model.take_changed()
             if rows:
                 hub.publish_fleet("sessions", rows)
+                for row in rows:
+                    hub.publish_row(str(row["session_id"]), row)
             if loop.time() >= next_chart:
                 next_chart = loop.time() + config.chart_interval_s
                 model.tick(self.clock())
@@ -150,8 +267,11 @@ class DashboardService:
             try:
                 await probe.start()
                 while True:
+                    await self._check_processors()
                     samples = await probe.sample(self.clock())
-                    self.model.set_lag([s.to_json() for s in samples])
+                    self.model.set_lag([{**s.to_json(), "name": group_label(self.settings,
+                                                                            s.group)}
+                                        for s in samples])
                     await asyncio.sleep(self.config.lag_interval_s)
             except DshError as exc:
                 log.warning("dashboard lag probe: %s", exc)
@@ -159,3 +279,13 @@ class DashboardService:
                 with contextlib.suppress(Exception):  # closing a half-started client
                     await probe.stop()
             await asyncio.sleep(self.config.lag_interval_s)
+
+    async def _check_processors(self) -> None:
+        try:
+            self.processors_workers = await group_members(self.settings,
+                                                          processors_group(self.settings))
+        except DshError as exc:
+            log.warning("dashboard: cannot tell whether processors run: %s", exc)
+            self.processors_workers = None
+        self.model.metrics.processors.set(-1 if self.processors_workers is None
+                                          else self.processors_workers)

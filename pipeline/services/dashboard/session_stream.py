@@ -1,11 +1,18 @@
-"""One session's live stream: catch up from the session topic, then follow it live.
+"""One session's live stream: its snapshot from the outputs, then its events from there on.
 
-The stream subscribes to the hub *before* catching up (the SDK's :func:`session_records`
-reads the session's partition to its current end), so no event falls between the two;
-events delivered twice are dropped by seq. Every event is sent as an SSE ``event`` message
-with ``id: <seq>``, so a reconnecting EventSource resumes after the last seq it saw. The
-derived messages (the core surface fold, what the model sees) are sent as ``derived`` when
-they changed and the stream has caught up with what is queued.
+The stream subscribes to the hub (the dashboard's live tail) *before* anything else, reads
+the session's snapshot (:mod:`.session_start`: derived messages, fleet row, and the
+session-topic offset they were published at), sends it as ``snapshot``, then reads the
+session's partition from that offset to its current end and follows the hub; events
+delivered twice are dropped by seq, so each event after the snapshot is sent exactly once.
+Every event is an SSE ``event`` message with ``id: <seq>``. A reconnecting EventSource sends
+its last seq: when the new snapshot does not pass it, only the events after it are sent (no
+snapshot); otherwise the page gets a fresh snapshot and starts over.
+
+The derived messages are kept current from the snapshot's slots with the live surface events
+(the processors' slot fold, :class:`pipeline.core.projection.SurfaceSlots`) and sent as
+``derived`` when they changed and the stream has caught up with what is queued. The fleet
+row is sent as ``row`` whenever the processors publish a new one.
 """
 
 from __future__ import annotations
@@ -15,61 +22,90 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from pipeline.adapters.kafka.event_stream import Decoder, session_records
+from pipeline.adapters.kafka.event_stream import session_records
 from pipeline.core.errors import DshError
-from pipeline.core.events import Event, JsonValue, Replace
-from pipeline.core.surface import SurfaceFold
-from pipeline.services.dashboard.hub import Hub, Subscriber
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, Replace
+from pipeline.core.projection import SurfaceSlots
+from pipeline.core.validation import projected_message
+from pipeline.services.dashboard.hub import Subscriber
+from pipeline.services.dashboard.service import DashboardService
+from pipeline.services.dashboard.session_start import SessionStart, session_start
 from pipeline.services.dashboard.sse import HEARTBEAT_S, frame, heartbeat
-from pipeline.settings import Settings
 
 
 @dataclass(slots=True)
 class Transcript:
-    """What one stream has sent: the next seq, and the surface fold for derived messages."""
+    """What one stream has sent: the next seq (None: take the first that comes), and the
+    derived messages folded on from the snapshot."""
 
     session_id: str
     send_from: int
-    next_seq: int = 0
-    surface: SurfaceFold = field(default_factory=SurfaceFold)
+    next_seq: int | None
+    slots: SurfaceSlots
+    messages: dict[int, JsonValue | None] = field(default_factory=dict)
+    at_seq: int = -1
     replaced: bool = False
     derived_dirty: bool = False
     fold_error: str | None = None
 
+    @classmethod
+    def after(cls, start: SessionStart, send_from: int) -> Transcript:
+        next_seq = start.at_seq + 1 if start.basis == "derived" else None
+        return cls(start.session_id, send_from, next_seq,
+                   SurfaceSlots(nodes=[list(n) for n in start.nodes]),
+                   dict(start.messages), start.at_seq)
+
     def fold(self, event: Event) -> None:
         self.next_seq = event.seq + 1
-        if self.fold_error is not None:
+        if self.fold_error is not None or event.type not in SURFACE_TYPES \
+                or event.surface_op is None:
             return
         try:
-            change = self.surface.apply(event)
+            changes = self.slots.apply(event, projected_message(event))
         except DshError as exc:
             self.fold_error = f"seq {event.seq}: {exc}"
             self.derived_dirty = True
             return
-        if change is not None:
-            self.derived_dirty = True
-            self.replaced = self.replaced or isinstance(event.surface_op, Replace)
+        for change in changes:
+            if change.kind == "remove":
+                self.messages.pop(change.slot, None)
+            else:
+                self.messages[change.slot] = change.message
+        self.at_seq = event.seq
+        self.derived_dirty = True
+        self.replaced = self.replaced or isinstance(event.surface_op, Replace)
 
     def derived(self) -> dict[str, JsonValue]:
         self.derived_dirty = False
-        return {"session": self.session_id, "atSeq": self.next_seq - 1,
+        live = [(slot, seq) for slot, seq in self.slots.nodes
+                if self.messages.get(slot) is not None]
+        return {"session": self.session_id, "atSeq": self.at_seq,
                 "replaced": self.replaced, "error": self.fold_error,
-                "messages": list(self.surface.messages()),
-                "seqs": list(self.surface.seqs())}
+                "messages": [self.messages[slot] for slot, _ in live],
+                "seqs": [seq for _, seq in live]}
 
 
-async def stream_session(response: web.StreamResponse, settings: Settings, decode: Decoder,
-                         hub: Hub, session_id: str, send_from: int) -> None:
+async def stream_session(response: web.StreamResponse, service: DashboardService,
+                         session_id: str, resume: int | None) -> None:
     """Write the session's SSE stream until the client goes or falls behind."""
-    subscriber = hub.subscribe_session(session_id)
-    transcript = Transcript(session_id, send_from)
+    subscriber = service.hub.subscribe_session(session_id)
     try:
-        async for record in session_records(settings, session_id, decode=decode):
-            await _send(response, transcript, record.event)
+        start = await session_start(service, session_id)
+        if resume is not None and resume >= start.at_seq and start.basis == "derived":
+            transcript = Transcript.after(start, resume + 1)
+        else:
+            transcript = Transcript.after(start, start.at_seq + 1)
+            await response.write(frame("snapshot", {
+                **start.to_json(), "processorsError": service.processors_error}))
+        if start.from_offset is not None:
+            async for record in session_records(
+                    service.settings, session_id, decode=service.decode,
+                    from_offset=start.from_offset, read=service.reads.saw):
+                await _send(response, transcript, record.event)
         await response.write(frame("caught-up", {"nextSeq": transcript.next_seq}))
         await _follow(response, transcript, subscriber)
     finally:
-        hub.unsubscribe(subscriber)
+        service.hub.unsubscribe(subscriber)
 
 
 async def _follow(response: web.StreamResponse, transcript: Transcript,
@@ -78,18 +114,23 @@ async def _follow(response: web.StreamResponse, transcript: Transcript,
         if transcript.derived_dirty and subscriber.queue.empty():
             await response.write(frame("derived", transcript.derived()))
         try:
-            name, event = await asyncio.wait_for(subscriber.queue.get(), HEARTBEAT_S)
+            name, item = await asyncio.wait_for(subscriber.queue.get(), HEARTBEAT_S)
         except TimeoutError:
             await heartbeat(response)
             continue
-        if name == "overflow" or event.seq > transcript.next_seq:
-            return  # fell behind, or missed events: the client reconnects and resumes
-        if event.seq == transcript.next_seq:
-            await _send(response, transcript, event)
+        if name == "overflow":
+            return  # fell behind: the client reconnects and resumes
+        if name == "row":
+            await response.write(frame("row", item))
+            continue
+        expected = transcript.next_seq
+        if expected is not None and item.seq > expected:
+            return  # missed events: the client reconnects and resumes
+        await _send(response, transcript, item)
 
 
 async def _send(response: web.StreamResponse, transcript: Transcript, event: Event) -> None:
-    if event.seq != transcript.next_seq:
+    if transcript.next_seq is not None and event.seq != transcript.next_seq:
         return
     transcript.fold(event)
     if event.seq >= transcript.send_from:

@@ -81,9 +81,15 @@ def _page(name: str) -> Handler:
     return page
 
 
+def _problems(service: DashboardService) -> dict[str, JsonValue]:
+    """What the pages show in their banner: the tail, the outputs, the processors."""
+    return {"feedError": service.feed_error, "outputsError": service.outputs_error,
+            "processorsError": service.processors_error, "ready": service.ready_s is not None}
+
+
 async def fleet(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
-    return _json({"sessions": service.model.snapshot_rows(), "feedError": service.feed_error})
+    return _json({"sessions": service.model.snapshot_rows(), **_problems(service)})
 
 
 async def charts(request: web.Request) -> web.StreamResponse:
@@ -105,7 +111,7 @@ async def fleet_stream(request: web.Request) -> web.StreamResponse:
     try:
         response = await open_stream(request)
         await response.write(frame("snapshot", {"sessions": service.model.snapshot_rows(),
-                                                "feedError": service.feed_error}))
+                                                **_problems(service)}))
         await response.write(frame("charts", service.model.charts(service.clock())))
         while True:
             try:
@@ -116,6 +122,8 @@ async def fleet_stream(request: web.Request) -> web.StreamResponse:
             if message[0] == "overflow":
                 break
             await response.write(frame(message[0], message[1]))
+            if message[0] == "charts":  # once a second: the banner stays current
+                await response.write(frame("status", _problems(service)))
     except ConnectionResetError:
         pass  # the client went away: nothing to tell anyone
     finally:
@@ -127,11 +135,9 @@ async def session_stream(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     session_id = request.match_info["session_id"]
     resume = last_event_id(request)
-    send_from = resume + 1 if resume is not None else 0
     response = await open_stream(request)
     try:
-        await stream_session(response, service.settings, service.decode, service.hub,
-                             session_id, send_from)
+        await stream_session(response, service, session_id, resume)
     except DshError as exc:  # e.g. the topic is not there yet: say so, the client retries
         with contextlib.suppress(ConnectionResetError):
             await response.write(frame("stream-error", {"message": str(exc)}))
@@ -150,10 +156,19 @@ async def metrics(request: web.Request) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
-    ok = service.feed_error is None
-    return _json({"status": "ok" if ok else "degraded", "events": service.events_read,
-                  "sessions": len(service.model.rows), "feedError": service.feed_error,
-                  "lastUndecodable": service.last_undecodable})
+    problems = _problems(service)
+    ok = problems["ready"] and not any(problems[k] for k in (
+        "feedError", "outputsError", "processorsError"))
+    return _json({"status": "ok" if ok else "degraded", **problems,
+                  "readySeconds": service.ready_s, "events": service.events_read,
+                  "sessions": len(service.model.rows),
+                  "processorsWorkers": service.processors_workers,
+                  "tailStart": {str(p): o for p, o in sorted(service.tail_start.items())},
+                  "sessionTopicReads": {"records": service.reads.records, "first": {
+                      str(p): o for p, o in sorted(service.reads.first.items())}},
+                  "undecodable": service.undecodable,
+                  "lastUndecodable": service.problems[-1] if service.problems else None,
+                  "problems": list(service.problems)})
 
 
 def build_app(service: DashboardService, token: Secret) -> web.Application:

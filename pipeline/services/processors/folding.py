@@ -62,7 +62,7 @@ from pipeline.adapters.kafka.records import (
     headers_of,
 )
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
-from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
+from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key, source_headers
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
 from pipeline.core.events import SURFACE_TYPES, Event, dumps_json
@@ -235,7 +235,8 @@ class SessionFolder:
                         await self._chunk(batch, record, session_id, seq)
                     else:
                         await self._event(batch, record)
-                await self._publish_last_values(batch)
+                await self._publish_last_values(
+                    batch, source_headers(first.partition, records[-1].offset))
                 self._finish(batch, first.partition, done)
             except BaseException:
                 # The cached states of the partition may hold changes half made: the
@@ -412,7 +413,8 @@ class SessionFolder:
             if self.route is not None:
                 topic = self.route.topic_for(record.partition, record.offset)
             if topic is not None:
-                found += [Outgoing(topic, key, value) for key, value in values]
+                source = source_headers(record.partition, record.offset)
+                found += [Outgoing(topic, key, value, source) for key, value in values]
                 self.counters.derived_changes += len(values)
         if plan.sample is not None:
             self.counters.usage_samples += 1
@@ -425,18 +427,20 @@ class SessionFolder:
         if inspect.isawaitable(delivery):
             self.deliveries.append(delivery)
 
-    async def _publish_last_values(self, batch: _Batch) -> None:
-        """The batch's last fleet status and usage totals of each session it changed."""
+    async def _publish_last_values(self, batch: _Batch, source: Headers) -> None:
+        """The batch's last fleet status and usage totals of each session it changed, with
+        the batch's last offset as their source position (readers: ``source_position``)."""
         for session_id in sorted(batch.fleet):
             fleet = batch.states[session_id].fleet
             if fleet is not None:
                 await self._send(Outgoing(self.topics.fleet, session_id.encode(),
-                                         self.outputs.fleet.encode(fleet.to_json())))
+                                         self.outputs.fleet.encode(fleet.to_json()), source))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
             await self._send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
                                      self.outputs.usage.encode(session_record(session_id,
-                                                                              totals))))
+                                                                              totals)),
+                                     source))
 
     def _finish(self, batch: _Batch, partition: int, done: BatchDone | None) -> None:
         """The batch's changes join its partition's unpersisted ones: per session its state

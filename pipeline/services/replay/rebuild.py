@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.adapters.kafka.records import ConsumedRecord
+from pipeline.adapters.kafka.records import ConsumedRecord, Headers
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
 from pipeline.codec.outputs import DerivedChangeSerde, default_output_codecs
-from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key
+from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key, source_headers
 from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
 from pipeline.core.projection import (
@@ -119,7 +119,8 @@ class Rebuilder:
         self.progress = progress or (lambda _line: None)
         self.sessions: dict[str, _Session] = {}
         self._by_key: dict[bytes | None, _Session] = {}
-        self._pending: dict[str, MessageChange] = {}  # slot key -> its last change
+        # slot key -> its last change and the session-topic position of its event
+        self._pending: dict[str, tuple[MessageChange, Headers]] = {}
         self._written: set[str] = set()  # slot keys with a record on the topic
         self._coalesce_keys = coalesce_keys
         self._scan_batch = scan_batch
@@ -270,12 +271,13 @@ class Rebuilder:
         if changes:
             state.last_change = event.seq
         pending = self._pending
+        source = source_headers(record.partition, record.offset)  # as the processors write
         for change in changes:
             if change.kind == "remove":
                 state.messages.pop(change.slot, None)
             else:
                 state.messages[change.slot] = change.message
-            pending[change.key] = change
+            pending[change.key] = (change, source)
         self.result.changes += len(changes)
 
     async def _flush(self, out: BulkProducer) -> None:
@@ -284,15 +286,15 @@ class Rebuilder:
         pending, self._pending = self._pending, {}
         topic, written = self.result.topic, self._written
         encode = self.encoder.encode_change
-        for key, change in pending.items():
+        for key, (change, source) in pending.items():
             if change.kind == "remove":
                 if key not in written:
                     continue
                 written.discard(key)
-                await out.send(topic, key.encode(), None)
+                await out.send(topic, key.encode(), None, source)
             else:
                 written.add(key)
-                await out.send(topic, key.encode(), encode(change))
+                await out.send(topic, key.encode(), encode(change), source)
             self.result.records_written += 1
         await out.flush()
 

@@ -120,7 +120,7 @@ function drawCharts(c) {
        points: c.toolErrorRate.map(([t, v]) => [t + c.eventBucketMs, v == null ? null : v * 100]) }],
     { now: c.now, spanMs: c.toolErrorRate.length * c.eventBucketMs, yMax: 100,
       fmtY: (v) => `${Math.round(v)}%`, dots: true, empty: "no tool result yet" });
-  const lagRows = c.lag.map((s) => ({ label: `${shorten(s.group)} · ${shortTopic(s.topic)}[${s.partition}]`,
+  const lagRows = c.lag.map((s) => ({ label: `${shorten(s.name || s.group)} · ${shortTopic(s.topic)}[${s.partition}]`,
                                       values: [s.seconds] }));
   barRows(document.getElementById("c-lag"), lagRows.slice(0, 12), ["seconds behind"],
     { fmt: fmtSeconds, labelWidth: 250, empty: "no consumer group on the topics yet" });
@@ -130,6 +130,15 @@ function drawCharts(c) {
 
 function shorten(s) { return s.length > 20 ? `…${s.slice(-19)}` : s; }
 function shortTopic(t) { return t.replace(/^.*?(session-events|inbox)$/, "$1"); }
+
+// The reader's problems, most important first: no processors, no outputs, no live tail.
+function showProblems(d) {
+  const text = d.processorsError ? `processors: ${d.processorsError}`
+    : d.outputsError ? `outputs: ${d.outputsError}`
+    : d.feedError ? `live tail: ${d.feedError}`
+    : d.ready === false ? "reading the fleet from the processors' outputs…" : "";
+  setBanner(text);
+}
 
 function setBanner(text) {
   const b = document.getElementById("banner");
@@ -155,9 +164,10 @@ setInterval(() => {
 liveStream("/api/stream/fleet", {
   snapshot: (d) => {
     rows.clear(); rowNodes.clear();
-    setBanner(d.feedError ? `feed: ${d.feedError}` : "");
+    showProblems(d);
     upsert(d.sessions, false);
   },
+  status: showProblems,
   sessions: (list) => upsert(list, true),
   charts: drawCharts,
 }, document.getElementById("conn"));

@@ -1,5 +1,7 @@
-// The session page: one session's events over SSE (/api/stream/sessions/{id}), rendered as a
-// live transcript; the derived messages beside it when they differ (replaced ranges).
+// The session page: one session over SSE (/api/stream/sessions/{id}): a snapshot (its derived
+// messages and fleet row, published by the processors), then its events from there on,
+// rendered as a live transcript; the derived messages beside it when they differ (replaced
+// ranges). State and tokens come from the fleet row; live events move the state badge ahead.
 "use strict";
 
 const sessionId = decodeURIComponent(location.pathname.replace(/^\/sessions\//, ""));
@@ -9,7 +11,8 @@ const transcript = document.getElementById("transcript");
 const pane = document.getElementById("transcript-pane");
 const blocks = new Map();   // "turn/step/index" -> streaming element
 const streamed = new Set(); // "turn/step" with chunks seen
-const status = { state: "idle", turn: null, step: null, events: 0, tokensIn: 0, tokensOut: 0 };
+const status = { state: "idle", turn: null, step: null, events: 0, tokensIn: 0, tokensOut: 0,
+                 lastSeq: -1 };
 let userChoice = null, derivedDiffers = false;  // userChoice: the toggle, once clicked
 
 function stepKey(d) { return `${d.turn}/${d.step}`; }
@@ -39,6 +42,72 @@ function add(node) {
 function message(kind, who, text, seq) {
   return el("div", { class: `msg ${kind}`, "data-seq": String(seq) },
     el("span", { class: "who", text: who }), text);
+}
+
+function toolCall(name, callId, args, seq) {
+  const node = el("div", { class: "tool call", "data-seq": String(seq) },
+    el("div", { class: "name", text: "" }), el("pre"));
+  finalCall(node, name, callId, args);
+  return node;
+}
+
+// The final rendering of a tool call, whether it streamed in chunks or came whole.
+function finalCall(node, name, callId, args) {
+  node.classList.remove("streaming");
+  if (callId) node.dataset.callId = callId;
+  node.querySelector(".name").textContent = `tool call · ${name}${callId ? ` · ${callId}` : ""}`;
+  node.querySelector("pre").textContent = pretty(args);
+}
+
+function callNode(callId) {
+  return callId ? transcript.querySelector(`.tool.call[data-call-id="${CSS.escape(callId)}"]`) : null;
+}
+
+function toolResult(block, seq, errorCode) {
+  const failed = block.isError || errorCode;
+  return el("div", { class: `tool result${failed ? " failed" : ""}`, "data-seq": String(seq) },
+    el("div", { class: "name", text: `result · ${block.toolCallId || ""}${errorCode ? ` · ${errorCode}` : ""}` }),
+    el("pre", { text: textOf(block.content) }));
+}
+
+// One derived message of the snapshot, rendered as its events would have been.
+function renderMessage(m, seq) {
+  const blocks = Array.isArray(m.content) ? m.content : [{ type: "text", text: textOf(m.content) }];
+  if (m.role === "assistant") {
+    for (const b of blocks) {
+      if (b.type === "tool-call") add(toolCall(b.name, b.id, b.arguments, seq));
+      else if (b.type === "reasoning") add(message("reasoning", "reasoning", b.text, seq));
+      else add(message("assistant", "assistant", textOf([b]), seq));
+    }
+  } else if (blocks.length && blocks.every((b) => b.type === "tool-result")) {
+    for (const b of blocks) add(toolResult(b, seq, null));
+  } else {
+    const kind = (m.source || {}).kind;
+    add(message("user", kind && kind !== "user" ? `user · ${kind}` : "user", textOf(m.content), seq));
+  }
+}
+
+function onSnapshot(d) {
+  transcript.replaceChildren(); blocks.clear(); streamed.clear();
+  if (d.messages.length) {
+    add(el("div", { class: "note", text: `derived messages up to #${d.atSeq} (projection v${d.version}), then live events` }));
+  }
+  d.messages.forEach((m, i) => renderMessage(m, d.seqs[i]));
+  status.events = d.atSeq + 1;
+  if (d.row) onRow(d.row);
+  onDerived({ session: d.session, atSeq: d.atSeq, messages: d.messages, seqs: d.seqs, replaced: false, error: null });
+  setBanner(d.processorsError ? `processors: ${d.processorsError}`
+    : d.undecodable ? `${d.undecodable} undecodable derived records skipped: ${d.problems.at(-1) || ""}` : "");
+  updateHead();
+}
+
+function onRow(r) {
+  status.tokensIn = r.input_tokens || 0; status.tokensOut = r.output_tokens || 0;
+  if ((r.last_seq ?? -1) >= status.lastSeq) {  // not behind the events already shown
+    Object.assign(status, { state: r.state, turn: r.turn, step: r.step, lastSeq: r.last_seq ?? -1 });
+    status.events = Math.max(status.events, (r.last_seq ?? -1) + 1);
+  }
+  updateHead();
 }
 
 function onChunk(ev) {
@@ -73,8 +142,7 @@ function onChunk(ev) {
     if ((b.type === "text" || b.type === "reasoning") && typeof b.text === "string") {
       node.replaceChildren(node.querySelector(".who"), b.text);
     } else if (b.type === "tool-call" && node.querySelector("pre")) {
-      node.querySelector(".name").textContent = `tool call · ${b.name}`;
-      node.querySelector("pre").textContent = pretty(b.arguments);
+      finalCall(node, b.name, b.id, b.arguments);
     }
   } else if (c.type === "finish") {
     for (const [k, node] of blocks) if (k.startsWith(`${stepKey(d)}/`)) node.classList.remove("streaming");
@@ -105,23 +173,21 @@ const RENDER = {
   },
   "assistant/chunk": onChunk,
   "assistant/message": (ev) => {
-    const d = ev.data, u = d.usage || {};
-    status.tokensIn += (u.inputTokens || 0) + (u.cacheReadTokens || 0) + (u.cacheWriteTokens || 0);
-    status.tokensOut += u.outputTokens || 0;
-    if (!streamed.has(stepKey(d)) && textOf(d.message.content)) {
-      add(message("assistant", "assistant", textOf(d.message.content), ev.seq));
+    const d = ev.data;
+    if (!streamed.has(stepKey(d))) {
+      renderMessage({ role: "assistant", content: d.message.content }, ev.seq);
     }
     if (d.interrupted) add(el("div", { class: "note bad", text: "assistant message interrupted" }));
   },
-  "tool/call": (ev) => add(el("div", { class: "tool call", "data-seq": String(ev.seq) },
-    el("div", { class: "name", text: `tool call · ${ev.data.name} · ${ev.data.callId}` }),
-    el("pre", { text: pretty(ev.data.arguments) }))),
+  // a call streamed in chunks, or shown by its message, is already there: one node per call
+  "tool/call": (ev) => {
+    const node = callNode(ev.data.callId);
+    if (node) finalCall(node, ev.data.name, ev.data.callId, ev.data.arguments);
+    else add(toolCall(ev.data.name, ev.data.callId, ev.data.arguments, ev.seq));
+  },
   "tool/result": (ev) => {
     const block = ((ev.data.message || {}).content || [])[0] || {};
-    const failed = block.isError || ev.data.error;
-    add(el("div", { class: `tool result${failed ? " failed" : ""}`, "data-seq": String(ev.seq) },
-      el("div", { class: "name", text: `result · ${block.toolCallId || ""}${ev.data.error ? ` · ${ev.data.error.code}` : ""}` }),
-      el("pre", { text: textOf(block.content) })));
+    add(toolResult(block, ev.seq, ev.data.error ? ev.data.error.code : null));
   },
   "request/header": (ev) => {
     const cfg = ((ev.data.header || {}).config) || {};
@@ -131,6 +197,7 @@ const RENDER = {
 
 function onEvent(ev) {
   status.events = ev.seq + 1;
+  if (ev.type !== "assistant/chunk") status.lastSeq = ev.seq;
   const render = RENDER[ev.type];
   if (render) render(ev);
   else add(el("div", { class: "note", text: `#${ev.seq} ${ev.type}` }));
@@ -178,8 +245,10 @@ document.getElementById("toggle-derived").addEventListener("click", () => {
 });
 
 liveStream(`/api/stream/sessions/${encodeURIComponent(sessionId)}`, {
+  snapshot: onSnapshot,
   event: onEvent,
+  row: onRow,
   derived: onDerived,
-  "caught-up": () => { setBanner(""); updateHead(); },
+  "caught-up": () => updateHead(),
   "stream-error": (d) => setBanner(`stream: ${d.message} (retrying)`),
 }, document.getElementById("conn"));

@@ -1,0 +1,156 @@
+"""Snapshot, then live: the reader of the processors' compacted output topics.
+
+:class:`CompactedFollow` assigns every partition of its topics to one consumer (no group,
+read committed), takes the end offsets (the last stable offsets) once at :meth:`start`, and
+then reads in two phases:
+
+- :meth:`snapshot` yields the records from the beginning up to those ends; folded in order
+  (the last value per key wins, a ``None`` value deletes the key) they give the state as of
+  the ends: every key's latest value at that point, because compaction keeps at least the
+  last value of every key and never reorders;
+- :meth:`changes` yields every record from the ends on, forever, in offset order per
+  partition: records fetched during the snapshot but past its ends come first.
+
+**The seam.** One consumer position per partition carries from the first phase into the
+second, and the split is by offset: a record below its partition's end is in the snapshot
+and only there, a record at or past it is a change and only that. So no change is lost or
+applied twice, whatever was written while the snapshot was read. (Compaction may drop an
+older value of a key the snapshot phase has not reached yet; the snapshot then holds a later
+value instead, which is still the key's value at the ends or a newer one the change phase
+repeats: folding it again is idempotent for last-value state.)
+
+``live_only`` skips the snapshot: the ends are the starting point (a tail of new records),
+or the offsets in ``resume`` (a tail that restarts where it stopped).
+A topic that does not exist is reported in :attr:`missing` and followed by nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.core.errors import BrokerError
+from pipeline.settings import Settings
+
+_BATCH: Final = 5000
+_FETCH_BYTES: Final = 4 * 1024 * 1024
+# A fetch returns after this long even with little data: the snapshot's last rounds (a few
+# records short of the ends) and live changes wait for it, not the client's 500 ms.
+_FETCH_WAIT_MS: Final = 100
+
+
+class CompactedFollow:
+    """Every record of ``topics``: up to the ends taken at start, then live."""
+
+    def __init__(self, settings: Settings, topics: Sequence[str], *,
+                 live_only: bool = False, poll_ms: int = 200,
+                 resume: Mapping[tuple[str, int], int] | None = None) -> None:
+        self.topics = tuple(topics)
+        self.live_only = live_only
+        self.resume = dict(resume or {})  # live_only: (topic, partition) -> where to go on
+        self.poll_ms = poll_ms
+        self.ends: dict[TopicPartition, int] = {}
+        self.missing: list[str] = []
+        self.snapshot_records = 0
+        self._settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._stash: list[InboxRecord] = []
+
+    async def __aenter__(self) -> CompactedFollow:
+        try:
+            await self.start()
+        except BaseException:  # a failed or cancelled start leaves no client open
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
+                                    auto_offset_reset="earliest",
+                                    max_partition_fetch_bytes=_FETCH_BYTES,
+                                    fetch_max_wait_ms=_FETCH_WAIT_MS,
+                                    **client_options(self._settings))
+        self._consumer = consumer
+        with broker_errors(f"follow {', '.join(self.topics)}"):
+            await consumer.start()
+            cluster = await consumer._client.fetch_all_metadata()  # see topic_scan
+            parts: list[TopicPartition] = []
+            for topic in self.topics:
+                ids = cluster.partitions_for_topic(topic)
+                if not ids:
+                    self.missing.append(topic)
+                parts += [TopicPartition(topic, p) for p in sorted(ids or ())]
+            if not parts:
+                return
+            consumer.assign(parts)
+            self.ends = await consumer.end_offsets(parts)
+            if self.live_only:
+                for tp, end in self.ends.items():
+                    consumer.seek(tp, self.resume.get((tp.topic, tp.partition), end))
+            else:
+                await consumer.seek_to_beginning(*parts)
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+    def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise BrokerError("CompactedFollow used before start()")
+        return self._consumer
+
+    async def snapshot(self) -> AsyncIterator[list[InboxRecord]]:
+        """Batches of the records below the ends, each partition in offset order."""
+        if self.live_only:
+            return
+        consumer = self._client()
+        remaining = {tp: end for tp, end in self.ends.items() if end > 0}
+        while remaining:
+            with broker_errors(f"read {', '.join(self.topics)}"):
+                for tp in list(remaining):  # markers can put the position past the last record
+                    if await consumer.position(tp) >= remaining[tp]:
+                        del remaining[tp]
+                if not remaining:
+                    return
+                fetched = await consumer.getmany(*remaining, timeout_ms=500,
+                                                 max_records=_BATCH)
+            batch: list[InboxRecord] = []
+            for tp, raws in fetched.items():
+                end = self.ends[tp]
+                for raw in raws:
+                    (batch if raw.offset < end else self._stash).append(_record(raw))
+            self.snapshot_records += len(batch)
+            if batch:
+                yield batch
+
+    async def changes(self) -> AsyncIterator[list[InboxRecord]]:
+        """Batches of the records at or past the ends, as they arrive (never ends)."""
+        consumer = self._client()
+        if self._stash:
+            stash, self._stash = self._stash, []
+            yield stash
+        if not self.ends:
+            return
+        while True:
+            with broker_errors(f"follow {', '.join(self.topics)}"):
+                fetched = await consumer.getmany(timeout_ms=self.poll_ms, max_records=_BATCH)
+            batch = [_record(raw) for raws in fetched.values() for raw in raws]
+            if batch:
+                yield batch
+
+
+def _record(raw: Any) -> InboxRecord:  # the client's ConsumerRecord
+    return InboxRecord(topic=raw.topic, partition=raw.partition, offset=raw.offset,
+                       key=raw.key, value=raw.value,
+                       headers=tuple(raw.headers) if raw.headers else (),
+                       timestamp_ms=raw.timestamp)

@@ -1,0 +1,100 @@
+"""Where a session page starts: the session's derived messages and fleet row, and the offset
+of the session topic from which its live events follow.
+
+The derived messages come from the active ``derived-messages`` version (the projection
+pointer says which), read to its end offsets; only the session's slot keys are decoded. Each
+record carries its source position (``dsh.source.*``): the session-topic offset of the event
+whose change it is. The page's events then follow from the offset after the latest of them,
+so every event after the snapshot is sent once and none before it is fetched:
+
+- derived records with a source position: from ``position.offset + 1``, expecting the seq
+  after the last change seq (``at_seq + 1``);
+- none (a session without a surface message yet, or a version rebuilt by an older replay
+  without the headers): from the fleet row's source position + 1, whatever seq comes first;
+- no row either: from where the dashboard's live tail started (the session is new).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.adapters.kafka.compacted import CompactedFollow
+from pipeline.adapters.kafka.event_stream import partition_for
+from pipeline.adapters.kafka.projection_pointer import active_derived_messages
+from pipeline.codec.output_views import DerivedView
+from pipeline.codec.records import SourcePosition
+from pipeline.core.events import JsonValue
+from pipeline.services.dashboard.service import DashboardService
+
+
+@dataclass(slots=True)
+class SessionStart:
+    """A session page's snapshot and where its live events continue."""
+
+    session_id: str
+    version: int
+    topic: str
+    nodes: list[list[int]] = field(default_factory=list)       # [slot, seq], surface order
+    messages: dict[int, JsonValue | None] = field(default_factory=dict)  # slot -> message
+    at_seq: int = -1
+    partition: int = 0
+    from_offset: int | None = None   # None: follow the live tail only
+    basis: str = "live"              # "derived", "fleet" or "live": what from_offset came from
+    row: dict[str, JsonValue] | None = None
+    records_read: int = 0
+    undecodable: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"session": self.session_id, "version": self.version, "topic": self.topic,
+                "atSeq": self.at_seq, "partition": self.partition,
+                "fromOffset": self.from_offset, "basis": self.basis, "row": self.row,
+                "messages": [self.messages[slot] for slot, _ in self.nodes
+                             if self.messages.get(slot) is not None],
+                "seqs": [seq for slot, seq in self.nodes
+                         if self.messages.get(slot) is not None],
+                "recordsRead": self.records_read, "undecodable": self.undecodable,
+                "problems": list(self.problems)}
+
+
+async def session_start(service: DashboardService, session_id: str) -> SessionStart:
+    """Read the session's snapshot (see the module doc)."""
+    settings = service.settings
+    active = await active_derived_messages(settings)
+    start = SessionStart(session_id, active.version, active.topic,
+                         partition=partition_for(session_id, settings.partitions))
+    view = DerivedView(service.outputs)
+    prefix = f"{session_id}/".encode()
+    async with CompactedFollow(settings, [active.topic]) as follow:
+        async for batch in follow.snapshot():
+            for record in batch:
+                if record.key is not None and record.key.startswith(prefix):
+                    view.apply(record)
+        start.records_read = follow.snapshot_records
+    start.undecodable, start.problems = view.undecodable, list(view.problems)
+    slots = view.sessions.get(session_id, {})
+    for slot in sorted(slots):
+        value = view.values[slots[slot]]
+        seq, change_seq = value.get("seq"), value.get("changeSeq")
+        start.nodes.append([slot, seq if isinstance(seq, int) else -1])
+        start.messages[slot] = value.get("message")
+        if isinstance(change_seq, int):
+            start.at_seq = max(start.at_seq, change_seq)
+    row = service.model.rows.get(session_id)
+    start.row = row.to_json() if row is not None else None
+    _position(start, view.positions.get(session_id), row.source if row else None,
+              service.tail_start.get(start.partition))
+    return start
+
+
+def _position(start: SessionStart, derived: SourcePosition | None,
+              fleet: SourcePosition | None, tail: int | None) -> None:
+    if derived is not None and start.nodes:
+        start.partition, start.from_offset, start.basis = (derived.partition,
+                                                           derived.offset + 1, "derived")
+    elif fleet is not None:
+        start.partition, start.from_offset, start.basis = (fleet.partition, fleet.offset + 1,
+                                                           "fleet")
+        start.at_seq = -1  # the first event that comes is where the page starts
+    else:
+        start.from_offset, start.basis, start.at_seq = tail, "live", -1

@@ -84,6 +84,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "otel": ("pipeline.cli.cmd_otel", "export turns as OpenTelemetry GenAI traces over "
                                       "OTLP/HTTP"),
     "schemas": ("pipeline.cli.cmd_schemas", "list, show and check the Avro schemas offline"),
+    "chaos": ("pipeline.cli.cmd_chaos", "run the pipeline under randomized faults and check "
+                                        "nothing was lost"),
     "bench": ("pipeline.cli.cmd_bench", "run the benchmarks against their anchors and write "
                                         "BENCHMARKS.md"),
     "completion": ("pipeline.cli.cmd_completion", "print a shell completion script (bash, zsh)"),

@@ -24,7 +24,7 @@ import sys
 import uuid
 from typing import Any
 
-from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
@@ -331,7 +331,7 @@ def _delayed(script: Script, chunk_delay_ms: int) -> Script:
 
 async def _serve(settings: Settings, service: DriverService, metrics_host: str,
                  metrics_port: int) -> None:
-    await ensure_topics(settings)
+    await ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S)
     status = StatusServer(service.health, service.metrics_snapshot,
                           service.metrics.runner.render)
     if metrics_port >= 0:

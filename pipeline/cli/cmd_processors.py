@@ -12,7 +12,7 @@ import argparse
 import asyncio
 from typing import Any
 
-from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics
 from pipeline.cli.common import (
@@ -95,7 +95,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         fetch_max_wait_ms=args.fetch_max_wait_ms, fetch_min_bytes=args.fetch_min_bytes,
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
-    asyncio.run(ensure_topics(settings))
+    asyncio.run(ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S))
     asyncio.run(ensure_internal_topics(settings, options))
     decode, outputs = EventSerde().decode, None
     if args.registry:

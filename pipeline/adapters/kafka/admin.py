@@ -10,6 +10,7 @@ compacted session-events topic would destroy logs, and a partition count that di
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from pipeline.adapters.kafka.options import broker_errors, client_options
 from pipeline.core.errors import BrokerError
@@ -27,6 +28,9 @@ INFINITE: Final = "-1"
 MAX_MESSAGE_BYTES: Final = "max.message.bytes"
 ADMIN_TIMEOUT_MS: Final = 30_000
 METADATA_WAIT_S: Final = 10.0
+SERVICE_START_RETRY_S: Final = 120.0  # how long a starting service waits for the brokers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +80,37 @@ def plan_topics(settings: Settings) -> list[TopicSpec]:
     return specs
 
 
-async def ensure_topics(settings: Settings) -> EnsureReport:
+async def ensure_topics(settings: Settings, *, retry_for_s: float = 0.0) -> EnsureReport:
     """Create the project's missing topics and check the existing ones against the plan.
 
     Idempotent and safe to run from several processes at once. Raises :class:`BrokerError`
     when the broker cannot be used or an existing topic does not match the plan.
+    ``retry_for_s``: for so long, a broker that cannot be reached or is not ready yet (a
+    retriable error: a node restarting, a controller moving) is tried again with backoff, as
+    a service starting beside a cluster needs; a refusal (a mismatched topic, an ACL) never.
     """
+    deadline = time.monotonic() + retry_for_s
+    delay_s = 0.5
+    while True:
+        try:
+            return await _ensure_topics_once(settings)
+        except BrokerError as exc:
+            if not _transient(exc) or time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("%s; trying again in %.1f s", exc, delay_s)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+
+
+def _transient(exc: BrokerError) -> bool:
+    """Whether the broker failure under ``exc`` may pass by itself (aiokafka's retriable)."""
+    cause = exc.__cause__
+    if isinstance(cause, KafkaError):
+        return bool(cause.retriable)
+    return isinstance(cause, OSError | TimeoutError)
+
+
+async def _ensure_topics_once(settings: Settings) -> EnsureReport:
     specs = plan_topics(settings)
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
     with broker_errors(f"connect to {settings.bootstrap_servers}"):

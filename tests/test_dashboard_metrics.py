@@ -164,7 +164,7 @@ def test_rows_from_the_outputs_charts_from_the_live_events() -> None:
     assert sum(b.get("error", 0) for _, b in charts["endReasons"]) == 1
     assert [rate for _, rate in charts["toolErrorRate"] if rate is not None] == [1.0]
     assert all(v is not None for v in charts["latency"]["turn"])
-    samples = prometheus_samples(model.metrics.registry.render())
+    samples = prometheus_samples(model.metrics.render().decode())
     labels = (("code", "RATE_LIMIT"), ("model", "chat-1"), ("provider", "deepseek"))
     assert samples[("dsh_dashboard_provider_errors_total", labels)] == 1
     assert samples[("dsh_dashboard_provider_call_seconds_count",

@@ -134,7 +134,7 @@ def exported_metrics(tmp: Path) -> set[str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(driver.metrics_snapshot))
     texts = [generate_latest(registry).decode(), driver.metrics.runner.render(),
-             OtelMetrics().registry_text(), DashboardMetrics().registry.render()]
+             OtelMetrics().registry_text(), DashboardMetrics().render().decode()]
     processors = build_processors(Settings(state_dir=str(tmp)), EventSerde().decode)
     texts.append(processors_metrics_text(processors))
     return set().union(*(_names_of(t) for t in texts)) | {"up"}

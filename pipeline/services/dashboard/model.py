@@ -21,11 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
 from pipeline.codec.output_views import OutputChange
 from pipeline.codec.records import SourcePosition
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.fleet import IN_TURN
-from pipeline.core.metrics import MetricsRegistry, RecentSamples
+from pipeline.core.metrics import RecentSamples
 
 TOKEN_BUCKET_MS: Final = 60_000     # the processors' "minute" usage windows
 TOKEN_HISTORY_MS: Final = 30 * 60_000
@@ -100,39 +102,54 @@ class LiveTiming:
 
 
 class DashboardMetrics:
-    """The dashboard's ``/metrics``: what it read and what it saw in the stream."""
+    """The dashboard's ``/metrics`` (a ``prometheus_client`` registry of its own): what it
+    read and what it saw in the stream."""
 
     def __init__(self) -> None:
-        r = self.registry = MetricsRegistry(prefix="dsh_dashboard_")
-        self.events = r.counter("events_read_total", "Session events read (live tail)",
-                                ("type",))
-        self.turns = r.counter("turns_ended_total", "Turns ended, by end reason", ("reason",))
-        self.steps = r.counter("steps_ended_total", "Steps ended")
-        self.tokens = r.counter("tokens_total", "Tokens by provider, model and direction",
-                                ("provider", "model", "direction"))
-        self.provider_latency = r.histogram(
-            "provider_call_seconds", "Model call time, request to finish (event times)",
-            ("provider", "model"), LATENCY_BUCKETS)
-        self.provider_errors = r.counter("provider_errors_total", "Failed model calls",
-                                         ("provider", "model", "code"))
-        self.tool_results = r.counter("tool_results_total", "Tool results", ("error",))
-        self.sessions = r.gauge("sessions", "Sessions seen")
-        self.turns_in_flight = r.gauge("turns_in_flight", "Sessions inside a turn")
-        self.sse_clients = r.gauge("sse_clients", "Open Server-Sent Events streams")
-        self.lag_records = r.gauge("consumer_lag_records", "Records behind the end",
-                                   ("group", "topic", "partition"))
-        self.lag_seconds = r.gauge("consumer_lag_seconds", "Age of the oldest unread record",
-                                   ("group", "topic", "partition"))
-        self.undecodable = r.counter("undecodable_records_total",
-                                     "Records that could not be decoded, by topic", ("topic",))
-        self.output_records = r.counter("output_records_total",
-                                        "Records read from the processors' outputs", ("topic",))
-        self.feed_offset = r.gauge("feed_position", "Next offset the dashboard reads",
-                                   ("partition",))
-        self.feed_errors = r.counter("tail_errors_total",
-                                     "Distinct problems of the session-topic tail (retried)")
-        self.processors = r.gauge("processors_workers",
-                                  "Members of the processors' consumer group (-1: unknown)")
+        r = self.registry = CollectorRegistry()
+        self.events = Counter("dsh_dashboard_events_read", "Session events read (live tail)",
+                              ("type",), registry=r)
+        self.turns = Counter("dsh_dashboard_turns_ended", "Turns ended, by end reason",
+                             ("reason",), registry=r)
+        self.steps = Counter("dsh_dashboard_steps_ended", "Steps ended", registry=r)
+        self.tokens = Counter("dsh_dashboard_tokens", "Tokens by provider, model and direction",
+                              ("provider", "model", "direction"), registry=r)
+        self.provider_latency = Histogram(
+            "dsh_dashboard_provider_call_seconds",
+            "Model call time, request to finish (event times)", ("provider", "model"),
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.provider_errors = Counter("dsh_dashboard_provider_errors", "Failed model calls",
+                                       ("provider", "model", "code"), registry=r)
+        self.tool_results = Counter("dsh_dashboard_tool_results", "Tool results", ("error",),
+                                    registry=r)
+        self.sessions = Gauge("dsh_dashboard_sessions", "Sessions seen", registry=r)
+        self.turns_in_flight = Gauge("dsh_dashboard_turns_in_flight",
+                                     "Sessions inside a turn", registry=r)
+        self.sse_clients = Gauge("dsh_dashboard_sse_clients", "Open Server-Sent Events streams",
+                                 registry=r)
+        lag_labels = ("group", "topic", "partition")
+        self.lag_records = Gauge("dsh_dashboard_consumer_lag_records", "Records behind the end",
+                                 lag_labels, registry=r)
+        self.lag_seconds = Gauge("dsh_dashboard_consumer_lag_seconds",
+                                 "Age of the oldest unread record", lag_labels, registry=r)
+        self.undecodable = Counter("dsh_dashboard_undecodable_records",
+                                   "Records that could not be decoded, by topic", ("topic",),
+                                   registry=r)
+        self.output_records = Counter("dsh_dashboard_output_records",
+                                      "Records read from the processors' outputs", ("topic",),
+                                      registry=r)
+        self.feed_offset = Gauge("dsh_dashboard_feed_position",
+                                 "Next offset the dashboard reads", ("partition",), registry=r)
+        self.feed_errors = Counter("dsh_dashboard_tail_errors",
+                                   "Distinct problems of the session-topic tail (retried)",
+                                   registry=r)
+        self.processors = Gauge("dsh_dashboard_processors_workers",
+                                "Members of the processors' consumer group (-1: unknown)",
+                                registry=r)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every series."""
+        return generate_latest(self.registry)
 
 
 class FleetModel:
@@ -194,7 +211,7 @@ class FleetModel:
             total = float(_int(value.get(name)))
             grew = total - self.model_totals.get(key, 0.0)
             if grew > 0:  # a counter: totals only grow (a repeat after a crash is equal)
-                self.metrics.tokens.inc(grew, direction=direction, **labels)
+                self.metrics.tokens.labels(direction=direction, **labels).inc(grew)
                 self.model_totals[key] = total
 
     # --- the live tail of the session topic --------------------------------------------
@@ -202,7 +219,7 @@ class FleetModel:
     def apply_event(self, session_id: str, event: Event) -> None:
         """One live session event: charts, latencies, metrics; the row's model and title."""
         data = event.data if isinstance(event.data, Mapping) else {}
-        self.metrics.events.inc(type=event.type)
+        self.metrics.events.labels(type=event.type).inc()
         timing = self.timing.setdefault(session_id, LiveTiming())
         self._timing(session_id, timing, event, data)
         if event.type == "session/title" and isinstance(data.get("title"), str):
@@ -236,14 +253,14 @@ class FleetModel:
         elif kind == "tool/result":
             failed = isinstance(data.get("error"), Mapping)
             self.tool_results.add(at, "error" if failed else "ok")
-            self.metrics.tool_results.inc(error=str(failed).lower())
+            self.metrics.tool_results.labels(error=str(failed).lower()).inc()
 
     def _turn_end(self, timing: LiveTiming, at: int, data: Mapping[str, JsonValue]) -> None:
         reason = data.get("reason")
         kind = reason.get("kind") if isinstance(reason, Mapping) else None
         label = kind if isinstance(kind, str) else "unknown"
         self.end_reasons.add(at, label)
-        self.metrics.turns.inc(reason=label)
+        self.metrics.turns.labels(reason=label).inc()
         if timing.turn_started_ms is not None:
             self.turn_latency.add(at, max(0, at - timing.turn_started_ms) / 1000)
             timing.turn_started_ms = None
@@ -258,13 +275,13 @@ class FleetModel:
         labels = {"provider": provider, "model": model}
         if timing.attempt_started_ms is not None:
             seconds = max(0, at - timing.attempt_started_ms) / 1000
-            self.metrics.provider_latency.observe(seconds, **labels)
+            self.metrics.provider_latency.labels(**labels).observe(seconds)
             timing.attempt_started_ms = None
         reason = chunk.get("reason")
         if isinstance(reason, Mapping) and reason.get("kind") == "error":
             failure = reason.get("failure")
             code = failure.get("code") if isinstance(failure, Mapping) else None
-            self.metrics.provider_errors.inc(1, code=str(code or "unknown"), **labels)
+            self.metrics.provider_errors.labels(code=str(code or "unknown"), **labels).inc()
 
     # --- what the pages get ------------------------------------------------------------
 
@@ -308,10 +325,11 @@ class FleetModel:
         self.lag = samples
         pairs = [({"group": str(s["group"]), "topic": str(s["topic"]),
                    "partition": str(s["partition"])}, s) for s in samples]
-        self.metrics.lag_records.replace((labels, float(str(s["records"])))
-                                         for labels, s in pairs)
-        self.metrics.lag_seconds.replace((labels, float(str(s["seconds"])))
-                                         for labels, s in pairs)
+        for gauge, field_name in ((self.metrics.lag_records, "records"),
+                                  (self.metrics.lag_seconds, "seconds")):
+            gauge.clear()  # groups and partitions that are gone leave the exposition
+            for labels, sample in pairs:
+                gauge.labels(**labels).set(float(str(sample[field_name])))
 
 
 def _int(value: JsonValue | None) -> int:

@@ -107,6 +107,7 @@ class DashboardService:
         self.reads = SessionTopicReads()
         self.events_read = 0
         self.problems: list[str] = []           # the last undecodable records, described
+        self.tail_undecodable = 0               # session-topic records the tail could not read
         self.views = {settings.topics.fleet: OutputView(self.outputs, FLEET_STATUS),
                       settings.topics.usage: OutputView(self.outputs, USAGE_RECORD)}
         self._started = time.monotonic()
@@ -136,8 +137,7 @@ class DashboardService:
 
     @property
     def undecodable(self) -> int:
-        return sum(v.undecodable for v in self.views.values()) + int(
-            self.model.metrics.undecodable.get(topic=self.settings.topics.session_events))
+        return sum(v.undecodable for v in self.views.values()) + self.tail_undecodable
 
     def problem(self, line: str) -> None:
         self.problems = [*self.problems[-(PROBLEMS_SHOWN - 1):], line]
@@ -174,10 +174,10 @@ class DashboardService:
         fleet = self.settings.topics.fleet
         for record in batch:
             view = self.views[record.topic]
-            self.model.metrics.output_records.inc(topic=record.topic)
+            self.model.metrics.output_records.labels(topic=record.topic).inc()
             change = view.apply(record)
             if change is None:
-                self.model.metrics.undecodable.inc(topic=record.topic)
+                self.model.metrics.undecodable.labels(topic=record.topic).inc()
                 self.problem(view.problems[-1])
             elif record.topic == fleet:
                 self.model.apply_fleet(change)
@@ -227,12 +227,14 @@ class DashboardService:
             async for batch in tail.changes():
                 for record in batch:
                     positions[(topic, record.partition)] = record.offset + 1
-                    metrics.feed_offset.set(record.offset + 1, partition=str(record.partition))
+                    metrics.feed_offset.labels(partition=str(record.partition)).set(
+                        record.offset + 1)
                     self.reads.saw(record.partition, record.offset)
                     try:
                         session_id, event = self.decode(record.value or b"")
                     except DshError as exc:
-                        metrics.undecodable.inc(topic=topic)
+                        metrics.undecodable.labels(topic=topic).inc()
+                        self.tail_undecodable += 1
                         self.problem(f"{topic}[{record.partition}]@{record.offset}: "
                                      f"{str(exc)[:200]}")
                         continue

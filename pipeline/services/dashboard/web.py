@@ -149,7 +149,7 @@ async def session_stream(request: web.Request) -> web.StreamResponse:
 async def metrics(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     service.model.metrics.sse_clients.set(service.hub.clients)
-    return web.Response(text=service.model.metrics.registry.render(),
+    return web.Response(body=service.model.metrics.render(),
                         content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 

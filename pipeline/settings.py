@@ -14,6 +14,8 @@ from typing import Any, Final
 
 from pipeline.core.errors import ConfigError
 
+__all__ = ["MASK", "Secret", "Settings", "TopicNames"]
+
 MASK: Final = "********"
 
 

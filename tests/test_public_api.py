@@ -11,6 +11,16 @@ import importlib
 import pytest
 
 PUBLIC: dict[str, list[str]] = {
+    "pipeline.sdk": [
+        "ActiveVersion", "At", "CodecError", "Conversation", "Delivery", "DerivedView", "Event",
+        "EventRecord", "EventSerde", "EventStream", "OutputChange", "OutputDecoder",
+        "OutputSchemaTable", "OutputView", "SeqTracker", "SessionGap", "Settings", "Snapshot",
+        "SourcePosition", "SpillRef", "Start", "active_version", "catch_up",
+        "derived_conversations", "follow_derived", "follow_fleet", "follow_usage", "open_stream",
+        "output_decoder", "partition_for", "process_at_least_once", "read_spill",
+        "session_events", "session_records", "spill_refs",
+    ],
+    "pipeline.settings": ["MASK", "Secret", "Settings", "TopicNames"],
     "pipeline.core.events": [
         "APPEND", "CANONICAL_ORDER", "ENVELOPE_KEYS", "SURFACE_TYPES", "Event", "JsonValue",
         "Replace", "SurfaceOp", "dumps_json", "event_from_json", "key_order_of",

@@ -4,7 +4,8 @@ publishing fixture events, and the fixtures folder."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
+
+from shared_paths import SHARED_DIR
 
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.codec.avro import EventSerde
@@ -12,7 +13,7 @@ from pipeline.core.events import Event
 from pipeline.services.replay.topic import event_records
 from pipeline.settings import Settings
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dsh-format0"
+FIXTURES = SHARED_DIR / "fixtures" / "dsh-format0"
 SERDE = EventSerde()
 
 

@@ -13,8 +13,8 @@ with their source topic, and ``options.standby_replicas`` standby copies):
                                                                                totals, windows)
 
 ``══``: the session topic and the usage-by-model topic reach their agents one fetched batch
-per partition at a time (one faust event per batch, :mod:`.transport`), so faust's
-per-record cost is paid per batch. The session tables are written once per commit, right
+per partition at a time (one faust event per batch, :mod:`pipeline.adapters.faust.transport`),
+so faust's per-record cost is paid per batch. The session tables are written once per commit, right
 before it (:mod:`.persisting`); the outputs are sent as each batch is folded.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
@@ -37,24 +37,8 @@ from typing import Any
 
 import faust
 
-from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.kafka.topic_scan import ensure_topic
-from pipeline.codec.outputs import OutputCodecs
-from pipeline.core.errors import ConfigError
-from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
-from pipeline.core.usage import WINDOW_SIZES_MS
-from pipeline.services.processors.aggregation import UsageAggregator, tick_value
-from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.flushing import DirectTopic
-from pipeline.services.processors.folding import (
-    Decoder,
-    Outgoing,
-    SessionFolder,
-)
-from pipeline.services.processors.options import ProcessorsOptions
-from pipeline.services.processors.projection_follow import ProjectionFollow
-from pipeline.services.processors.session_state import SessionTables
-from pipeline.services.processors.transport import (
+from pipeline.adapters.faust.flushing import DirectTopic
+from pipeline.adapters.faust.transport import (
     awaiting_recovery_seek,
     before_assignment,
     forget_on_rebalance,
@@ -65,6 +49,22 @@ from pipeline.services.processors.transport import (
     release_records,
     use_batching_transport,
 )
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.codec.outputs import OutputCodecs
+from pipeline.core.errors import ConfigError
+from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
+from pipeline.core.usage import WINDOW_SIZES_MS
+from pipeline.services.processors.aggregation import UsageAggregator, tick_value
+from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.folding import (
+    Decoder,
+    Outgoing,
+    SessionFolder,
+)
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.projection_follow import ProjectionFollow
+from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Processors:
     def recovery(self) -> dict[str, Any]:
         """Recovery progress. ``in_recovery`` lasts until the batched partitions are
         consumed again: faust ends its recovery before its seek to the committed offsets,
-        and those partitions wait for that seek (:mod:`.transport`)."""
+        and those partitions wait for that seek (:mod:`pipeline.adapters.faust.transport`)."""
         recovery = self.app.tables.recovery
         by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
                  for tp, n in recovery.active_remaining().items() if n}
@@ -355,9 +355,9 @@ async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncI
 
     faust acks the event an agent raised on (and restarts the agent): it is marked acked
     without telling the consumer instead, and never marked folded, so the commit of its
-    partition stops before it (:func:`.transport.committable`); it was received, so it is not
-    fetched again (:mod:`.delivery`: no retry loop on a poison batch), and a restart folds
-    it again. The session folds give up the partition's batches folded since its last
+    partition stops before it (:func:`pipeline.adapters.faust.commit_rule.commit_offset`); it
+    was received, so it is not fetched again (no retry loop on a poison batch), and a restart
+    folds it again. The session folds give up the partition's batches folded since its last
     persist with it (:mod:`.persisting`: the cached states may hold half of it). Later
     batches go on; their sessions report the records held back as gaps until then.
     """

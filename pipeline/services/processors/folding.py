@@ -4,7 +4,8 @@ The decisions are core's pure folds (:mod:`pipeline.core.projection`, ``usage``,
 this module only moves their state in and out of the tables and sends what they return.
 Tables are plain ``MutableMapping`` values here (faust tables in the worker, dicts in unit
 tests); sending goes through one ``Send`` callable (faust's producer in the worker). The
-worker hands over everything one fetch returned for a partition (see :mod:`.transport`);
+worker hands over everything one fetch returned for a partition (see
+:mod:`pipeline.adapters.faust.transport`);
 :meth:`SessionFolder.handle` is the same for a single record.
 
 Delivery rules (DESIGN.md section 2): a seq below the next expected one is a duplicate

@@ -14,9 +14,10 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *Outputs before state.* A session's record says which seqs its outputs were sent for; it
   is written only once every output the partition's batches sent is acknowledged, so a
   crash can only repeat outputs, never lose one that a record claims.
-- *State before commit.* A batch is marked folded (:func:`.transport.mark_folded`, its
-  offsets committable) only after its partition's records are written; the commit that
-  follows flushes them before it commits.
+- *State before commit.* A batch is marked folded
+  (:func:`pipeline.adapters.faust.transport.mark_folded`: outputs acknowledged, state
+  written) only after its partition's records are written; the commit that follows flushes
+  them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
 - *One record per session.* Everything the batches decided for a session since the last
   persist is one ``sessions`` record (or one ``chunk_marks`` cursor when only chunks moved
   it): after a crash a session holds all of it or none, and redelivery from the committed

@@ -21,6 +21,7 @@ import bench_avro
 import bench_core_fold
 from suite_core import Context, Figure
 
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.core.events import Event
@@ -28,7 +29,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.synth import synth_session
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Outgoing, SessionFolder
+from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import TopicNames
 
@@ -179,7 +180,7 @@ def fold_one_session(events: list[Event]) -> dict[str, dict[object, object]]:
     def decode(value: bytes) -> tuple[str, Event]:
         return TEMPLATE_ID, by_seq[value]
 
-    async def send(_out: Outgoing) -> None:
+    async def send(_out: OutRecord) -> None:
         return None
 
     from pipeline.adapters.kafka.records import InboxRecord

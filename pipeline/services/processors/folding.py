@@ -57,7 +57,6 @@ from typing import Any, Final, Protocol
 from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
 from pipeline.adapters.kafka.records import (
     ConsumedRecord,
-    Headers,
     InboxRecord,
     OutRecord,
     headers_of,
@@ -96,24 +95,9 @@ STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unper
 Decoder = Callable[[bytes], tuple[str, Event]]
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A record to send; ``value`` None is a tombstone (compaction drops the key)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers = ()
-    partition: int | None = None
-
-    @classmethod
-    def of(cls, record: OutRecord) -> Outgoing:
-        return cls(record.topic, record.key, record.value, record.headers, record.partition)
-
-
 # Returns, when the sender has one, the record's delivery (awaitable until the broker
 # acknowledged it): see *Outputs before state* in SessionFolder.
-Send = Callable[[Outgoing], Awaitable[object]]
+Send = Callable[[OutRecord], Awaitable[object]]
 
 
 class DerivedRoute(Protocol):
@@ -330,8 +314,7 @@ class SessionFolder:
         if not isinstance(error, SequenceError):
             log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
                         record.offset, type(error).__name__, error)
-        await self._send(Outgoing.of(dead_letter(_inbox_record(record), error,
-                                                 self.max_record_bytes)))
+        await self._send(dead_letter(_inbox_record(record), error, self.max_record_bytes))
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:
@@ -392,7 +375,7 @@ class SessionFolder:
                              seq=event.seq, type=event.type, rule="message-record-size")
 
     def _outputs(self, session_id: str, seq: int, plan: FoldPlan, record: ConsumedRecord
-                 ) -> list[Outgoing]:
+                 ) -> list[OutRecord]:
         """What must be sent for one event: each message change (to the version the route
         names) and the usage sample.
 
@@ -413,15 +396,15 @@ class SessionFolder:
             if self.route is not None:
                 topic = self.route.topic_for(record.partition, record.offset)
             if topic is not None:
-                found += [Outgoing(topic, key, value) for key, value in values]
+                found += [OutRecord(topic, key, value) for key, value in values]
                 self.counters.derived_changes += len(values)
         if plan.sample is not None:
             self.counters.usage_samples += 1
-            found.append(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
+            found.append(OutRecord(self.usage_topic, plan.sample.model_key.encode(),
                                   json_bytes(plan.sample.to_json())))
         return found
 
-    async def _send(self, out: Outgoing) -> None:
+    async def _send(self, out: OutRecord) -> None:
         delivery = await self.send(out)
         if inspect.isawaitable(delivery):
             self.deliveries.append(delivery)
@@ -431,11 +414,11 @@ class SessionFolder:
         for session_id in sorted(batch.fleet):
             fleet = batch.states[session_id].fleet
             if fleet is not None:
-                await self._send(Outgoing(self.topics.fleet, session_id.encode(),
+                await self._send(OutRecord(self.topics.fleet, session_id.encode(),
                                          self.outputs.fleet.encode(fleet.to_json())))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
-            await self._send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
+            await self._send(OutRecord(self.topics.usage, f"session/{session_id}".encode(),
                                      self.outputs.usage.encode(session_record(session_id,
                                                                               totals))))
 

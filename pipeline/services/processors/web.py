@@ -15,7 +15,7 @@ Per-session views are routed by faust to the worker that owns the session's part
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faust.web import View
 
@@ -23,9 +23,7 @@ from pipeline.core.projection import surface_seqs_at
 from pipeline.core.usage import session_record
 from pipeline.services.processors.metrics import processors_metrics_text
 from pipeline.services.processors.session_state import SessionState, next_expected
-
-if TYPE_CHECKING:
-    from pipeline.services.processors.app import Processors
+from pipeline.services.processors.worker import Processors
 
 
 def current_state(processors: Processors, session_id: str) -> SessionState | None:

@@ -380,7 +380,7 @@ async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_awa
     seen: list[int] = []
 
     async def checking_send(out: OutRecord) -> None:
-        body = session_messages(cast(Any, processors), sid, None)
+        body = session_messages(cast(Any, processors), sid)
         assert body is not None
         folded = body["nextSeq"]
         assert body["messages"] == list(derive_messages(events[:folded])), folded
@@ -392,7 +392,7 @@ async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_awa
         await harness.folder.handle_batch(part)   # never persisted
     assert harness.tables.sessions == {}
     assert len(seen) > 10 and seen == sorted(seen)
-    body = session_messages(cast(Any, processors), sid, None)
+    body = session_messages(cast(Any, processors), sid)
     assert body is not None and body["nextSeq"] == len(events)
     assert body["messages"] == list(derive_messages(events))
 

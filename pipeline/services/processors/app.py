@@ -162,7 +162,8 @@ def build_processors(settings: Settings, decode: Decoder,
     app = _new_app(settings, options)
     parts = settings.partitions
     tables = SessionTables(*(_table(app, name, parts) for name in SESSION_TABLES))
-    processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts))
+    processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts),
+                            decode)
 
     async def send(out: OutRecord) -> object:
         return await app.producer.send(out.topic, out.key, out.value, out.partition, None,

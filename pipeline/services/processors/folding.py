@@ -23,13 +23,16 @@ writes were made and the producer flushed. Everything the batches decide for one
 written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
 all of the session's events since the previous commit or none, and redelivery from the
 committed offset skips what it holds and applies the rest once. ``nodes`` (the projected
-message of each surface event) is written while folding, before that record, and is
-idempotent. Outputs are sent at once and acknowledged before the state is written, so a
-crash can only repeat them (same key and value on the compacted topics; the per-model stage
-drops a repeated sample by seq). Fleet status and session usage are published once per
-session per batch (their last value: the topics are compacted); derived-message changes one
-record per change. Output values are Avro (:mod:`pipeline.codec.outputs`); usage samples to
-the internal per-model topic stay JSON.
+message of each LIVE surface node: a replace deletes the nodes it takes off) is written
+while folding, before that record, and is idempotent. Nothing a session keeps grows with its
+number of events: the record holds the live surface
+(:class:`~pipeline.core.surface.SurfaceFold`, no history), and ``?at_seq=`` is read back
+from the session topic. Outputs are sent at once and acknowledged before the state is
+written, so a crash can only repeat them (same key and value on the compacted topics; the
+per-model stage drops a repeated sample by seq). Fleet status and session usage are
+published once per session per batch (their last value: the topics are compacted); derived-
+message changes one record per change. Output values are Avro
+(:mod:`pipeline.codec.outputs`); usage samples to the internal per-model topic stay JSON.
 
 **Chunks and gaps after a kill -9.** Chunks (about 80% of the records) change no table but
 move the session's cursor. At every persist the cursor of each session they moved is
@@ -331,9 +334,14 @@ class SessionFolder:
             return False
         outgoing = self._outputs(session_id, event.seq, plan, record)   # may refuse
         # All of the state first, then the awaits: views read between them.
-        if plan.changes:
-            self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
-                                                              "message": plan.message}
+        if plan.changes:   # the nodes table holds the live surface's messages only
+            nodes = self.tables.nodes
+            for seq in plan.removed:
+                nodes.pop(f"{session_id}/{seq}", None)
+            nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
+                                                 "message": plan.message}
+        if event.seq == 0:
+            state.first_offset = record.offset
         state.next_seq, state.partition, state.stalled = event.seq + 1, record.partition, False
         batch.dirty.add(session_id)
         if plan.sample is not None:

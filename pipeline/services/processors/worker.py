@@ -11,7 +11,7 @@ from pipeline.adapters.faust.transport import awaiting_recovery_seek
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import SessionFolder
+from pipeline.services.processors.folding import Decoder, SessionFolder
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import SessionTables
@@ -27,6 +27,7 @@ class Processors:
     options: ProcessorsOptions
     tables: SessionTables
     usage_agg: Any
+    decode: Decoder | None = None   # the session topic's values (for ?at_seq=)
     aggregator: UsageAggregator | None = None
     folder: SessionFolder | None = None
     follow: ProjectionFollow | None = None

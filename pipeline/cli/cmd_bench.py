@@ -19,7 +19,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
 SUITE = CHECKOUT_ROOT / "bench" / "suite.py"
-BENCHMARK_NAMES = ("avro", "fold", "memory", "ingest", "processors", "driver", "replay",
+BENCHMARK_NAMES = ("avro", "fold", "memory", "state", "ingest", "processors", "driver", "replay",
                    "scaleout")
 
 

@@ -18,9 +18,12 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 from collections.abc import Iterable, MutableMapping
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Final
 
 import aiokafka.consumer.consumer as aiokafka_consumer_module
@@ -146,15 +149,25 @@ def _signature_problem(cls: type, name: str, params: tuple[str, ...]) -> str | N
 
 
 def _assigns(cls: type, attribute: str) -> bool:
-    needle = f"self.{attribute} ="
+    """Whether ``self.<attribute>`` is assigned in the module of ``cls`` or of a base."""
+    needles = (f"self.{attribute} =", f"self.{attribute}: ")
     for base in cls.__mro__:
-        try:
-            source = inspect.getsource(base)
-        except (OSError, TypeError):
-            continue
-        if needle in source or f"self.{attribute}: " in source:
+        source = _module_source(base.__module__)
+        if any(needle in source for needle in needles):
             return True
     return False
+
+
+@functools.cache
+def _module_source(module: str) -> str:
+    try:
+        path = inspect.getsourcefile(sys.modules[module])
+    except (KeyError, TypeError):
+        return ""
+    try:
+        return Path(path).read_text() if path else ""
+    except OSError:
+        return ""
 
 
 # faust's consumer (a BatchingConsumer) ------------------------------------------------

@@ -32,7 +32,7 @@ _SURFACE_TYPE_BYTES = frozenset(t.encode() for t in SURFACE_TYPES)
 
 async def read_surface_events(settings: Settings, topic: str, partition: int,
                               session_id: str, start_offset: int, last_seq: int,
-                              decode: Decoder, *, timeout_s: float = 60.0) -> list[Event]:
+                              decode: Decoder, *, timeout_s: float = 300.0) -> list[Event]:
     """The surface events of ``session_id`` with seq <= ``last_seq``, in seq order."""
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",

@@ -21,7 +21,7 @@ event leaves the fold exactly as it was.
 
 The tool-result replacement rules compare the replacing event with the node it shadows; a
 node keeps, instead of its event, a digest of what such a replacement must keep equal
-(:func:`result_key`; set only for ``tool/result`` nodes), so the fold holds nothing per
+(:class:`ResultKey`; set only for ``tool/result`` nodes), so the fold holds nothing per
 event that is no longer on the surface.
 """
 
@@ -43,6 +43,25 @@ from pipeline.core.validation import projected_message
 UNKNOWN_RESULT: Final = "?"
 
 
+class ResultKey:
+    """What a replacement of a ``tool/result`` node must keep equal: its data without the
+    result's content, as a digest computed when first needed (a replacement, or the state
+    serialised), after which the data is no longer held."""
+
+    __slots__ = ("_data", "_digest")
+
+    def __init__(self, data: Any = None, digest: str | None = None) -> None:
+        self._data, self._digest = data, digest
+
+    def digest(self) -> str:
+        if self._digest is None:
+            canonical = json.dumps(_canonical(_without_result_content(self._data)),
+                                   sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            self._digest = hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+            self._data = None
+        return self._digest
+
+
 @dataclass(frozen=True, slots=True)
 class Appended:
     """A node appended at ``position`` (== surface length before). ``message`` None: the
@@ -52,7 +71,7 @@ class Appended:
     position: int
     seq: int
     message: JsonValue | None
-    result: str | None = field(default=None, compare=False)   # see result_key
+    result: ResultKey | None = field(default=None, compare=False)   # tool/result only
 
     @property
     def slot(self) -> int:
@@ -69,7 +88,7 @@ class Replaced:
     seq: int
     message: JsonValue | None
     removed_slots: tuple[int, ...] = field(default=(), compare=False)   # as removed_seqs
-    result: str | None = field(default=None, compare=False)   # see result_key
+    result: ResultKey | None = field(default=None, compare=False)   # tool/result only
 
     @property
     def slot(self) -> int:
@@ -83,13 +102,13 @@ SurfaceChange: TypeAlias = Appended | Replaced
 @dataclass(frozen=True, slots=True)
 class SurfaceNode:
     """One live node: the seq of its event and what it projects to (None: nothing, or not
-    kept); ``slot`` and ``result`` (see :func:`result_key`) are what the rules and the slot
+    kept); ``slot`` and ``result`` (see :class:`ResultKey`) are what the rules and the slot
     view need."""
 
     seq: int
     message: JsonValue | None
     slot: int = field(default=-1, compare=False)
-    result: str | None = field(default=None, compare=False)
+    result: ResultKey | None = field(default=None, compare=False)
 
 
 class SurfaceFold:
@@ -134,7 +153,7 @@ class SurfaceFold:
         if event.type not in SURFACE_TYPES or event.surface_op is None:
             return None
         message = projected_message(event)
-        result = result_key(event)
+        result = ResultKey(event.data) if event.type == "tool/result" else None
         op = event.surface_op
         if not isinstance(op, Replace):
             return Appended(len(self._nodes), event.seq, message, result)
@@ -152,8 +171,8 @@ class SurfaceFold:
         return Replaced(start, tuple(node.seq for node in removed), event.seq, message,
                         tuple(node.slot for node in removed), result)
 
-    def _check_replace(self, event: Event, removed: list[SurfaceNode], result: str | None
-                       ) -> None:
+    def _check_replace(self, event: Event, removed: list[SurfaceNode],
+                       result: ResultKey | None) -> None:
         sources = set(event.source_event_seqs or ())
         missing = [node.seq for node in removed if node.seq not in sources]
         if missing:
@@ -164,13 +183,13 @@ class SurfaceFold:
         if len(removed) != 1:
             fail(event, f"a tool/result replacement shadows exactly one node, not "
                  f"{len(removed)}", "tool-result-replace-one")
-        original = removed[0]
-        if original.result == UNKNOWN_RESULT:
-            return   # from a state that did not record it (see from_json)
-        if original.result is None:
+        original = removed[0].result
+        if original is None:
             fail(event, f"a tool/result replacement must shadow a tool/result, not the "
-                 f"message at seq {original.seq}", "tool-result-replace-target")
-        if original.result != result:
+                 f"message at seq {removed[0].seq}", "tool-result-replace-target")
+        if original.digest() == UNKNOWN_RESULT:
+            return   # from a state that did not record it (see from_json)
+        if result is None or original.digest() != result.digest():
             fail(event, "a tool/result replacement may change only the result's content",
                  "tool-result-replace-content-only")
 
@@ -203,7 +222,7 @@ class SurfaceFold:
     def to_json(self) -> list[list[Any]]:
         """The live nodes, ``[slot, seq]`` or ``[slot, seq, result]`` for a tool/result
         (messages are not serialised): bounded by the live surface."""
-        return [[n.slot, n.seq] if n.result is None else [n.slot, n.seq, n.result]
+        return [[n.slot, n.seq] if n.result is None else [n.slot, n.seq, n.result.digest()]
                 for n in self._nodes]
 
     @classmethod
@@ -219,20 +238,11 @@ class SurfaceFold:
         else:
             entries = raw
         fold._nodes = [SurfaceNode(int(e[1]), None, int(e[0]),
-                                   str(e[2]) if len(e) > 2 else None) for e in entries]
+                                   ResultKey(digest=str(e[2])) if len(e) > 2 else None)
+                       for e in entries]
         fold._position = {node.seq: index for index, node in enumerate(fold._nodes)}
         fold._cache = None
         return fold
-
-
-def result_key(event: Event) -> str | None:
-    """For a ``tool/result``: a digest of what a replacement of it must keep equal (its data
-    without the result's content); None for other events."""
-    if event.type != "tool/result":
-        return None
-    canonical = json.dumps(_canonical(_without_result_content(event.data)), sort_keys=True,
-                           separators=(",", ":"), ensure_ascii=False)
-    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
 
 
 def _canonical(value: Any) -> Any:

@@ -157,3 +157,25 @@ def test_slot_keys_sort_in_surface_order_and_parse_back() -> None:
     assert parse_slot_key(slot_key("a/b", 12)) == ("a/b", 12)
     with pytest.raises(EventError, match="not '<session>/<slot>'"):
         parse_slot_key("no-slot")
+
+
+def _tool_result(seq: int, text: str, call_id: str = "c1", op: Any = "append",
+                 sources: tuple[int, ...] | None = None) -> Event:
+    message = {"id": f"r-{call_id}", "role": "user", "source": {"kind": "tool", "callId": call_id},
+               "content": [{"type": "tool-result", "toolCallId": call_id,
+                            "content": [{"type": "text", "text": text}]}]}
+    return Event("tool/result", seq, seq, {"turn": 1, "step": 1, "message": message}, op,
+                 sources)
+
+
+def test_tool_result_replacement_rules_hold_across_a_state_round_trip() -> None:
+    slots = slot_fold()
+    fold_slots(slots, _tool_result(0, "a very long output"))
+    again = SurfaceFold.from_json(json.loads(json.dumps(slots.to_json())))
+    with pytest.raises(EventError, match="may change only the result's content"):
+        fold_slots(again, _tool_result(1, "short", call_id="c2", op=Replace(0, 0), sources=(0,)))
+    changes = fold_slots(again, _tool_result(1, "[spilled]", op=Replace(0, 0), sources=(0,)))
+    assert [(c.kind, c.slot) for c in changes] == [("replace", 0)]
+    fold_slots(again, Event("user/message", 2, 2, _msg("u"), "append"))
+    with pytest.raises(EventError, match="must shadow a tool/result"):
+        fold_slots(again, _tool_result(3, "x", op=Replace(2, 2), sources=(2,)))

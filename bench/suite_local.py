@@ -172,10 +172,9 @@ def processors_state(sessions: int, events: list[Event]) -> object:
     return tables
 
 
-def fold_one_session(events: list[Event], *, persist: bool = False
-                     ) -> dict[str, dict[object, object]]:
+def fold_one_session(events: list[Event]) -> dict[str, dict[object, object]]:
     """Every table of a fresh worker (as dicts: the memory store) after folding one session
-    (``persist``: and writing what the folds hold for the next commit)."""
+    and writing what the folds hold for the next commit."""
     tables = SessionTables(**{f.name: {} for f in dataclasses.fields(SessionTables)
                               if f.name != "chunks"})
     by_seq = {f"{e.seq}".encode(): e for e in events}
@@ -197,8 +196,7 @@ def fold_one_session(events: list[Event], *, persist: bool = False
                                             value=f"{event.seq}".encode(),
                                             headers=tuple(event_headers(event)),
                                             timestamp_ms=0))
-        if persist:
-            await folder.persist()
+        await folder.persist()
     asyncio.run(run())
     return {f.name: dict(getattr(tables, f.name)) for f in dataclasses.fields(SessionTables)}
 
@@ -211,7 +209,7 @@ def bench_processors_state(ctx: Context) -> list[Figure]:
     events = synth_session(7, lengths[-1])
     figures = []
     for length in lengths:
-        tables = fold_one_session(events[:length], persist=True)
+        tables = fold_one_session(events[:length])
         surface = sum(1 for e in events[:length] if e.surface_op is not None)
         size = sum(len(json.dumps(value)) for table in tables.values()
                    for value in table.values())

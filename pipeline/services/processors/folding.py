@@ -23,9 +23,9 @@ writes were made and the producer flushed. Everything the batches decide for one
 written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
 all of the session's events since the previous commit or none, and redelivery from the
 committed offset skips what it holds and applies the rest once. ``nodes`` (the projected
-message of each LIVE surface node: a replace deletes the nodes it takes off) is written
-while folding, before that record, and is idempotent. Nothing a session keeps grows with its
-number of events: the record holds the live surface
+message of each LIVE surface node: a replace deletes the nodes it takes off) is written by
+the same persist, before the records, and is idempotent. Nothing a session keeps grows with
+its number of events: the record holds the live surface
 (:class:`~pipeline.core.surface.SurfaceFold`, no history), and ``?at_seq=`` is read back
 from the session topic. Outputs are sent at once and acknowledged before the state is
 written, so a crash can only repeat them (same key and value on the compacted topics; the
@@ -190,6 +190,10 @@ class SessionFolder:
             log.info("%d folded batches not persisted before the rebalance: their "
                      "partitions' owners fold them again from the committed offset", dropped)
 
+    def node(self, partition: int, key: str) -> Any:
+        """A ``nodes`` record as folded so far (ahead of the table until the next persist)."""
+        return self.book.node(partition, key, self.tables)
+
     def current(self, session_id: str) -> SessionState | None:
         """The session as folded so far (ahead of its table record until the next persist);
         None for a session without a record (unknown, or only chunks folded)."""
@@ -335,11 +339,11 @@ class SessionFolder:
         outgoing = self._outputs(session_id, event.seq, plan, record)   # may refuse
         # All of the state first, then the awaits: views read between them.
         if plan.changes:   # the nodes table holds the live surface's messages only
-            nodes = self.tables.nodes
             for seq in plan.removed:
-                nodes.pop(f"{session_id}/{seq}", None)
-            nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
-                                                 "message": plan.message}
+                self.book.set_node(record.partition, f"{session_id}/{seq}", None, self.tables)
+            self.book.set_node(record.partition, f"{session_id}/{event.seq}",
+                               {"slot": plan.changes[0].slot, "message": plan.message},
+                               self.tables)
         if event.seq == 0:
             state.first_offset = record.offset
         state.next_seq, state.partition, state.stalled = event.seq + 1, record.partition, False

@@ -42,17 +42,21 @@ def session_messages(processors: Processors, session_id: str) -> dict[str, Any] 
     """The derived messages of a session as folded so far (None: session unknown here).
 
     Read between two awaits of the folds, so the surface and the ``nodes`` it names agree
-    (a fold writes a node before it awaits anything)."""
+    (a fold records a node, for the next persist, before it awaits anything)."""
     tables = processors.tables
     state = current_state(processors, session_id)
     next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
     if state is None and next_seq == 0:
         return None
     messages = []
-    for seq in state.surface.seqs() if state is not None else ():
-        node = tables.nodes.get(f"{session_id}/{seq}")
-        if node is not None and node.get("message") is not None:
-            messages.append(node["message"])
+    if state is not None:
+        folder = processors.folder
+        for seq in state.surface.seqs():
+            key = f"{session_id}/{seq}"
+            node = (tables.nodes.get(key) if folder is None
+                    else folder.node(state.partition, key))
+            if node is not None and node.get("message") is not None:
+                messages.append(node["message"])
     return {"session": session_id, "nextSeq": next_seq, "atSeq": next_seq - 1,
             "messages": messages}
 

@@ -28,7 +28,7 @@ from suite_core import CHECKOUT, Context, Figure, load_average
 from suite_dashboard import bench_dashboard
 from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
-from suite_local import bench_avro_codec, bench_fold, bench_memory
+from suite_local import bench_avro_codec, bench_fold, bench_memory, bench_processors_state
 from suite_otel import bench_otel_export
 from suite_report import render
 from suite_scale import bench_scale
@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "avro": (bench_avro_codec, False),
     "fold": (bench_fold, False),
     "memory": (bench_memory, False),
+    "state": (bench_processors_state, False),
     "ingest": (bench_ingest_consume, True),
     "processors": (bench_processors_worker, True),
     "driver": (bench_driver, True),

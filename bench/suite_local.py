@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import json
 import os
 import pickle
 import subprocess
@@ -21,6 +22,7 @@ import bench_avro
 import bench_core_fold
 from suite_core import Context, Figure
 
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.core.events import Event
@@ -28,7 +30,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.synth import synth_session
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Outgoing, SessionFolder
+from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import TopicNames
 
@@ -171,7 +173,8 @@ def processors_state(sessions: int, events: list[Event]) -> object:
 
 
 def fold_one_session(events: list[Event]) -> dict[str, dict[object, object]]:
-    """Every table of a fresh worker (as dicts: the memory store) after folding one session."""
+    """Every table of a fresh worker (as dicts: the memory store) after folding one session
+    and writing what the folds hold for the next commit."""
     tables = SessionTables(**{f.name: {} for f in dataclasses.fields(SessionTables)
                               if f.name != "chunks"})
     by_seq = {f"{e.seq}".encode(): e for e in events}
@@ -179,7 +182,7 @@ def fold_one_session(events: list[Event]) -> dict[str, dict[object, object]]:
     def decode(value: bytes) -> tuple[str, Event]:
         return TEMPLATE_ID, by_seq[value]
 
-    async def send(_out: Outgoing) -> None:
+    async def send(_out: OutRecord) -> None:
         return None
 
     from pipeline.adapters.kafka.records import InboxRecord
@@ -193,8 +196,32 @@ def fold_one_session(events: list[Event]) -> dict[str, dict[object, object]]:
                                             value=f"{event.seq}".encode(),
                                             headers=tuple(event_headers(event)),
                                             timestamp_ms=0))
+        await folder.persist()
     asyncio.run(run())
     return {f.name: dict(getattr(tables, f.name)) for f in dataclasses.fields(SessionTables)}
+
+
+def bench_processors_state(ctx: Context) -> list[Figure]:
+    """Bytes the processors keep for ONE session after 1k, 10k and 100k of its events: its
+    ``sessions`` record, its live ``nodes`` records and its chunk cursor, as JSON (what the
+    changelogs carry). Flat: nothing in it grows with the number of events (issue 22)."""
+    lengths = [1_000, 10_000, 100_000] if not ctx.quick else [1_000, 10_000]
+    events = synth_session(7, lengths[-1])
+    figures = []
+    for length in lengths:
+        tables = fold_one_session(events[:length])
+        surface = sum(1 for e in events[:length] if e.surface_op is not None)
+        size = sum(len(json.dumps(value)) for table in tables.values()
+                   for value in table.values())
+        records = sum(len(table) for table in tables.values())
+        figures.append(Figure(
+            f"Processors state of one session after {length:,} events", "bytes", [size],
+            higher_is_better=False, goal="flat (issue 22): bounded by the live surface",
+            note=f"{records} table records (the session record, the live surface's nodes, "
+                 f"the chunk cursor) after {surface:,} surface events of a synthetic session "
+                 "(a compaction every 8 turns); folded by the worker's SessionFolder, then "
+                 "persisted; JSON bytes as the changelogs carry them. Deterministic: one run"))
+    return figures
 
 
 def bench_memory(ctx: Context) -> list[Figure]:

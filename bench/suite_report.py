@@ -10,6 +10,7 @@ TITLES = {
     "avro": "Avro codec (issue 3)",
     "fold": "Fold cost against session length (issue 3)",
     "memory": "Memory per session",
+    "state": "Processors state of one long session (issue 22)",
     "ingest": "Ingest, consume and decode",
     "processors": "Processors worker and end-to-end latency",
     "driver": "Driver (issue 4)",

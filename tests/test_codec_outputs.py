@@ -39,12 +39,12 @@ from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import (
     MessageChange,
-    SurfaceSlots,
+    fold_slots,
     rebuild_conversations,
     with_session,
 )
+from pipeline.core.surface import SurfaceFold
 from pipeline.core.usage import TokenCounts, model_record, session_record, window_record
-from pipeline.core.validation import projected_message
 
 FIXTURES = SHARED_DIR / "fixtures"
 LOGS = [*sorted((FIXTURES / "dsh-format0").glob("*.jsonl")), FIXTURES / "seed-example.jsonl"]
@@ -116,9 +116,9 @@ def test_a_change_encodes_as_its_json_and_a_removal_is_a_tombstone() -> None:
 def test_fixture_changes_through_avro_rebuild_the_recorded_derivation(path: Path) -> None:
     serde, reader = DerivedChangeSerde(), OutputDecoder()
     expected = json.loads(path.with_name(path.stem + ".derived.json").read_text())
-    slots, records = SurfaceSlots(), []
+    slots, records = SurfaceFold(keep_messages=False), []
     for event in read_session_file(path).events:
-        changes = with_session(slots.apply(event, projected_message(event)), "s-1")
+        changes = with_session(fold_slots(slots, event), "s-1")
         records += [(c.key, reader.decode(serde.encode_change(c))) for c in changes]
     assert rebuild_conversations(records)["s-1"] == expected
 

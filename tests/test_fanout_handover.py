@@ -31,15 +31,15 @@ from pipeline.core.projection import (
     HandoverRequest,
     HeldBy,
     PointerState,
-    SurfaceSlots,
     fold_pointer_records,
+    fold_slots,
     handover_key,
     held_key,
     publish_topic,
     with_session,
     writer_key,
 )
-from pipeline.core.validation import projected_message
+from pipeline.core.surface import SurfaceFold
 from pipeline.sdk import active_version, derived_conversations
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.replay.rebuild import read_conversations, replay_projection
@@ -112,7 +112,7 @@ class StandInWriter:
     def __init__(self, settings: Settings, follow: ProjectionFollow) -> None:
         self.settings = settings
         self.follow = follow
-        self.slots: dict[str, SurfaceSlots] = {}
+        self.slots: dict[str, SurfaceFold] = {}
         self.folded = 0
         self.published: dict[str, int] = {}  # topic -> changes published there
 
@@ -123,9 +123,9 @@ class StandInWriter:
             async for record in stream:
                 topic = await self.follow.gate(record.partition, record.offset)
                 event = record.event
-                slots = self.slots.setdefault(record.session_id, SurfaceSlots())
-                message = projected_message(event) if event.surface_op is not None else None
-                changes = with_session(slots.apply(event, message), record.session_id)
+                slots = self.slots.setdefault(record.session_id,
+                                              SurfaceFold(keep_messages=False))
+                changes = with_session(fold_slots(slots, event), record.session_id)
                 if topic is not None and changes:
                     for change in changes:
                         value = change.to_json()

@@ -109,12 +109,5 @@ def test_the_graph_sees_type_only_and_function_level_imports() -> None:
     assert len(graph) > 100
 
 
-# Left to remove: the processors' app, metrics and web modules (the transport's move).
-KNOWN_CYCLES: list[list[str]] = [
-    ["pipeline.services.processors.app", "pipeline.services.processors.metrics",
-     "pipeline.services.processors.web"],
-]
-
-
 def test_no_module_is_part_of_an_import_cycle() -> None:
-    assert cycles(import_graph()) == KNOWN_CYCLES
+    assert cycles(import_graph()) == []

@@ -1,9 +1,9 @@
 """Batches handed to an agent and never finished are found by hand-over order
-(:mod:`pipeline.services.processors.delivery`)."""
+(:mod:`pipeline.adapters.faust.delivery`)."""
 
 from __future__ import annotations
 
-from pipeline.services.processors.delivery import DeliveryLedger
+from pipeline.adapters.faust.delivery import DeliveryLedger
 
 
 def test_batches_finished_in_order_leave_nothing_to_fetch_again() -> None:

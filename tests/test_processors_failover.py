@@ -16,9 +16,9 @@ import faust
 import pytest
 from processors_support import fresh_settings
 
+from pipeline.adapters.faust.flushing import FlushingProducer
+from pipeline.adapters.faust.transport import use_batching_transport
 from pipeline.adapters.kafka.topic_scan import ensure_topic
-from pipeline.services.processors.flushing import FlushingProducer
-from pipeline.services.processors.transport import use_batching_transport
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker

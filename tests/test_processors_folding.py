@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 from processors_support import generated_sessions
 
-from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.records import InboxRecord, OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OUTPUT_SCHEMAS, OutputCodecs, OutputDecoder
 from pipeline.codec.records import event_headers, record_key
@@ -25,7 +25,7 @@ from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageSample, UsageScan, session_record
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Outgoing, SessionFolder
+from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionState, SessionTables
 from pipeline.services.processors.web import session_messages
 from pipeline.settings import TopicNames
@@ -38,13 +38,13 @@ OUTPUTS = OutputDecoder()
 class Harness:
     def __init__(self) -> None:
         self.tables = SessionTables({}, {}, {})
-        self.sent: list[Outgoing] = []
+        self.sent: list[OutRecord] = []
         self.counters = DeliveryCounters()
         self.folder = SessionFolder(self.tables, self._send, SERDE.decode, TOPICS, "t.by-model",
                                     self.counters)
         self.offset = 0
 
-    async def _send(self, out: Outgoing) -> None:
+    async def _send(self, out: OutRecord) -> None:
         self.sent.append(out)
 
     def record(self, session_id: str, event: Event) -> InboxRecord:
@@ -69,7 +69,7 @@ class Harness:
                 for seq in state.surface.seqs()
                 if self.tables.nodes[f"{session_id}/{seq}"]["message"] is not None]
 
-    def sent_to(self, topic: str) -> list[Outgoing]:
+    def sent_to(self, topic: str) -> list[OutRecord]:
         return [o for o in self.sent if o.topic == topic]
 
 
@@ -294,12 +294,12 @@ async def test_published_changes_cost_the_size_of_the_change() -> None:
 class AggHarness:
     def __init__(self, table: dict[str, Any] | None = None) -> None:
         self.table: dict[str, Any] = table if table is not None else {}
-        self.sent: list[Outgoing] = []
+        self.sent: list[OutRecord] = []
         self.counters = DeliveryCounters()
         self.agg = UsageAggregator(self.table, self._send, "t.usage", self.counters,
                                    lambda: [0, 1], grace_ms=100, sizes={"s": 1000})
 
-    async def _send(self, out: Outgoing) -> None:
+    async def _send(self, out: OutRecord) -> None:
         self.sent.append(out)
 
     def published(self) -> dict[str, Any]:
@@ -379,8 +379,8 @@ async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_awa
     processors = SimpleNamespace(tables=harness.tables, folder=harness.folder)
     seen: list[int] = []
 
-    async def checking_send(out: Outgoing) -> None:
-        body = session_messages(cast(Any, processors), sid, None)
+    async def checking_send(out: OutRecord) -> None:
+        body = session_messages(cast(Any, processors), sid)
         assert body is not None
         folded = body["nextSeq"]
         assert body["messages"] == list(derive_messages(events[:folded])), folded
@@ -392,7 +392,7 @@ async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_awa
         await harness.folder.handle_batch(part)   # never persisted
     assert harness.tables.sessions == {}
     assert len(seen) > 10 and seen == sorted(seen)
-    body = session_messages(cast(Any, processors), sid, None)
+    body = session_messages(cast(Any, processors), sid)
     assert body is not None and body["nextSeq"] == len(events)
     assert body["messages"] == list(derive_messages(events))
 

@@ -13,21 +13,20 @@ from typing import Any
 import pytest
 from test_processors_folding import Harness, batches, sessions
 
-from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.records import InboxRecord, OutRecord
 from pipeline.core.log import derive_messages
 from pipeline.services.processors import folding, persisting
-from pipeline.services.processors.folding import Outgoing
 
 
 class Acks:
     """Sends whose deliveries the test acknowledges (or fails) when it chooses."""
 
     def __init__(self, harness: Harness) -> None:
-        self.pending: list[tuple[Outgoing, asyncio.Future[None]]] = []
+        self.pending: list[tuple[OutRecord, asyncio.Future[None]]] = []
         harness.folder.send = self.send
         self.harness = harness
 
-    async def send(self, out: Outgoing) -> asyncio.Future[None]:
+    async def send(self, out: OutRecord) -> asyncio.Future[None]:
         self.harness.sent.append(out)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pending.append((out, future))
@@ -187,7 +186,7 @@ async def test_a_fold_failing_while_a_persist_waits_continues_from_what_it_holds
     persist = asyncio.ensure_future(harness.folder.persist())
     await asyncio.sleep(0)                    # the persist holds the first 60 records
 
-    async def refused(out: Outgoing) -> Any:
+    async def refused(out: OutRecord) -> Any:
         raise RuntimeError("the producer refused it")
 
     harness.folder.send = refused

@@ -19,8 +19,8 @@ from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
 SUITE = CHECKOUT_ROOT / "bench" / "suite.py"
-BENCHMARK_NAMES = ("avro", "fold", "memory", "ingest", "processors", "driver", "replay", "otel",
-                   "import", "dashboard", "scaleout")
+BENCHMARK_NAMES = ("avro", "fold", "memory", "state", "ingest", "processors", "driver", "replay",
+                   "otel", "import", "dashboard", "scaleout")
 
 
 def register(subparsers: Any) -> None:

@@ -21,11 +21,9 @@ which would cost O(surface length) records per replace.
 A node whose projection is nothing (an ``assistant/message`` with empty content) still occupies
 its slot (it may be a replace endpoint later); its record has ``"message": null``.
 
-Everything here is pure: :class:`SurfaceSlots` is the per-session state a table stores (only
-seqs, never messages); what a node projects to is core's
-:func:`pipeline.core.validation.projected_message`. The surface rules beyond the range
-(``sourceEventSeqs`` naming shadowed nodes, tool-result replacement limits) are checked where
-events are appended (:class:`pipeline.core.surface.SurfaceFold`), not again here.
+Everything here is pure, and slots are a VIEW of core's one surface fold
+(:class:`pipeline.core.surface.SurfaceFold`, every rule checked): each of its nodes carries
+its slot, and :func:`slot_changes` turns one of its changes into the records to publish.
 """
 
 from __future__ import annotations
@@ -36,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from pipeline.core.errors import EventError
-from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, Replace
+from pipeline.core.events import Event, JsonValue
+from pipeline.core.surface import Appended, SurfaceChange, SurfaceFold
 
 SLOT_DIGITS: Final = 12
 ChangeKind = Literal["append", "replace", "remove"]
@@ -79,76 +78,26 @@ class MessageChange:
                 "changeSeq": self.change_seq, "op": self.kind, "message": self.message}
 
 
-@dataclass(slots=True)
-class SurfaceSlots:
-    """The surface of one session as ``[slot, seq]`` pairs in surface order, plus its op log.
-
-    ``ops`` keeps every surface op (``[seq]`` for an append, ``[seq, start, end]`` for a
-    replace) so the surface as of any earlier seq can be recomputed (``?at_seq=``) without
-    reading the session back from Kafka. Append is O(1); replace is O(surface length).
-    """
-
-    nodes: list[list[int]] = field(default_factory=list)
-    ops: list[list[int]] = field(default_factory=list)
-
-    def apply(self, event: Event, message: JsonValue | None) -> list[MessageChange]:
-        """Fold one surface event; returns the changes to publish (empty for other types)."""
-        if event.type not in SURFACE_TYPES or event.surface_op is None:
-            return []
-        op = event.surface_op
-        if isinstance(op, Replace):
-            return self._replace(event, op, message)
-        self.nodes.append([event.seq, event.seq])
-        self.ops.append([event.seq])
-        return [MessageChange("", event.seq, event.seq, event.seq, "append", message)]
-
-    def _replace(self, event: Event, op: Replace, message: JsonValue | None
-                 ) -> list[MessageChange]:
-        first = self._index_of(op.start, event)
-        last = self._index_of(op.end, event)
-        if first > last:
-            raise EventError(f"replace start {op.start} comes after end {op.end} on the surface",
-                             seq=event.seq, type=event.type, rule="replace-order")
-        removed = self.nodes[first:last + 1]
-        slot = removed[0][0]
-        self.nodes[first:last + 1] = [[slot, event.seq]]
-        self.ops.append([event.seq, op.start, op.end])
-        changes = [MessageChange("", slot, event.seq, event.seq, "replace", message)]
-        changes += [MessageChange("", s, q, event.seq, "remove", None) for s, q in removed[1:]]
-        return changes
-
-    def _index_of(self, seq: int, event: Event) -> int:
-        for index, (_slot, node_seq) in enumerate(self.nodes):
-            if node_seq == seq:
-                return index
-        raise EventError(f"replace names seq {seq}, which is not on the surface",
-                         seq=event.seq, type=event.type, rule="replace-on-surface")
-
-    def seqs(self) -> list[int]:
-        return [seq for _slot, seq in self.nodes]
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return {"nodes": self.nodes, "ops": self.ops}
-
-    @classmethod
-    def from_json(cls, raw: JsonValue) -> SurfaceSlots:
-        if raw is None:
-            return cls()
-        return cls([list(n) for n in raw["nodes"]], [list(o) for o in raw["ops"]])
+def slot_changes(change: SurfaceChange | None) -> list[MessageChange]:
+    """The records one surface change publishes (session id not stamped yet, see
+    :func:`with_session`): an append fills its own slot; a replace puts the new node in the
+    first removed node's slot and empties the slots of the others."""
+    if change is None:
+        return []
+    if isinstance(change, Appended):
+        return [MessageChange("", change.seq, change.seq, change.seq, "append", change.message)]
+    seq = change.seq
+    slots = change.removed_slots or change.removed_seqs
+    removed = list(zip(slots, change.removed_seqs, strict=True))
+    changes = [MessageChange("", change.slot, seq, seq, "replace", change.message)]
+    changes += [MessageChange("", slot, old, seq, "remove", None) for slot, old in removed[1:]]
+    return changes
 
 
-def surface_seqs_at(ops: Iterable[list[int]], at_seq: int) -> list[int]:
-    """The surface (node seqs in order) as it was once every event up to ``at_seq`` applied."""
-    seqs: list[int] = []
-    for op in ops:
-        if op[0] > at_seq:
-            break
-        if len(op) == 1:
-            seqs.append(op[0])
-            continue
-        first, last = seqs.index(op[1]), seqs.index(op[2])
-        seqs[first:last + 1] = [op[0]]
-    return seqs
+def fold_slots(fold: SurfaceFold, event: Event) -> list[MessageChange]:
+    """Fold ``event`` into ``fold`` and return its slot changes (raises EventError having
+    changed nothing)."""
+    return slot_changes(fold.apply(event))
 
 
 def with_session(changes: Iterable[MessageChange], session_id: str) -> list[MessageChange]:

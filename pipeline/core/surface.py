@@ -1,5 +1,12 @@
 """The surface fold: the ordered list of surface nodes and the messages they project to.
 
+This is core's ONE surface fold: ``derive``, the driver's invariant check, replay, the
+dashboard and the processors all fold with :class:`SurfaceFold`, with every rule. The
+processors' slots (:mod:`pipeline.core.projection`) are a view of it: each node also carries
+its *slot* (the seq of the event first appended at its place), and a fold that does not keep
+messages (``keep_messages=False``) serialises to its live nodes only
+(:meth:`SurfaceFold.to_json`), so its state is bounded by the live surface, never by history.
+
 The surface is an ordered list of event seqs; only ``user/message``, ``assistant/message`` and
 ``tool/result`` join it. ``append`` puts the event's seq at the end; ``replace {start,end}``
 removes the inclusive range of live nodes ``start..end`` (seqs, looked up on the surface) and
@@ -11,28 +18,64 @@ what changed, so a consumer can publish the change in O(size of the change).
 
 Every check runs before any state changes (:meth:`SurfaceFold.plan`, then commit): a refused
 event leaves the fold exactly as it was.
+
+The tool-result replacement rules compare the replacing event with the node it shadows; a
+node keeps, instead of its event, a digest of what such a replacement must keep equal
+(:class:`ResultKey`; set only for ``tool/result`` nodes), so the fold holds nothing per
+event that is no longer on the surface.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeAlias
 
 from pipeline.core.events import Event, JsonValue, Replace
 from pipeline.core.rules import fail
 from pipeline.core.types import SURFACE_TYPES
 from pipeline.core.validation import projected_message
 
+# A node's result key when it came from a serialised state that did not record one: the
+# tool-result replacement rules are not checked against it (see SurfaceFold.from_json).
+UNKNOWN_RESULT: Final = "?"
+
+
+class ResultKey:
+    """What a replacement of a ``tool/result`` node must keep equal: its data without the
+    result's content, as a digest computed when first needed (a replacement, or the state
+    serialised), after which the data is no longer held."""
+
+    __slots__ = ("_data", "_digest")
+
+    def __init__(self, data: Any = None, digest: str | None = None) -> None:
+        self._data, self._digest = data, digest
+
+    def digest(self) -> str:
+        if self._digest is None:
+            canonical = json.dumps(_canonical(_without_result_content(self._data)),
+                                   sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            self._digest = hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+            self._data = None
+        return self._digest
+
 
 @dataclass(frozen=True, slots=True)
 class Appended:
     """A node appended at ``position`` (== surface length before). ``message`` None: the
-    node projects to nothing (an assistant message with empty content)."""
+    node projects to nothing (an assistant message with empty content). Its slot is its
+    seq."""
 
     position: int
     seq: int
     message: JsonValue | None
+    result: ResultKey | None = field(default=None, compare=False)   # tool/result only
+
+    @property
+    def slot(self) -> int:
+        return self.seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +87,13 @@ class Replaced:
     removed_seqs: tuple[int, ...]
     seq: int
     message: JsonValue | None
+    removed_slots: tuple[int, ...] = field(default=(), compare=False)   # as removed_seqs
+    result: ResultKey | None = field(default=None, compare=False)   # tool/result only
+
+    @property
+    def slot(self) -> int:
+        """The new node's slot: the first removed node's."""
+        return self.removed_slots[0] if self.removed_slots else self.removed_seqs[0]
 
 
 SurfaceChange: TypeAlias = Appended | Replaced
@@ -51,21 +101,28 @@ SurfaceChange: TypeAlias = Appended | Replaced
 
 @dataclass(frozen=True, slots=True)
 class SurfaceNode:
-    """One live node: the seq of its event and what it projects to (None: nothing)."""
+    """One live node: the seq of its event and what it projects to (None: nothing, or not
+    kept); ``slot`` and ``result`` (see :class:`ResultKey`) are what the rules and the slot
+    view need."""
 
     seq: int
     message: JsonValue | None
+    slot: int = field(default=-1, compare=False)
+    result: ResultKey | None = field(default=None, compare=False)
 
 
 class SurfaceFold:
-    """The incremental fold alone. Results are tuples; fold state is never handed out."""
+    """The incremental fold alone. Results are tuples; fold state is never handed out.
 
-    __slots__ = ("_cache", "_events_by_seq", "_nodes", "_position")
+    ``keep_messages=False``: nodes do not keep what they project to (the processors keep
+    messages elsewhere); :meth:`messages` is then empty, the changes still carry them."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_cache", "_keep_messages", "_nodes", "_position")
+
+    def __init__(self, *, keep_messages: bool = True) -> None:
         self._nodes: list[SurfaceNode] = []
         self._position: dict[int, int] = {}  # seq -> index in _nodes, for live nodes only
-        self._events_by_seq: dict[int, Event] = {}  # surface events ever folded (for rules)
+        self._keep_messages = keep_messages
         self._cache: tuple[JsonValue, ...] | None = ()
 
     def __len__(self) -> int:
@@ -77,6 +134,10 @@ class SurfaceFold:
 
     def seqs(self) -> tuple[int, ...]:
         return tuple(node.seq for node in self._nodes)
+
+    def slots(self) -> list[list[int]]:
+        """The live nodes as ``[slot, seq]`` pairs in surface order (fresh lists)."""
+        return [[node.slot, node.seq] for node in self._nodes]
 
     def messages(self) -> tuple[JsonValue, ...]:
         """The derived messages now: built once after a change, then cached."""
@@ -92,9 +153,10 @@ class SurfaceFold:
         if event.type not in SURFACE_TYPES or event.surface_op is None:
             return None
         message = projected_message(event)
+        result = ResultKey(event.data) if event.type == "tool/result" else None
         op = event.surface_op
         if not isinstance(op, Replace):
-            return Appended(len(self._nodes), event.seq, message)
+            return Appended(len(self._nodes), event.seq, message, result)
         start = self._position.get(op.start)
         end = self._position.get(op.end)
         if start is None or end is None:
@@ -104,13 +166,15 @@ class SurfaceFold:
         if start > end:
             fail(event, f"replace range {op.start}..{op.end}: start stands after end on the "
                  "surface", "replace-range-order")
-        removed = tuple(node.seq for node in self._nodes[start:end + 1])
-        self._check_replace(event, removed)
-        return Replaced(start, removed, event.seq, message)
+        removed = self._nodes[start:end + 1]
+        self._check_replace(event, removed, result)
+        return Replaced(start, tuple(node.seq for node in removed), event.seq, message,
+                        tuple(node.slot for node in removed), result)
 
-    def _check_replace(self, event: Event, removed: tuple[int, ...]) -> None:
+    def _check_replace(self, event: Event, removed: list[SurfaceNode],
+                       result: ResultKey | None) -> None:
         sources = set(event.source_event_seqs or ())
-        missing = [seq for seq in removed if seq not in sources]
+        missing = [node.seq for node in removed if node.seq not in sources]
         if missing:
             fail(event, f"sourceEventSeqs must name every shadowed node; missing {missing}",
                  "replace-sources")
@@ -119,11 +183,13 @@ class SurfaceFold:
         if len(removed) != 1:
             fail(event, f"a tool/result replacement shadows exactly one node, not "
                  f"{len(removed)}", "tool-result-replace-one")
-        original = self._events_by_seq[removed[0]]
-        if original.type != "tool/result":
-            fail(event, f"a tool/result replacement must shadow a tool/result, not "
-                 f"{original.type} (seq {original.seq})", "tool-result-replace-target")
-        if _without_result_content(original.data) != _without_result_content(event.data):
+        original = removed[0].result
+        if original is None:
+            fail(event, f"a tool/result replacement must shadow a tool/result, not the "
+                 f"message at seq {removed[0].seq}", "tool-result-replace-target")
+        if original.digest() == UNKNOWN_RESULT:
+            return   # from a state that did not record it (see from_json)
+        if result is None or original.digest() != result.digest():
             fail(event, "a tool/result replacement may change only the result's content",
                  "tool-result-replace-content-only")
 
@@ -131,8 +197,8 @@ class SurfaceFold:
         """Apply a change :meth:`plan` returned for ``event`` (no checks, cannot fail)."""
         if change is None:
             return
-        self._events_by_seq[event.seq] = event
-        node = SurfaceNode(change.seq, change.message)
+        message = change.message if self._keep_messages else None
+        node = SurfaceNode(change.seq, message, change.slot, change.result)
         if isinstance(change, Appended):
             self._position[change.seq] = len(self._nodes)
             self._nodes.append(node)
@@ -153,6 +219,42 @@ class SurfaceFold:
         self.commit(event, change)
         return change
 
+    def to_json(self) -> list[list[Any]]:
+        """The live nodes, ``[slot, seq]`` or ``[slot, seq, result]`` for a tool/result
+        (messages are not serialised): bounded by the live surface."""
+        return [[n.slot, n.seq] if n.result is None else [n.slot, n.seq, n.result.digest()]
+                for n in self._nodes]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> SurfaceFold:
+        """A fold that does not keep messages, from :meth:`to_json`. The earlier form
+        ``{"nodes": [[slot, seq], ...], "ops": [...]}`` is read too: its nodes' result keys
+        are unknown (the tool-result replacement rules are not checked against them)."""
+        fold = cls(keep_messages=False)
+        if raw is None:
+            return fold
+        if isinstance(raw, dict):
+            entries = [[*node[:2], UNKNOWN_RESULT] for node in raw["nodes"]]
+        else:
+            entries = raw
+        fold._nodes = [SurfaceNode(int(e[1]), None, int(e[0]),
+                                   ResultKey(digest=str(e[2])) if len(e) > 2 else None)
+                       for e in entries]
+        fold._position = {node.seq: index for index, node in enumerate(fold._nodes)}
+        fold._cache = None
+        return fold
+
+
+def _canonical(value: Any) -> Any:
+    """Equal JSON values compare equal after this (an integral float is its int)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _canonical(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_canonical(item) for item in value]
+    return value
+
 
 def _without_result_content(data: Any) -> Any:
     """``data`` with ``message.content[0].content`` blanked: what must stay the same."""
@@ -172,7 +274,7 @@ def apply_changes(base: Sequence[SurfaceNode], changes: Iterable[SurfaceChange])
     """Replay ``changes`` onto a copy of ``base`` (used to rebuild the surface at a prefix)."""
     nodes = list(base)
     for change in changes:
-        node = SurfaceNode(change.seq, change.message)
+        node = SurfaceNode(change.seq, change.message, change.slot, change.result)
         if isinstance(change, Appended):
             nodes.append(node)
         else:

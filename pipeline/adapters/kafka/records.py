@@ -19,11 +19,12 @@ Headers = tuple[tuple[str, bytes], ...]
 
 @dataclass(frozen=True, slots=True)
 class OutRecord:
-    """A record to produce. ``partition`` None means the default (murmur2) partitioner."""
+    """A record to produce. ``partition`` None means the default (murmur2) partitioner;
+    ``value`` None is a tombstone (compaction drops the key)."""
 
     topic: str
     key: bytes | None
-    value: bytes
+    value: bytes | None
     headers: Headers = ()
     partition: int | None = None
 

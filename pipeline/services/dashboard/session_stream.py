@@ -10,7 +10,7 @@ its last seq: when the new snapshot does not pass it, only the events after it a
 snapshot); otherwise the page gets a fresh snapshot and starts over.
 
 The derived messages are kept current from the snapshot's slots with the live surface events
-(the processors' slot fold, :class:`pipeline.core.projection.SurfaceSlots`) and sent as
+(core's surface fold seen as slots, :func:`pipeline.core.projection.fold_slots`) and sent as
 ``derived`` when they changed and the stream has caught up with what is queued. The fleet
 row is sent as ``row`` whenever the processors publish a new one.
 """
@@ -25,8 +25,8 @@ from aiohttp import web
 from pipeline.adapters.kafka.event_stream import session_records
 from pipeline.core.errors import DshError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, Replace
-from pipeline.core.projection import SurfaceSlots
-from pipeline.core.validation import projected_message
+from pipeline.core.projection import fold_slots
+from pipeline.core.surface import UNKNOWN_RESULT, SurfaceFold
 from pipeline.services.dashboard.hub import Subscriber
 from pipeline.services.dashboard.service import DashboardService
 from pipeline.services.dashboard.session_start import SessionStart, session_start
@@ -41,7 +41,7 @@ class Transcript:
     session_id: str
     send_from: int
     next_seq: int | None
-    slots: SurfaceSlots
+    slots: SurfaceFold
     messages: dict[int, JsonValue | None] = field(default_factory=dict)
     at_seq: int = -1
     replaced: bool = False
@@ -52,7 +52,10 @@ class Transcript:
     def after(cls, start: SessionStart, send_from: int) -> Transcript:
         next_seq = start.at_seq + 1 if start.basis == "derived" else None
         return cls(start.session_id, send_from, next_seq,
-                   SurfaceSlots(nodes=[list(n) for n in start.nodes]),
+                   # the snapshot does not say which nodes are tool results: the viewer
+                   # leaves the tool-result replacement rules to the processors
+                   SurfaceFold.from_json([[slot, seq, UNKNOWN_RESULT]
+                                          for slot, seq in start.nodes]),
                    dict(start.messages), start.at_seq)
 
     def fold(self, event: Event) -> None:
@@ -61,7 +64,7 @@ class Transcript:
                 or event.surface_op is None:
             return
         try:
-            changes = self.slots.apply(event, projected_message(event))
+            changes = fold_slots(self.slots, event)
         except DshError as exc:
             self.fold_error = f"seq {event.seq}: {exc}"
             self.derived_dirty = True
@@ -77,7 +80,7 @@ class Transcript:
 
     def derived(self) -> dict[str, JsonValue]:
         self.derived_dirty = False
-        live = [(slot, seq) for slot, seq in self.slots.nodes
+        live = [(slot, seq) for slot, seq in self.slots.slots()
                 if self.messages.get(slot) is not None]
         return {"session": self.session_id, "atSeq": self.at_seq,
                 "replaced": self.replaced, "error": self.fold_error,

@@ -242,7 +242,7 @@ class PartitionSink:
         limit = self._max_record_bytes
         if limit is not None:
             for event, record in zip(events, records, strict=True):
-                if len(record.value) > limit - _SMALL_RECORD_MARGIN:  # cheap test first
+                if len(record.value or b"") > limit - _SMALL_RECORD_MARGIN:  # cheap test first
                     check_fits(record, limit,
                                f"session {session_id!r} event {event.seq} ({event.type})")
         self._buffer.extend(records)

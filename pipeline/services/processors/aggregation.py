@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.core.events import JsonValue
 from pipeline.core.usage import (
@@ -41,7 +42,7 @@ from pipeline.core.usage import (
     window_record,
 )
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Outgoing, Send, json_bytes
+from pipeline.services.processors.folding import Send, json_bytes
 from pipeline.services.processors.session_state import Table
 
 log = logging.getLogger(__name__)
@@ -194,5 +195,5 @@ class UsageAggregator:
                 for key, counts in sorted(sums.models.items())]
 
     async def _publish(self, key: str, value: dict[str, JsonValue]) -> None:
-        await self.send(Outgoing(self.export_topic, key.encode(),
+        await self.send(OutRecord(self.export_topic, key.encode(),
                                  self.outputs.usage.encode(value)))

@@ -13,8 +13,8 @@ with their source topic, and ``options.standby_replicas`` standby copies):
                                                                                totals, windows)
 
 ``══``: the session topic and the usage-by-model topic reach their agents one fetched batch
-per partition at a time (one faust event per batch, :mod:`.transport`), so faust's
-per-record cost is paid per batch. The session tables are written once per commit, right
+per partition at a time (one faust event per batch, :mod:`pipeline.adapters.faust.transport`),
+so faust's per-record cost is paid per batch. The session tables are written once per commit, right
 before it (:mod:`.persisting`); the outputs are sent as each batch is folded.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
@@ -31,31 +31,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import faust
 
-from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.kafka.topic_scan import ensure_topic
-from pipeline.codec.outputs import OutputCodecs
-from pipeline.core.errors import ConfigError
-from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
-from pipeline.core.usage import WINDOW_SIZES_MS
-from pipeline.services.processors.aggregation import UsageAggregator, tick_value
-from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.flushing import DirectTopic
-from pipeline.services.processors.folding import (
-    Decoder,
-    Outgoing,
-    SessionFolder,
-)
-from pipeline.services.processors.options import ProcessorsOptions
-from pipeline.services.processors.projection_follow import ProjectionFollow
-from pipeline.services.processors.session_state import SessionTables
-from pipeline.services.processors.transport import (
-    awaiting_recovery_seek,
+from pipeline.adapters.faust.flushing import DirectTopic
+from pipeline.adapters.faust.transport import (
     before_assignment,
     forget_on_rebalance,
     mark_folded,
@@ -65,70 +47,28 @@ from pipeline.services.processors.transport import (
     release_records,
     use_batching_transport,
 )
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.codec.outputs import OutputCodecs
+from pipeline.core.errors import ConfigError
+from pipeline.core.usage import WINDOW_SIZES_MS
+from pipeline.services.processors.aggregation import UsageAggregator, tick_value
+from pipeline.services.processors.folding import (
+    Decoder,
+    SessionFolder,
+)
+from pipeline.services.processors.options import ProcessorsOptions
+from pipeline.services.processors.projection_follow import ProjectionFollow
+from pipeline.services.processors.session_state import SessionTables
+from pipeline.services.processors.web import register_views
+from pipeline.services.processors.worker import Processors
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SESSION_TABLES = ("sessions", "nodes", "chunk-marks")
 USAGE_TABLE = "usage-agg"
-
-
-@dataclass(slots=True)
-class Processors:
-    """The app and the parts its views and timers read."""
-
-    app: Any
-    settings: Settings
-    options: ProcessorsOptions
-    tables: SessionTables
-    usage_agg: Any
-    aggregator: UsageAggregator | None = None
-    folder: SessionFolder | None = None
-    follow: ProjectionFollow | None = None
-    counters: DeliveryCounters = field(default_factory=DeliveryCounters)
-    step_rate: StepRate = field(default_factory=StepRate)
-    steps_seen: int = 0
-
-    def active_partitions(self, topic: str) -> set[int]:
-        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
-
-    def local_fleet(self) -> list[FleetStatus]:
-        """Statuses of the sessions whose partitions this worker owns (not standbys)."""
-        owned = self.active_partitions(self.settings.topics.session_events)
-        statuses = {sid: FleetStatus.from_json(raw["fleet"])
-                    for sid, raw in list(self.tables.sessions.items())
-                    if raw and raw.get("partition") in owned}
-        if self.folder is not None:   # newer than the tables until the next persist
-            statuses.update({sid: state.fleet for sid, state in self.folder.states.items()
-                             if state.fleet is not None and state.partition in owned})
-        return list(statuses.values())
-
-    def observe_steps(self, now_ms: int) -> None:
-        """Feed the steps/s rate (called by the tick timer, once a tick)."""
-        started = self.counters.steps_started
-        self.step_rate.observe(now_ms, started - self.steps_seen)
-        self.steps_seen = started
-
-    def fleet_summary(self) -> dict[str, Any]:
-        now_ms = int(time.time() * 1000)
-        statuses = self.local_fleet()
-        counters = fleet_counters(statuses, now_ms=now_ms,
-                                  active_within_ms=self.options.active_within_ms,
-                                  steps_per_second=self.step_rate.per_second())
-        return counters.to_json()
-
-    def recovery(self) -> dict[str, Any]:
-        """Recovery progress. ``in_recovery`` lasts until the batched partitions are
-        consumed again: faust ends its recovery before its seek to the committed offsets,
-        and those partitions wait for that seek (:mod:`.transport`)."""
-        recovery = self.app.tables.recovery
-        by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
-                 for tp, n in recovery.active_remaining().items() if n}
-        seeking = awaiting_recovery_seek(self.app)
-        return {"in_recovery": bool(recovery.in_recovery) or seeking,
-                "active_remaining": int(recovery.active_remaining_total()),
-                "standby_remaining": int(recovery.standby_remaining_total()),
-                "active_remaining_by_partition": by_tp}
 
 
 def faust_broker_options(settings: Settings) -> dict[str, Any]:
@@ -225,17 +165,17 @@ def build_processors(settings: Settings, decode: Decoder,
     app = _new_app(settings, options)
     parts = settings.partitions
     tables = SessionTables(*(_table(app, name, parts) for name in SESSION_TABLES))
-    processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts))
+    processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts),
+                            decode)
 
-    async def send(out: Outgoing) -> object:
+    async def send(out: OutRecord) -> object:
         return await app.producer.send(out.topic, out.key, out.value, out.partition, None,
                                        list(out.headers) or None)   # the delivery
 
     follow = _wire_projection_follow(processors)
     _wire_sessions(processors, decode, send, follow, outputs)
     _wire_usage(processors, send, sizes, outputs)
-    from pipeline.services.processors.web import register_views  # after tables exist
-    register_views(processors)
+    register_views(processors)   # after the tables exist
     return processors
 
 
@@ -332,7 +272,7 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
         now_ms = int(time.time() * 1000)
         processors.observe_steps(now_ms)
         for partition in sorted(processors.active_partitions(name)):
-            await send(Outgoing(name, b"tick", tick_value(now_ms), (), partition))
+            await send(OutRecord(name, b"tick", tick_value(now_ms), (), partition))
 
     app.agent(by_model, name="fold-usage")(fold_usage)
     app.timer(options.tick_interval_s)(tick)
@@ -358,9 +298,9 @@ async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncI
 
     faust acks the event an agent raised on (and restarts the agent): it is marked acked
     without telling the consumer instead, and never marked folded, so the commit of its
-    partition stops before it (:func:`.transport.committable`); it was received, so it is not
-    fetched again (:mod:`.delivery`: no retry loop on a poison batch), and a restart folds
-    it again. The session folds give up the partition's batches folded since its last
+    partition stops before it (:func:`pipeline.adapters.faust.commit_rule.commit_offset`); it
+    was received, so it is not fetched again (no retry loop on a poison batch), and a restart
+    folds it again. The session folds give up the partition's batches folded since its last
     persist with it (:mod:`.persisting`: the cached states may hold half of it). Later
     batches go on; their sessions report the records held back as gaps until then.
     """

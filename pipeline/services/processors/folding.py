@@ -4,7 +4,8 @@ The decisions are core's pure folds (:mod:`pipeline.core.projection`, ``usage``,
 this module only moves their state in and out of the tables and sends what they return.
 Tables are plain ``MutableMapping`` values here (faust tables in the worker, dicts in unit
 tests); sending goes through one ``Send`` callable (faust's producer in the worker). The
-worker hands over everything one fetch returned for a partition (see :mod:`.transport`);
+worker hands over everything one fetch returned for a partition (see
+:mod:`pipeline.adapters.faust.transport`);
 :meth:`SessionFolder.handle` is the same for a single record.
 
 Delivery rules (DESIGN.md section 2): a seq below the next expected one is a duplicate
@@ -22,13 +23,16 @@ writes were made and the producer flushed. Everything the batches decide for one
 written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
 all of the session's events since the previous commit or none, and redelivery from the
 committed offset skips what it holds and applies the rest once. ``nodes`` (the projected
-message of each surface event) is written while folding, before that record, and is
-idempotent. Outputs are sent at once and acknowledged before the state is written, so a
-crash can only repeat them (same key and value on the compacted topics; the per-model stage
-drops a repeated sample by seq). Fleet status and session usage are published once per
-session per batch (their last value: the topics are compacted); derived-message changes one
-record per change. Output values are Avro (:mod:`pipeline.codec.outputs`); usage samples to
-the internal per-model topic stay JSON.
+message of each LIVE surface node: a replace deletes the nodes it takes off) is written by
+the same persist, before the records, and is idempotent. Nothing a session keeps grows with
+its number of events: the record holds the live surface
+(:class:`~pipeline.core.surface.SurfaceFold`, no history), and ``?at_seq=`` is read back
+from the session topic. Outputs are sent at once and acknowledged before the state is
+written, so a crash can only repeat them (same key and value on the compacted topics; the
+per-model stage drops a repeated sample by seq). Fleet status and session usage are
+published once per session per batch (their last value: the topics are compacted); derived-
+message changes one record per change. Output values are Avro
+(:mod:`pipeline.codec.outputs`); usage samples to the internal per-model topic stay JSON.
 
 **Chunks and gaps after a kill -9.** Chunks (about 80% of the records) change no table but
 move the session's cursor. At every persist the cursor of each session they moved is
@@ -95,24 +99,9 @@ STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unper
 Decoder = Callable[[bytes], tuple[str, Event]]
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A record to send; ``value`` None is a tombstone (compaction drops the key)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: Headers = ()
-    partition: int | None = None
-
-    @classmethod
-    def of(cls, record: OutRecord) -> Outgoing:
-        return cls(record.topic, record.key, record.value, record.headers, record.partition)
-
-
 # Returns, when the sender has one, the record's delivery (awaitable until the broker
 # acknowledged it): see *Outputs before state* in SessionFolder.
-Send = Callable[[Outgoing], Awaitable[object]]
+Send = Callable[[OutRecord], Awaitable[object]]
 
 
 class DerivedRoute(Protocol):
@@ -201,6 +190,10 @@ class SessionFolder:
         if dropped:
             log.info("%d folded batches not persisted before the rebalance: their "
                      "partitions' owners fold them again from the committed offset", dropped)
+
+    def node(self, partition: int, key: str) -> Any:
+        """A ``nodes`` record as folded so far (ahead of the table until the next persist)."""
+        return self.book.node(partition, key, self.tables)
 
     def current(self, session_id: str) -> SessionState | None:
         """The session as folded so far (ahead of its table record until the next persist);
@@ -330,8 +323,7 @@ class SessionFolder:
         if not isinstance(error, SequenceError):
             log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
                         record.offset, type(error).__name__, error)
-        await self._send(Outgoing.of(dead_letter(_inbox_record(record), error,
-                                                 self.max_record_bytes)))
+        await self._send(dead_letter(_inbox_record(record), error, self.max_record_bytes))
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:
@@ -348,9 +340,14 @@ class SessionFolder:
             return False
         outgoing = self._outputs(session_id, event.seq, plan, record)   # may refuse
         # All of the state first, then the awaits: views read between them.
-        if plan.changes:
-            self.tables.nodes[f"{session_id}/{event.seq}"] = {"slot": plan.changes[0].slot,
-                                                              "message": plan.message}
+        if plan.changes:   # the nodes table holds the live surface's messages only
+            for seq in plan.removed:
+                self.book.set_node(record.partition, f"{session_id}/{seq}", None, self.tables)
+            self.book.set_node(record.partition, f"{session_id}/{event.seq}",
+                               {"slot": plan.changes[0].slot, "message": plan.message},
+                               self.tables)
+        if event.seq == 0:
+            state.first_offset = record.offset
         state.next_seq, state.partition, state.stalled = event.seq + 1, record.partition, False
         batch.dirty.add(session_id)
         if plan.sample is not None:
@@ -392,7 +389,7 @@ class SessionFolder:
                              seq=event.seq, type=event.type, rule="message-record-size")
 
     def _outputs(self, session_id: str, seq: int, plan: FoldPlan, record: ConsumedRecord
-                 ) -> list[Outgoing]:
+                 ) -> list[OutRecord]:
         """What must be sent for one event: each message change (to the version the route
         names) and the usage sample.
 
@@ -414,15 +411,15 @@ class SessionFolder:
                 topic = self.route.topic_for(record.partition, record.offset)
             if topic is not None:
                 source = source_headers(record.partition, record.offset)
-                found += [Outgoing(topic, key, value, source) for key, value in values]
+                found += [OutRecord(topic, key, value, source) for key, value in values]
                 self.counters.derived_changes += len(values)
         if plan.sample is not None:
             self.counters.usage_samples += 1
-            found.append(Outgoing(self.usage_topic, plan.sample.model_key.encode(),
+            found.append(OutRecord(self.usage_topic, plan.sample.model_key.encode(),
                                   json_bytes(plan.sample.to_json())))
         return found
 
-    async def _send(self, out: Outgoing) -> None:
+    async def _send(self, out: OutRecord) -> None:
         delivery = await self.send(out)
         if inspect.isawaitable(delivery):
             self.deliveries.append(delivery)
@@ -433,11 +430,11 @@ class SessionFolder:
         for session_id in sorted(batch.fleet):
             fleet = batch.states[session_id].fleet
             if fleet is not None:
-                await self._send(Outgoing(self.topics.fleet, session_id.encode(),
-                                         self.outputs.fleet.encode(fleet.to_json()), source))
+                await self._send(OutRecord(self.topics.fleet, session_id.encode(),
+                                           self.outputs.fleet.encode(fleet.to_json()), source))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
-            await self._send(Outgoing(self.topics.usage, f"session/{session_id}".encode(),
+            await self._send(OutRecord(self.topics.usage, f"session/{session_id}".encode(),
                                      self.outputs.usage.encode(session_record(session_id,
                                                                               totals)),
                                      source))

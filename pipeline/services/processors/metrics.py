@@ -4,12 +4,8 @@ worker owns (sessions, turns and steps in flight), in the Prometheus text format
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pipeline.core.metrics import MetricsRegistry
-
-if TYPE_CHECKING:
-    from pipeline.services.processors.app import Processors
+from pipeline.services.processors.worker import Processors
 
 
 def processors_metrics_text(processors: Processors) -> str:

@@ -25,8 +25,9 @@ class ProcessorsOptions:
     batches) may wait for the agent before faust pauses fetching; ``producer_buffer`` how many
     table writes may wait to be sent before faust does. ``fetch_max_wait_ms`` caps how long
     the broker holds a fetch for partitions without new records: such a fetch holds back
-    every busy partition of that broker until it returns (see :mod:`.fetching`), so it is
-    short. Measured at 5,000 events/s (3 runs each): 5 ms gave p50 11-13 ms and p99 43-71 ms
+    every busy partition of that broker until it returns (see
+    :mod:`pipeline.adapters.faust.fetching`), so it is short. Measured at 5,000 events/s
+    (3 runs each): 5 ms gave p50 11-13 ms and p99 43-71 ms
     from append to derived change, 20 ms p50 15-29 and p99 67-95; it costs ~10% more CPU
     under load, and an idle worker used 3.7 CPU-seconds per 30 s against 2.9.
     ``fetch_min_bytes``: the broker answers a fetch once this much is ready (or the wait

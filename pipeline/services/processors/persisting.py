@@ -14,9 +14,13 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *Outputs before state.* A session's record says which seqs its outputs were sent for; it
   is written only once every output the partition's batches sent is acknowledged, so a
   crash can only repeat outputs, never lose one that a record claims.
-- *State before commit.* A batch is marked folded (:func:`.transport.mark_folded`, its
-  offsets committable) only after its partition's records are written; the commit that
-  follows flushes them before it commits.
+- *State before commit.* A batch is marked folded
+  (:func:`pipeline.adapters.faust.transport.mark_folded`: outputs acknowledged, state
+  written) only after its partition's records are written; the commit that follows flushes
+  them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
+- *Nodes before records, and only live ones.* The ``nodes`` records (one per live surface
+  node's message) are written by the persist too, before the session records; a node both
+  appended and taken off the surface between two persists is never written, nor deleted.
 - *One record per session.* Everything the batches decided for a session since the last
   persist is one ``sessions`` record (or one ``chunk_marks`` cursor when only chunks moved
   it): after a crash a session holds all of it or none, and redelivery from the committed
@@ -62,6 +66,7 @@ class PartitionChanges:
 
     states: dict[str, SessionState] = field(default_factory=dict)   # records to write
     marks: dict[str, int] = field(default_factory=dict)      # cursors moved by chunks only
+    nodes: dict[str, Any] = field(default_factory=dict)      # node records; None: delete
     deliveries: list[Awaitable[object]] = field(default_factory=list)   # outputs sent
     batches: list[BatchDone] = field(default_factory=list)   # one per batch, fold order
     context: contextvars.Context | None = None
@@ -80,12 +85,13 @@ class PartitionWrites:
     deliveries: list[Awaitable[object]]
     batches: list[BatchDone]
     context: contextvars.Context | None
+    nodes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, partition: int, changes: PartitionChanges) -> PartitionWrites:
         return cls(partition, {sid: state.to_json() for sid, state in changes.states.items()},
                    dict(changes.marks), changes.deliveries, changes.batches,
-                   changes.context)
+                   changes.context, changes.nodes)
 
     def sessions(self) -> set[str]:
         return set(self.records) | set(self.marks)
@@ -93,7 +99,9 @@ class PartitionWrites:
     async def write(self, tables: SessionTables) -> None:
         """Write the records, a slice at a time (a commit writes every session a few
         seconds of folds touched: in one go that stalled the folds and fetches for ms)."""
+        # The nodes first: a record that survives a crash finds the nodes it names.
         items: list[tuple[Table, str, Any]] = [
+            *((tables.nodes, key, node) for key, node in self.nodes.items()),
             *((tables.sessions, sid, record) for sid, record in self.records.items()),
             *((tables.chunk_marks, sid, cursor) for sid, cursor in self.marks.items())]
         for start in range(0, len(items), WRITE_SLICE):
@@ -149,7 +157,10 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
 
 def _write(items: list[tuple[Table, str, Any]]) -> None:
     for table, key, value in items:
-        table[key] = value
+        if value is None:
+            table.pop(key, None)   # a tombstone in the changelog
+        else:
+            table[key] = value
 
 
 class ChangeBook:
@@ -163,12 +174,33 @@ class ChangeBook:
         self.changes: dict[int, PartitionChanges] = {}
         self._persisting = asyncio.Lock()
         self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
+        self._writing: list[PartitionWrites] = []       # what the persist running holds
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
         if changes is None:
             changes = self.changes[partition] = PartitionChanges()
         return changes
+
+    def set_node(self, partition: int, key: str, node: Any, tables: SessionTables) -> None:
+        """A node record to write at the next persist (``node`` None: delete it). A node
+        written and deleted between two persists is never written at all."""
+        nodes = self.of(partition).nodes
+        if node is None and nodes.get(key) is not None and not self._anywhere(key, tables):
+            del nodes[key]
+        else:
+            nodes[key] = node
+
+    def _anywhere(self, key: str, tables: SessionTables) -> bool:
+        return key in tables.nodes or any(key in w.nodes for w in self._writing)
+
+    def node(self, partition: int, key: str, tables: SessionTables) -> Any:
+        """The node record as the folds left it: newer than the table until persisted."""
+        for nodes in (self.changes.get(partition, PartitionChanges()).nodes,
+                      *(w.nodes for w in reversed(self._writing) if w.partition == partition)):
+            if key in nodes:
+                return nodes[key]
+        return tables.nodes.get(key)
 
     def unwritten(self) -> set[str]:
         """Sessions whose cached state is newer than their table record."""
@@ -194,11 +226,12 @@ class ChangeBook:
                          for partition, changes in sorted(self.changes.items())]
                 self.changes = {}
                 self._taken = {sid: writes for writes in taken for sid in writes.sessions()}
+                self._writing = taken
             try:
                 for writes in taken:
                     await self._persist_partition(writes, tables)
             finally:
-                self._taken = {}
+                self._taken, self._writing = {}, []
 
     async def _persist_partition(self, writes: PartitionWrites, tables: SessionTables
                                  ) -> None:

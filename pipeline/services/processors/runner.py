@@ -8,7 +8,7 @@ from pathlib import Path
 
 import faust
 
-from pipeline.services.processors.app import Processors
+from pipeline.services.processors.worker import Processors
 
 
 def run_worker(processors: Processors, *, loglevel: str = "WARNING",

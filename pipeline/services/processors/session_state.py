@@ -14,15 +14,16 @@ from typing import Any, Final
 from pipeline.core.errors import EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
 from pipeline.core.fleet import FleetStatus
-from pipeline.core.projection import MessageChange, SurfaceSlots, with_session
+from pipeline.core.projection import MessageChange, slot_changes, with_session
+from pipeline.core.surface import Replaced, SurfaceFold
 from pipeline.core.usage import SessionUsage, UsageSample
-from pipeline.core.validation import projected_message
 
 USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
 # What a session's table record and its Kafka key take beyond its surface and its strings
 # (field names, numbers, brackets): ~800 bytes; the bound below only has to be an upper one.
 RECORD_FIXED_BYTES: Final = 2_048
 JSON_BYTES_PER_CHAR: Final = 6   # the worst case of a character in JSON: \uXXXX
+NODE_RESULT_BYTES: Final = 27    # a surface node's result digest in JSON (24 hex digits)
 
 Table = MutableMapping[str, Any]
 
@@ -46,28 +47,31 @@ class SessionState:
     session_id: str
     next_seq: int = 0
     partition: int = -1
-    surface: SurfaceSlots = field(default_factory=SurfaceSlots)
+    # Core's surface fold without messages (they are in the ``nodes`` table): live nodes only.
+    surface: SurfaceFold = field(default_factory=lambda: SurfaceFold(keep_messages=False))
     usage: SessionUsage = field(default_factory=SessionUsage)
     fleet: FleetStatus | None = None
     stalled: bool = False  # a gap or an invalid event was reported and not yet filled
+    first_offset: int = 0   # of the session's first event: where ``?at_seq=`` reads from
 
     def to_json(self) -> dict[str, JsonValue]:
         """A fresh value: faust serialises table values later, so nothing may be shared
-        with this (cached, still changing) state."""
+        with this (cached, still changing) state. Its size is bounded by the live surface:
+        nothing in it grows with the number of events."""
         fleet = self.fleet or FleetStatus(self.session_id)
-        surface = {"nodes": [node[:] for node in self.surface.nodes],
-                   "ops": [op[:] for op in self.surface.ops]}
-        return {"next": self.next_seq, "partition": self.partition, "surface": surface,
-                "usage": self.usage.to_json(), "fleet": fleet.to_json(),
-                "stalled": self.stalled}
+        return {"next": self.next_seq, "partition": self.partition,
+                "surface": self.surface.to_json(), "usage": self.usage.to_json(),
+                "fleet": fleet.to_json(), "stalled": self.stalled,
+                "first": self.first_offset}
 
     @classmethod
     def from_json(cls, session_id: str, raw: JsonValue) -> SessionState:
         if raw is None:
             return cls(session_id, fleet=FleetStatus(session_id))
         return cls(session_id, int(raw["next"]), int(raw["partition"]),
-                   SurfaceSlots.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
-                   FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)))
+                   SurfaceFold.from_json(raw["surface"]), SessionUsage.from_json(raw["usage"]),
+                   FleetStatus.from_json(raw["fleet"]), bool(raw.get("stalled", False)),
+                   int(raw.get("first") or 0))
 
 
 def record_bytes_bound(state: SessionState, event_seq: int, strings_chars: int) -> int:
@@ -75,13 +79,12 @@ def record_bytes_bound(state: SessionState, event_seq: int, strings_chars: int) 
     ``event_seq`` is folded into ``state``, when the strings the record keeps (see
     :func:`kept_chars`) take at most ``strings_chars`` characters then.
 
-    From counts, not by serialising the record (O(session) per event): every surface op
-    adds one entry to ``surface.ops`` (never shortened: it answers ``?at_seq=``) and at most
-    one to ``surface.nodes``, each a few seqs.
+    From counts, not by serialising the record (O(session) per event): the record keeps
+    the live surface nodes only (an event adds at most one), each two seqs and, for a
+    tool result, a digest.
     """
     digits = len(str(max(event_seq, state.next_seq, 1)))
-    surface = ((len(state.surface.nodes) + 1) * (2 * digits + 6)
-               + (len(state.surface.ops) + 1) * (3 * digits + 8))
+    surface = (len(state.surface) + 1) * (2 * digits + NODE_RESULT_BYTES + 6)
     return (surface + JSON_BYTES_PER_CHAR * (len(state.session_id) + strings_chars)
             + RECORD_FIXED_BYTES)
 
@@ -119,6 +122,7 @@ class FoldPlan:
 
     message: Any = None
     changes: list[MessageChange] = field(default_factory=list)
+    removed: tuple[int, ...] = ()   # seqs of the nodes a replace took off the surface
     sample: UsageSample | None = None
     fleet_changed: bool = False
 
@@ -131,10 +135,11 @@ def plan_event(state: SessionState, event: Event) -> FoldPlan:
         if event.type in USAGE_TYPES:
             plan.sample = state.usage.apply(state.session_id, event)
         if event.type in SURFACE_TYPES and event.surface_op is not None:
-            plan.message = projected_message(event)
-            # apply() refuses a bad replace before it changes the surface
-            plan.changes = with_session(state.surface.apply(event, plan.message),
-                                        state.session_id)
+            # core's fold refuses a bad event (every surface rule) before it changes anything
+            change = state.surface.apply(event)
+            plan.message = change.message if change is not None else None
+            plan.removed = change.removed_seqs if isinstance(change, Replaced) else ()
+            plan.changes = with_session(slot_changes(change), state.session_id)
     except EventError:
         state.usage.totals, state.usage.last_model = totals, last_model
         raise

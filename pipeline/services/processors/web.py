@@ -3,7 +3,9 @@
 Per-session views are routed by faust to the worker that owns the session's partition
 (``table_route``), so any worker answers for every session:
 
-    GET /sessions/{id}/messages[?at_seq=N]   derived messages (now, or as of event N)
+    GET /sessions/{id}/messages[?at_seq=N]   derived messages (now, or as of event N: read
+                                             back from the session topic, see
+                                             :func:`messages_at`)
     GET /fleet/sessions/{id}                 one session's fleet status
     GET /usage/sessions/{id}                 one session's usage (OTel names + dsh counts)
     GET /fleet                               counters over the sessions this worker owns
@@ -15,17 +17,17 @@ Per-session views are routed by faust to the worker that owns the session's part
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from faust.web import View
 
-from pipeline.core.projection import surface_seqs_at
+from pipeline.adapters.kafka.session_history import read_surface_events
+from pipeline.core.errors import BrokerError, CodecError, EventError
+from pipeline.core.surface import SurfaceFold
 from pipeline.core.usage import session_record
 from pipeline.services.processors.metrics import processors_metrics_text
 from pipeline.services.processors.session_state import SessionState, next_expected
-
-if TYPE_CHECKING:
-    from pipeline.services.processors.app import Processors
+from pipeline.services.processors.worker import Processors
 
 
 def current_state(processors: Processors, session_id: str) -> SessionState | None:
@@ -36,27 +38,49 @@ def current_state(processors: Processors, session_id: str) -> SessionState | Non
     return None if raw is None else SessionState.from_json(session_id, raw)
 
 
-def session_messages(processors: Processors, session_id: str, at_seq: int | None
-                     ) -> dict[str, Any] | None:
+def session_messages(processors: Processors, session_id: str) -> dict[str, Any] | None:
     """The derived messages of a session as folded so far (None: session unknown here).
 
     Read between two awaits of the folds, so the surface and the ``nodes`` it names agree
-    (a fold writes a node before it awaits anything)."""
+    (a fold records a node, for the next persist, before it awaits anything)."""
     tables = processors.tables
     state = current_state(processors, session_id)
     next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
     if state is None and next_seq == 0:
         return None
-    state = state or SessionState(session_id)
-    seqs = state.surface.seqs() if at_seq is None else surface_seqs_at(state.surface.ops, at_seq)
     messages = []
-    for seq in seqs:
-        node = tables.nodes.get(f"{session_id}/{seq}")
-        if node is not None and node.get("message") is not None:
-            messages.append(node["message"])
-    return {"session": session_id, "nextSeq": next_seq,
-            "atSeq": next_seq - 1 if at_seq is None else min(at_seq, next_seq - 1),
+    if state is not None:
+        folder = processors.folder
+        for seq in state.surface.seqs():
+            key = f"{session_id}/{seq}"
+            node = (tables.nodes.get(key) if folder is None
+                    else folder.node(state.partition, key))
+            if node is not None and node.get("message") is not None:
+                messages.append(node["message"])
+    return {"session": session_id, "nextSeq": next_seq, "atSeq": next_seq - 1,
             "messages": messages}
+
+
+async def messages_at(processors: Processors, session_id: str, at_seq: int
+                      ) -> dict[str, Any] | None:
+    """The derived messages as of event ``at_seq`` (None: session unknown here).
+
+    The current ones when ``at_seq`` is the last event folded or later; otherwise read back
+    from the session topic (from the offset of the session's first event) and folded by
+    core's surface fold: the worker keeps no history of the surface."""
+    now = session_messages(processors, session_id)
+    if now is None or at_seq >= now["nextSeq"] - 1:
+        return now
+    state = current_state(processors, session_id)
+    if state is None or at_seq < 0 or processors.decode is None:
+        return {**now, "atSeq": max(at_seq, -1), "messages": []}
+    events = await read_surface_events(
+        processors.settings, processors.settings.topics.session_events, state.partition,
+        session_id, state.first_offset, at_seq, processors.decode)
+    fold = SurfaceFold()
+    for event in events:
+        fold.apply(event)
+    return {**now, "atSeq": at_seq, "messages": list(fold.messages())}
 
 
 def _at_seq(request: Any) -> int | None:
@@ -80,7 +104,11 @@ def register_views(processors: Processors) -> None:
             at_seq = _at_seq(request)
         except ValueError as exc:
             return view.error(400, str(exc))
-        body = session_messages(processors, session_id, at_seq)
+        try:
+            body = (session_messages(processors, session_id) if at_seq is None
+                    else await messages_at(processors, session_id, at_seq))
+        except (BrokerError, CodecError, EventError) as exc:
+            return view.error(503, f"reading the session back failed: {exc}")
         if body is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
         return view.json(body)

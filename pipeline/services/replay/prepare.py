@@ -85,7 +85,8 @@ def prepare_file(path: str, session_id: str | None, topic: str, partitions: int,
     sid = session_id or session_id_for(path, session_file.header)
     records = event_records(topic, sid, session_file.events, encoder, session_file.header)
     return PreparedFile(path, sid, len(session_file.events), partition_for(sid, partitions),
-                        tuple((r.value, r.headers) for r in records))
+                        # an event's record always has a value (never a tombstone)
+                        tuple((r.value or b"", r.headers) for r in records))
 
 
 def avro_encoder() -> Encoder:

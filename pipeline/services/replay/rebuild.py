@@ -7,14 +7,16 @@ live processors to hold, extends the new version to the session topic's end
 
 The rebuild reads the session topic once (read committed, up to its end at the start), skips
 non-surface records by their ``dsh.type`` header without decoding them, folds surface events
-with core's :class:`~pipeline.core.projection.SurfaceSlots` exactly as the processors do, and
-publishes the same slot-keyed change records. Duplicates are skipped; a gap or an invalid
-event stops that session's fold (reported, never folded past).
+with core's :class:`~pipeline.core.surface.SurfaceFold` (its slot view,
+:func:`~pipeline.core.projection.fold_slots`) exactly as the processors do, and publishes
+the same slot-keyed change records. Duplicates are skipped; a gap or an invalid event stops
+that session's fold (reported, never folded past).
 
 Verification compares the new version's conversations with the active version's (read back
 from its compacted topic; sessions that changed during the rebuild are counted, not compared:
 :mod:`pipeline.services.replay.compare`), or, when there is none, with core's own fold of
-the log (:class:`~pipeline.core.surface.SurfaceFold`), and lists every difference.
+the log (a second :class:`~pipeline.core.surface.SurfaceFold` keeping messages), and
+lists every difference.
 """
 
 from __future__ import annotations
@@ -34,11 +36,10 @@ from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
 from pipeline.core.projection import (
     ActivePointer,
     MessageChange,
-    SurfaceSlots,
+    fold_slots,
     with_session,
 )
 from pipeline.core.surface import SurfaceFold
-from pipeline.core.validation import projected_message
 from pipeline.services.replay.compare import (
     Conversations,
     differences,
@@ -75,7 +76,7 @@ class _Session:
     session_id: str
     next_seq: int = 0
     stopped: bool = False
-    slots: SurfaceSlots = field(default_factory=SurfaceSlots)
+    slots: SurfaceFold = field(default_factory=lambda: SurfaceFold(keep_messages=False))
     messages: dict[int, JsonValue | None] = field(default_factory=dict)
     core: SurfaceFold | None = None
     last_change: int = -1  # seq of the last surface event that changed anything
@@ -259,8 +260,7 @@ class Rebuilder:
         if event.type not in SURFACE_TYPES:
             return
         try:
-            message = projected_message(event) if event.surface_op is not None else None
-            changes = with_session(state.slots.apply(event, message), state.session_id)
+            changes = with_session(fold_slots(state.slots, event), state.session_id)
             if state.core is not None:
                 state.core.apply(event)
         except EventError as exc:

@@ -1,24 +1,19 @@
 """Which fetched batches never reached the agent: found by delivery order, fetched again.
 
-faust can lose a message between its fetch loop and the agent: its fetch loop hands a
-message over with ``wait_first(callback(message), suspend_flow.wait())`` and drops it when
-flow control is suspended meanwhile; its stream skips (and, depending on the iterator,
-acks or forgets) a message that reaches it while flow control is inactive or from another
-generation. The position has moved past such records, so within a generation they would
-never come again and every session in them would stop at a gap (measured on the scale-out
-run: whole partitions of a killed worker never folded by the survivor).
+Rules:
 
-One agent takes a topic's batches in the order they were handed over, so a batch handed
-over *before* one the agent took, and not taken itself, was lost on the way.
-:class:`DeliveryLedger` finds them (the agent reports each batch it takes,
-:func:`.transport.mark_received`), and the consumer seeks their partitions back to where
-the first of them started (the folds skip what was folded already, by seq). A batch whose
-folding failed was taken: it stays uncommitted and is not fetched again until the worker
-restarts, as before (a poison batch must not be retried forever).
-
-Until the records fetched again arrive, the batches of that partition already on their way
-are not folded (:meth:`DeliveryLedger.admits`): they come again after the seek, and folded
-now they would be reported as gaps (dead-lettered) behind the records that were lost.
+- One agent takes a topic's batches in the order they were handed over, so a batch handed
+  over *before* one the agent took, and not taken itself, was lost on the way (faust drops
+  a hand-over when flow control is suspended meanwhile). :class:`DeliveryLedger` finds
+  them and the consumer seeks their partition back to where the first of them started; the
+  folds skip what was folded already, by seq.
+- No rewind when the lost records are coming again already (in the batch taken or one
+  handed over after it): fetched a third time they would be folded twice.
+- Until the records fetched again arrive, the partition's batches already on their way are
+  not folded (:meth:`DeliveryLedger.admits`): folded now they would be gaps.
+- A batch whose folding failed was taken: it stays uncommitted and is not fetched again
+  until the worker restarts (a poison batch is never retried forever).
+- A rebalance forgets everything: every partition is read again from its committed offset.
 """
 
 from __future__ import annotations
@@ -49,13 +44,8 @@ class DeliveryLedger:
         """The agent took batch ``number`` (of ``partition``, offsets ``start``..``last``).
         Returns, per partition, the offset to fetch again from: where the earliest batch
         handed over before it, and never taken, started. Those are forgotten (their records
-        come again).
-
-        Not when the records of a lost batch are on their way already: a seek fetched them
-        again into this batch or into one handed over after it. Fetched a third time they
-        would be folded twice (duplicates, measured at a restart: 106 records, when faust's
-        recovery seek came after fetching had begun; batched partitions now wait for that
-        seek, :mod:`.transport`, and this guard stays for any other seek)."""
+        come again). Not when the records of a lost batch are on their way already (a
+        seek fetched them again into this batch or into one handed over after it)."""
         open_batches = self._open.get(topic, {})
         entry = open_batches.get((partition, last))
         if entry is not None and entry[0] <= number:

@@ -1,13 +1,17 @@
 """The worker's producer: ``flush`` returns only when every buffered write is acknowledged.
 
-faust's commit calls ``producer.flush()`` first, but faust's flush can return with writes
-still unsent: its buffer drain gives up after 0.1 s without a send
-(``ProducerBuffer.flush_atmost``), and a write the buffer task took off the queue is not yet
-in aiokafka's batches when aiokafka's flush looks. A kill -9 right after such a commit loses
-table writes (changelogs) that the committed offset claims: a recovered table behind its
-partition's commit, reported as a gap and never folded past.
+Rules:
 
-:class:`DirectTopic` is the topic class of the worker's app, for the speed of those writes.
+- :meth:`FlushingProducer.flush` returns once every write put in faust's producer buffer
+  before the call (table changelogs go through ``send_soon``) is acknowledged by the broker,
+  and raises when one failed, at this flush and every later one: nothing is committed past
+  a lost write. Writes made during the flush are not waited for.
+- Every write lingers at least ``MIN_LINGER_MS`` (more when faust's ``producer_linger``
+  asks for it), so that small batches' writes share produce requests.
+- :class:`DirectTopic` hands a write to the running producer without faust's per-write
+  start-up guard.
+
+Why (faust's flush gives up after 0.1 s; the measurements): docs/decisions/processors-transport.md.
 """
 
 from __future__ import annotations
@@ -24,14 +28,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_SLICE_S: Final = 1.0
 FLUSH_WARN_EVERY_S: Final = 30.0
-# At least this linger for every write (outputs and changelogs), unless faust's
-# ``producer_linger`` asks for more. With faust's default of 0, nearly every write of a small
-# batch went out in its own produce request: at 5,000 events/s the socket writes alone were
-# ~20% of the worker's CPU (py-spy), and the worker, near a full core, stalled for seconds
-# behind its own changelog writes (faust's producer buffer past ``max_messages``).
-# Measured at 5,000 events/s, machine load ~2: linger 0 -> p99 0.75-3.3 s, 2 ms -> 0.12 s,
-# 3 ms -> 0.14 s (p50 +5 ms per ms of linger, when each batch waited for its outputs' acks;
-# since the tables are written once per commit, :mod:`.persisting`, nothing waits per batch).
+# See the module doc (measured: linger 0 -> p99 0.75-3.3 s, 2 ms -> 0.12 s).
 MIN_LINGER_MS: Final = 2
 
 

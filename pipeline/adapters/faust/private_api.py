@@ -1,0 +1,274 @@
+"""Every private name of faust-streaming and aiokafka the batching transport relies on.
+
+Rules:
+
+- The transport reads and writes private attributes of the two libraries only through the
+  functions of this module; the private methods it overrides are listed in
+  :data:`OVERRIDDEN` with the parameters it expects, and the private attributes in
+  :data:`ATTRIBUTES`.
+- :func:`private_api_problems` checks both lists against the installed libraries and names
+  every missing or changed attribute or signature; the worker refuses to start on any
+  (:func:`require_supported_faust`), and ``tests/test_faust_private_api.py`` fails on them,
+  so an upgrade of either library fails loudly, here, and not as a silent change of what
+  is committed.
+- One faust build is supported: with its Cython stream iterator (the two iterators count
+  acks differently, see docs/decisions/processors-transport.md). :func:`faust_build_problem`
+  says when the other one is in use (``NO_CYTHON`` set, or a build without the extension).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Iterable, MutableMapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Final
+
+import aiokafka.consumer.consumer as aiokafka_consumer_module
+import aiokafka.consumer.fetcher as aiokafka_fetcher
+import aiokafka.consumer.subscription_state as aiokafka_subscriptions
+import faust
+import faust.streams
+import faust.topics
+import faust.transport.consumer as faust_consumer
+import faust.transport.drivers.aiokafka as faust_aiokafka
+import faust.transport.producer as faust_producer
+
+SUPPORTED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+
+# (class, method, parameter names after self) of every private (or non-API) method the
+# transport overrides; a change of any of them changes what the override is called with.
+OVERRIDDEN: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
+    (faust_aiokafka.Consumer, "_new_consumer_thread", ()),
+    (faust_consumer.Consumer, "_wait_next_records", ("timeout",)),
+    (faust_consumer.Consumer, "_getmany", ("active_partitions", "timeout")),
+    (faust_consumer.Consumer, "getmany", ("timeout",)),
+    (faust_consumer.Consumer, "perform_seek", ()),
+    (faust_consumer.Consumer, "_add_gap", ("tp", "offset_from", "offset_to")),
+    (faust_consumer.Consumer, "force_commit", ("topics", "start_new_transaction")),
+    (faust_consumer.Consumer, "on_partitions_assigned", ("assigned", "generation_id")),
+    (faust_consumer.Consumer, "on_partitions_revoked", ("revoked",)),
+    (faust_consumer.Consumer, "_new_offset", ("tp",)),
+    (faust_aiokafka.Consumer, "_commit", ("offsets",)),
+    (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
+    (faust_consumer.Consumer, "_to_message", ("tp", "record")),
+    (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records",
+     ("consumer", "active_partitions", "timeout", "max_records")),
+    (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", ("transport",)),
+    (faust_aiokafka.AIOKafkaConsumerThread, "seek_wait", ("partitions",)),
+    (faust_aiokafka.Producer, "send_soon", ("fut",)),
+    (faust.Topic, "_get_producer", ()),
+    (aiokafka_fetcher.Fetcher, "fetched_records", ("partitions", "timeout", "max_records")),
+    (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),
+)
+
+# (class, attribute) of every private attribute the transport reads or writes: each must be
+# assigned as ``self.<attribute>`` somewhere in the class or its bases.
+ATTRIBUTES: Final[tuple[tuple[type, str], ...]] = (
+    (faust_consumer.Consumer, "_read_offset"),
+    (faust_consumer.Consumer, "_committed_offset"),
+    (faust_consumer.Consumer, "_acked"),
+    (faust_consumer.Consumer, "_acked_index"),
+    (faust_consumer.Consumer, "_commit_every"),
+    (faust_consumer.ThreadDelegateConsumer, "_thread"),
+    (faust_aiokafka.AIOKafkaConsumerThread, "_consumer"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetcher"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_closed"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetch_max_wait_ms"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetch_min_bytes"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_consumer_timeout"),
+    (aiokafka_consumer_module.AIOKafkaConsumer, "_isolation_level"),
+    (aiokafka_fetcher.Fetcher, "_subscriptions"),
+    (aiokafka_fetcher.Fetcher, "_closed"),
+    (aiokafka_fetcher.Fetcher, "_prefetch_backoff"),
+    (aiokafka_subscriptions.TopicPartitionState, "_position"),
+)
+
+# Public members of private objects, read through the functions below.
+MEMBERS: Final[tuple[tuple[type, str], ...]] = (
+    (aiokafka_subscriptions.SubscriptionState, "subscription"),
+    (aiokafka_subscriptions.SubscriptionState, "reassignment_in_progress"),
+    (aiokafka_subscriptions.SubscriptionState, "wait_for_assignment"),
+    (aiokafka_subscriptions.SubscriptionState, "fetch_context"),
+    (aiokafka_subscriptions.Assignment, "tps"),
+    (aiokafka_subscriptions.Assignment, "state_value"),
+    (faust_producer.Producer, "flush"),
+)
+
+
+def private_api_problems() -> list[str]:
+    """Every listed name missing from the installed libraries or changed, one line each."""
+    problems = [problem for cls, name, params in OVERRIDDEN
+                if (problem := _signature_problem(cls, name, params)) is not None]
+    problems += [f"{_name(cls)}.{name}: not assigned as self.{name} any more"
+                 for cls, name in ATTRIBUTES if not _assigns(cls, name)]
+    problems += [f"{_name(cls)}.{name}: missing" for cls, name in MEMBERS
+                 if not hasattr(cls, name)]
+    return problems
+
+
+def faust_build_problem() -> str | None:
+    """Why the faust build in use is not the supported one (None: it is)."""
+    if getattr(faust.streams, "_CStreamIterator", None) is None:
+        return ("faust-streaming runs without its Cython stream iterator (NO_CYTHON is set, "
+                "or the build lacks faust._cython.streams); the processors' transport is "
+                "built and tested on the Cython one: unset NO_CYTHON or install the wheel")
+    return None
+
+
+def require_supported_faust() -> None:
+    """Raise RuntimeError naming every problem of :func:`private_api_problems` and
+    :func:`faust_build_problem` (the worker calls this before it builds its transport)."""
+    problems = private_api_problems()
+    build = faust_build_problem()
+    if build is not None:
+        problems.append(build)
+    if problems:
+        raise RuntimeError(
+            "the installed faust-streaming/aiokafka do not match what the processors' "
+            f"transport relies on (built for {SUPPORTED_VERSIONS}): " + "; ".join(problems))
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _signature_problem(cls: type, name: str, params: tuple[str, ...]) -> str | None:
+    method = getattr(cls, name, None)
+    if method is None:
+        return f"{_name(cls)}.{name}: missing"
+    try:
+        found = tuple(inspect.signature(method).parameters)[1:]
+    except (TypeError, ValueError):
+        return None   # a compiled method: its signature cannot be read
+    if found != params:
+        return f"{_name(cls)}.{name}: parameters {found}, expected {params}"
+    return None
+
+
+def _assigns(cls: type, attribute: str) -> bool:
+    """Whether ``self.<attribute>`` is assigned in the module of ``cls`` or of a base."""
+    needles = (f"self.{attribute} =", f"self.{attribute}: ")
+    for base in cls.__mro__:
+        source = _module_source(base.__module__)
+        if any(needle in source for needle in needles):
+            return True
+    return False
+
+
+@functools.cache
+def _module_source(module: str) -> str:
+    try:
+        path = inspect.getsourcefile(sys.modules[module])
+    except (KeyError, TypeError):
+        return ""
+    try:
+        return Path(path).read_text() if path else ""
+    except OSError:
+        return ""
+
+
+# faust's consumer (a BatchingConsumer) ------------------------------------------------
+
+def committed_offsets(consumer: Any) -> MutableMapping[Any, int | None]:
+    """faust's committed offset per partition (what it seeked to, or last committed)."""
+    offsets: MutableMapping[Any, int | None] = consumer._committed_offset
+    return offsets
+
+
+def clear_read_offset(consumer: Any, tp: Any) -> None:
+    """Make faust accept any offset of ``tp`` at the next hand-over (its read offset)."""
+    consumer._read_offset[tp] = None
+
+
+def forget_acks(consumer: Any, tp: Any) -> None:
+    """Drop faust's acks of ``tp`` (acked by a previous generation)."""
+    consumer._acked.pop(tp, None)
+    consumer._acked_index.pop(tp, None)
+
+
+def forget_acks_below(consumer: Any, tp: Any, committed: int) -> None:
+    """Drop faust's acks of ``tp`` below the committed offset."""
+    done = {last for last in consumer._acked[tp] if last < committed}
+    if done:
+        consumer._acked[tp] = [last for last in consumer._acked[tp] if last not in done]
+        consumer._acked_index[tp].difference_update(done)
+
+
+def commit_from_timer_only(consumer: Any) -> None:
+    """Turn off faust's commit every ``broker_commit_every`` acks (it runs inside the loop
+    that hands records to the agents); the commit timer goes on."""
+    consumer._commit_every = None
+
+
+def consumer_thread(consumer: Any) -> Any:
+    """faust's consumer thread (a :class:`.fetching.ShortPollConsumerThread`)."""
+    return consumer._thread
+
+
+# aiokafka's consumer and fetcher ------------------------------------------------------
+
+def aiokafka_consumer(thread: Any) -> Any:
+    """The aiokafka consumer of faust's consumer thread."""
+    return thread._consumer
+
+
+def configure_fetch(consumer: Any, *, max_wait_ms: int, min_bytes: int,
+                    routine_poll_s: float, isolation_level: str) -> None:
+    """Fetch options of an aiokafka consumer not started yet (faust passes none of them;
+    the fetcher that ``start()`` creates reads them)."""
+    consumer._fetch_max_wait_ms = max_wait_ms
+    consumer._fetch_min_bytes = min_bytes
+    consumer._consumer_timeout = routine_poll_s
+    consumer._isolation_level = isolation_level
+
+
+def set_prefetch_backoff(consumer: Any, seconds: float) -> None:
+    """How long aiokafka holds a broker's next fetch while fetched records wait untaken."""
+    consumer._fetcher._prefetch_backoff = seconds
+
+
+def fetcher_of(consumer: Any) -> Any:
+    return consumer._fetcher
+
+
+def fetching_closed(consumer: Any, fetcher: Any) -> bool:
+    return bool(consumer._closed or fetcher._closed)
+
+
+def fetcher_closed(fetcher: Any) -> bool:
+    return bool(fetcher._closed)
+
+
+def fetch_context(fetcher: Any) -> AbstractContextManager[Any]:
+    context: AbstractContextManager[Any] = fetcher._subscriptions.fetch_context()
+    return context
+
+
+async def wait_for_reassignment(fetcher: Any) -> None:
+    """Until a reassignment in progress (if any) is done."""
+    subscriptions = fetcher._subscriptions
+    if subscriptions.reassignment_in_progress:
+        await subscriptions.wait_for_assignment()
+
+
+def positions(fetcher: Any) -> dict[Any, int | None]:
+    """aiokafka's position of every assigned partition (None: not yet known)."""
+    subscription = fetcher._subscriptions.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None:
+        return {}
+    return {tp: assignment.state_value(tp)._position for tp in assignment.tps}
+
+
+def fetch_waiter(fetcher: Any) -> Any:
+    """A future done when aiokafka buffered new records (or its fetch routine failed)."""
+    return fetcher._create_fetch_waiter()
+
+
+def names() -> Iterable[str]:
+    """Every listed name, for messages and docs."""
+    yield from (f"{_name(cls)}.{name}" for cls, name, _ in OVERRIDDEN)
+    yield from (f"{_name(cls)}.{name}" for cls, name in ATTRIBUTES + MEMBERS)

@@ -1,0 +1,109 @@
+"""Every private name of faust-streaming and aiokafka the processors' transport relies on is
+listed in :mod:`pipeline.adapters.faust.private_api` and present in the installed libraries:
+an upgrade that removes or changes one fails here, naming it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.faust import private_api
+
+ADAPTER = Path(private_api.__file__).parent
+
+
+def test_the_installed_libraries_have_every_listed_private_name() -> None:
+    assert private_api.private_api_problems() == []
+
+
+def test_the_supported_faust_build_is_in_use() -> None:
+    assert private_api.faust_build_problem() is None
+    private_api.require_supported_faust()
+
+
+def test_a_changed_signature_or_a_missing_attribute_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiokafka.consumer.fetcher as fetcher
+    import faust.transport.consumer as faust_consumer
+
+    def _new_offset(self: object, tp: object, extra: object) -> None: ...
+
+    monkeypatch.setattr(faust_consumer.Consumer, "_new_offset", _new_offset)
+    monkeypatch.delattr(fetcher.Fetcher, "_create_fetch_waiter")
+    monkeypatch.setattr(private_api, "ATTRIBUTES",
+                        (*private_api.ATTRIBUTES, (fetcher.Fetcher, "_gone_in_next_release")))
+    problems = private_api.private_api_problems()
+    assert any("Consumer._new_offset: parameters ('tp', 'extra')" in p for p in problems)
+    assert any("Fetcher._create_fetch_waiter: missing" in p for p in problems)
+    assert any("Fetcher._gone_in_next_release" in p for p in problems)
+    with pytest.raises(RuntimeError, match="_create_fetch_waiter"):
+        private_api.require_supported_faust()
+
+
+def test_the_other_faust_build_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import faust.streams
+    monkeypatch.setattr(faust.streams, "_CStreamIterator", None)
+    with pytest.raises(RuntimeError, match="NO_CYTHON"):
+        private_api.require_supported_faust()
+
+
+def _is_super(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "super")
+
+
+def _private_attributes_used(path: Path) -> tuple[set[str], set[str]]:
+    """Names ``x._name`` used on anything but ``self``, and ``super()._name`` calls."""
+    found, inherited = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            continue
+        if _is_super(node.value):
+            inherited.add(node.attr)
+        elif not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            found.add(node.attr)
+    return found, inherited
+
+
+def test_only_the_private_api_module_reaches_into_other_objects() -> None:
+    listed = {name for _, name in private_api.ATTRIBUTES}
+    overridden = {name for _, name, _ in private_api.OVERRIDDEN}
+    for module in ADAPTER.glob("*.py"):
+        found, inherited = _private_attributes_used(module)
+        assert inherited <= overridden, module.name
+        if module.name != "private_api.py":
+            assert found == set(), module.name
+        else:
+            assert found <= listed | overridden, found - listed - overridden
+
+
+def test_the_adapter_s_own_private_names_shadow_nothing_in_faust() -> None:
+    import inspect
+    import re
+
+    from pipeline.adapters.faust import fetching, flushing, transport
+    overridden = {name for _, name, _ in private_api.OVERRIDDEN}
+    for cls in (transport.BatchingConsumer, transport.BatchingTransport,
+                fetching.ShortPollConsumerThread, flushing.FlushingProducer,
+                flushing.DirectTopic):
+        base = cls.__mro__[1]
+        own = {name for name in vars(cls) if name.startswith("_")
+               and not name.startswith("__") and name != "_abc_impl"}
+        own |= set(re.findall(r"self\.(_[a-z]\w*) =", inspect.getsource(cls)))
+        shadowed = {name for name in own - overridden
+                    if hasattr(base, name) or private_api._assigns(base, name)}
+        assert shadowed == set(), (cls.__name__, shadowed)
+
+
+def test_services_get_faust_s_kafka_transport_only_through_the_adapter() -> None:
+    services = ADAPTER.parent.parent / "services"
+    for module in services.rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [alias.name for alias in node.names]
+                     if isinstance(node, ast.Import) else [])
+            assert not any(name.startswith(("faust.transport", "aiokafka", "mode"))
+                           for name in names), module

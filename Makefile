@@ -18,14 +18,14 @@ $(BIN)/python:
 
 # Re-run the (idempotent) editable install when pyproject.toml changes.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,rocksdb]'
 	touch $(STAMP)
 
 artifacts: $(STAMP)
-	$(BIN)/dsh-pipeline broker --fetch-only
+	$(BIN)/dsh-pipeline broker --fetch-only --secure
 
 tools: $(STAMP)
-	$(BIN)/dsh-pipeline broker --fetch-only --with-tools
+	$(BIN)/dsh-pipeline broker --fetch-only --with-tools --secure
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -52,15 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    settings_or_none: Settings | None = None
     try:
-        settings = Settings.from_env()
+        settings = settings_or_none = Settings.from_env()
         code: int = args.func(args, settings)
         return code
     except DshError as exc:
-        print(f"dsh-pipeline {args.command}: error: {exc}", file=sys.stderr)
+        print(f"dsh-pipeline {args.command}: error: {exc}{_as_principal(settings_or_none)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _as_principal(settings: Settings | None) -> str:
+    """Who the command was (the SASL user name; never the password)."""
+    if settings is None or not settings.sasl_username:
+        return ""
+    return f" [as principal User:{settings.sasl_username}]"
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError, for_code
 
 from pipeline.adapters.kafka.options import broker_errors, client_options
 from pipeline.core.errors import BrokerError
@@ -49,6 +49,8 @@ class EnsureReport:
 
     created: tuple[str, ...]
     existing: tuple[str, ...]
+    # Topics this principal may neither see nor create (ACLs): left to the admin, unchecked.
+    not_authorized: tuple[str, ...] = ()
 
 
 def plan_topics(settings: Settings) -> list[TopicSpec]:
@@ -76,7 +78,9 @@ async def ensure_topics(settings: Settings) -> EnsureReport:
     """Create the project's missing topics and check the existing ones against the plan.
 
     Idempotent and safe to run from several processes at once. Raises :class:`BrokerError`
-    when the broker cannot be used or an existing topic does not match the plan.
+    when the broker cannot be used or an existing topic does not match the plan. A principal
+    without Describe or Create on a topic (a service on a secured cluster, where the admin
+    provisions the topics) skips it: it is reported in ``not_authorized``, not checked.
     """
     specs = plan_topics(settings)
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
@@ -85,15 +89,20 @@ async def ensure_topics(settings: Settings) -> EnsureReport:
     try:
         found = await _partition_counts(admin, [s.name for s in specs])
         missing = [s for s in specs if s.name not in found]
-        created = await _create(admin, missing)
-        found.update(await _wait_visible(admin, [s.name for s in missing]))
+        created, refused = await _create(admin, missing)
+        specs = [s for s in specs if s.name not in refused]
+        found.update(await _wait_visible(admin, [s.name for s in missing if s.name in created]))
         policies = await _cleanup_policies(admin, [s.name for s in specs])
         for spec in specs:
-            check_topic(spec, found.get(spec.name), policies.get(spec.name))
+            if spec.name in policies:
+                check_topic(spec, found.get(spec.name), policies[spec.name])
+            else:
+                refused.append(spec.name)  # visible, but its configs are not (no ACL)
     finally:
         await admin.close()
-    existing = tuple(s.name for s in specs if s.name not in created)
-    return EnsureReport(created=tuple(created), existing=existing)
+    existing = tuple(s.name for s in specs if s.name not in created and s.name not in refused)
+    return EnsureReport(created=tuple(created), existing=existing,
+                        not_authorized=tuple(refused))
 
 
 def check_topic(spec: TopicSpec, partitions: int | None, cleanup_policy: str | None) -> None:
@@ -160,36 +169,42 @@ async def _wait_visible(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dic
     return await _partition_counts(admin, names)
 
 
-async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:
-    """Create ``specs``; a topic created meanwhile by someone else is not an error."""
+async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]
+                  ) -> tuple[list[str], list[str]]:
+    """Create ``specs``: (created, refused for lack of authorization); a topic created
+    meanwhile by someone else is not an error."""
     new = [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
            for s in specs]
     if not new:
-        return []
+        return [], []
     with broker_errors("create topics"):
         response = await admin.create_topics(new, timeout_ms=ADMIN_TIMEOUT_MS)
     created: list[str] = []
+    refused: list[str] = []
     for name, code, message in (tuple(e)[:3] for e in response.topic_errors):
         if code == 0:
             created.append(name)
+        elif for_code(code) is TopicAuthorizationFailedError:
+            refused.append(name)
         elif for_code(code) is not TopicAlreadyExistsError:
             raise BrokerError(
                 f"create topic {name!r}: {for_code(code).__name__}"
                 + (f": {message}" if message else "")
             )
-    return created
+    return created, refused
 
 
 async def _cleanup_policies(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, str]:
     """The effective ``cleanup.policy`` of each topic in ``names``."""
     wanted = {"cleanup.policy": None}
     resources = [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
-    configs = await describe_topic_configs(admin, resources)
+    configs = await describe_topic_configs(admin, resources, skip_unauthorized=True)
     return {name: values.get("cleanup.policy", "") for name, values in configs.items()}
 
 
 async def describe_topic_configs(
-    admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource]
+    admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource], *,
+    skip_unauthorized: bool = False,
 ) -> dict[str, dict[str, str]]:
     """Topic name -> {config name: value} for ``resources`` (``configs=None``: every config).
 
@@ -204,6 +219,8 @@ async def describe_topic_configs(
         failures: list[tuple[str, int, str]] = []
         for response in responses:
             for code, message, _type, name, entries in (tuple(r)[:5] for r in response.resources):
+                if skip_unauthorized and for_code(code) is TopicAuthorizationFailedError:
+                    continue  # no DescribeConfigs ACL: the caller leaves it unchecked
                 if code != 0:
                     failures.append((name, code, message))
                 result[name] = {str(e[0]): str(e[1]) for e in entries}

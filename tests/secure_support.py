@@ -61,4 +61,4 @@ class SecureStack:
 
     @property
     def passwords(self) -> list[str]:
-        return list(self.security.passwords.values()) + [self.security.controller_password]
+        return [*self.security.passwords.values(), self.security.controller_password]

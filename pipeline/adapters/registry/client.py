@@ -18,6 +18,7 @@ by default), schema ids from the registry's own id space (never assumed).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from types import TracebackType
 from typing import Any, Final
@@ -55,7 +56,7 @@ class RegistryClient:
     """Register and fetch Avro schemas, read and set compatibility. Thread-safe."""
 
     def __init__(self, base_url: str, *, username: str = "", password: Secret | None = None,
-                 timeout_s: float = 10.0, verify: str | bool = True) -> None:
+                 timeout_s: float = 10.0, verify: ssl.SSLContext | bool = True) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"registry URL must start with http:// or https://, got "
                               f"{_public_url(base_url)!r}")
@@ -70,9 +71,15 @@ class RegistryClient:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RegistryClient:
+        verify: ssl.SSLContext | bool = True
+        if settings.ssl_cafile:
+            try:
+                verify = ssl.create_default_context(cafile=settings.ssl_cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"DSH_SSL_CAFILE {settings.ssl_cafile!r} cannot be used: "
+                                  f"{exc}") from None
         return cls(settings.registry_url, username=settings.registry_username,
-                   password=settings.registry_password,
-                   verify=settings.ssl_cafile or True)
+                   password=settings.registry_password, verify=verify)
 
     def close(self) -> None:
         self._http.close()

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics
+from pipeline.cli.local_store import run_with_trusted_store
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
@@ -92,4 +93,5 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         decode = EventSerde(SchemaTable(client.get_schema)).decode
         outputs = output_codecs_for_topics(client, settings.topics)
     processors = build_processors(settings, decode, options, sizes, outputs)
-    return run_worker(processors, loglevel=args.loglevel.upper())
+    return run_with_trusted_store(options.store, options.data_dir, lambda: run_worker(
+        processors, loglevel=args.loglevel.upper()))

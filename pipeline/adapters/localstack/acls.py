@@ -126,16 +126,18 @@ def _replay(s: Settings) -> list[AclRule]:
     ]
 
 
-def acl_commands(rules: list[AclRule]) -> list[list[str]]:
-    """``kafka-acls --add`` arguments, one list per (principal, resource type, pattern,
-    operations) group (the tool applies every operation to every resource it is given)."""
+def acl_commands(rules: list[AclRule], *, remove: bool = False) -> list[list[str]]:
+    """``kafka-acls --add`` (or ``--remove --force``) arguments, one list per (principal,
+    resource type, pattern, operations) group (the tool applies every operation to every
+    resource it is given)."""
     def key(rule: AclRule) -> tuple[str, str, bool, tuple[str, ...]]:
         return rule.principal, rule.resource, rule.prefixed, rule.operations
 
     commands = []
     for (principal, resource, prefixed, operations), group in itertools.groupby(
             sorted(rules, key=key), key=key):
-        args = ["--add", "--allow-principal", f"User:{principal}",
+        action = ["--remove", "--force"] if remove else ["--add"]
+        args = [*action, "--allow-principal", f"User:{principal}",
                 "--resource-pattern-type", "prefixed" if prefixed else "literal"]
         for rule in group:
             args += [f"--{resource}", rule.name]
@@ -146,10 +148,11 @@ def acl_commands(rules: list[AclRule]) -> list[list[str]]:
 
 
 def apply_acls(java: str, classpath: str, bootstrap: str, command_config: Path,
-               rules: list[AclRule]) -> int:
-    """Create ``rules`` through ``kafka-acls``, every group in one JVM (``AclBatch.java``
-    calls AclCommand once per group); the number of groups. Raises BrokerError."""
-    commands = acl_commands(rules)
+               rules: list[AclRule], *, remove: bool = False) -> int:
+    """Create (or remove) ``rules`` through ``kafka-acls``, every group in one JVM
+    (``AclBatch.java`` calls AclCommand once per group); the number of groups. Raises
+    BrokerError."""
+    commands = acl_commands(rules, remove=remove)
     arguments = command_config.with_name("acl-commands.tsv")
     arguments.write_text("".join(
         "\t".join(["--bootstrap-server", bootstrap, "--command-config", str(command_config),

@@ -71,6 +71,13 @@ class LocalStack:
             raise
         self.started_s = time.monotonic() - began
 
+    def change_acls(self, rules: list[AclRule], *, remove: bool = False) -> None:
+        """Add (or remove) ACLs on the running secure stack (the admin's kafka-acls)."""
+        if self.security is None:
+            raise ValueError("ACLs exist only on a secure stack")
+        apply_acls(find_java(17), self._acl_classpath, self.bootstrap,
+                   self.security.admin_properties, rules, remove=remove)
+
     def dead_processes(self) -> list[tuple[str, Path]]:
         """(name, log file) of each started process that has exited on its own."""
         dead = [(f"kafka node {n.node_id}", n.log_path) for n in self.kafka.dead_nodes()]

@@ -24,6 +24,7 @@ from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.transactional import PartitionProducer
+from pipeline.adapters.localstack.process import free_ports
 from pipeline.adapters.localstack.tls import make_pki
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.core.errors import BrokerError, RegistryError
@@ -166,3 +167,21 @@ def test_a_refused_command_exits_non_zero_naming_the_principal(
     for password in secure_stack.passwords:
         assert password not in done.stderr + done.stdout
     assert asyncio.run(_ends(secure_stack, inbox)) == before
+
+
+@pytest.mark.parametrize(("command", "role"), [
+    (["driver", "--metrics-port", "0"], "dashboard"),
+    (["processors", "--web-port", str(free_ports(1)[0])], "dashboard"),
+])
+def test_a_service_refused_at_start_exits_non_zero_saying_why(
+        secure_stack: SecureStack, tmp_path: Path, command: list[str], role: str) -> None:
+    """A service started as a principal without its ACLs stops at once, naming the principal
+    and what was refused; it does not retry for ever."""
+    env = {**secure_stack.env(role), "DSH_STATE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.main", *command], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-3000:]
+    assert f"User:{role}" in said and "AuthorizationFailed" in said, said[-3000:]
+    for password in secure_stack.passwords:
+        assert password not in said

@@ -19,7 +19,7 @@ $(BIN)/python:
 
 # Re-run the (idempotent) editable install when pyproject.toml changes.
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,rocksdb]'
 	touch $(STAMP)
 
 # Pins what the virtualenv holds now as the exact versions `make` and CI install.
@@ -28,10 +28,10 @@ constraints: $(STAMP)
 	mv constraints.txt.new constraints.txt
 
 artifacts: $(STAMP)
-	$(BIN)/dsh-pipeline broker --fetch-only
+	$(BIN)/dsh-pipeline broker --fetch-only --secure
 
 tools: $(STAMP)
-	$(BIN)/dsh-pipeline broker --fetch-only --with-tools
+	$(BIN)/dsh-pipeline broker --fetch-only --with-tools --secure
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

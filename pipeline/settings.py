@@ -97,6 +97,8 @@ class Settings:
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8780
     dashboard_token: Secret = Secret("")
+    dashboard_tls_cert: str = ""
+    dashboard_tls_key: str = ""
     processors_web_port: int = 6066
     driver_metrics_port: int = 9464
     state_dir: str = ".cache/state"

@@ -129,6 +129,17 @@ def registry_url(_local_services: _LocalServices) -> str:
     return external.rstrip("/") if external else _local_services.registry_url()
 
 
+@pytest.fixture(scope="session")
+def secure_stack() -> Iterator[object]:
+    """A secure Kafka + registry of its own (tests/secure_support.py), started on first use."""
+    from secure_support import SecureStack  # only the secure tests pay for its imports
+    stack = SecureStack()
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
 @pytest.fixture
 def topic_prefix() -> str:
     """A topic prefix unique to this test."""

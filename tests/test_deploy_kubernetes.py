@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from pipeline.adapters.kafka.admin import plan_topics
+from pipeline.adapters.localstack.acls import acl_plan
+from pipeline.adapters.localstack.security import ROLES
 from pipeline.cli.main import build_parser
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Secret, Settings, TopicNames
@@ -190,9 +192,15 @@ def test_kafka_cluster_matches_the_settings() -> None:
     assert roles == {"controller", "broker"}
     brokers = sum(p["spec"]["replicas"] for p in pools if "broker" in p["spec"]["roles"])
     assert brokers >= Settings.from_env(config_map()).replication_factor
-    plain = [lst for lst in kafka["spec"]["kafka"]["listeners"] if not lst["tls"]]
-    bootstrap = f"{kafka['metadata']['name']}-kafka-bootstrap:{plain[0]['port']}"
-    assert config_map()["DSH_BOOTSTRAP_SERVERS"] == bootstrap
+    listeners = kafka["spec"]["kafka"]["listeners"]
+    assert all(lst["tls"] and lst["authentication"]["type"] == "scram-sha-512"
+               for lst in listeners), "every listener is TLS with SCRAM-SHA-512"
+    bootstrap = f"{kafka['metadata']['name']}-kafka-bootstrap:{listeners[0]['port']}"
+    settings = Settings.from_env(config_map())
+    assert settings.bootstrap_servers == bootstrap
+    assert (settings.security_protocol, settings.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert kafka["spec"]["kafka"]["authorization"] == {"type": "simple", "superUsers": ["admin"]}
+    assert "allow.everyone.if.no.acl.found" not in kafka["spec"]["kafka"]["config"]
     assert {t["metadata"]["labels"]["strimzi.io/cluster"] for t in of_kind("KafkaTopic")} == {
         "dsh"}
 
@@ -222,7 +230,48 @@ def test_secrets_come_only_by_reference() -> None:
         for env in env_vars(container):
             if env["name"] in SECRET_VARS or env["name"] == "DEEPSEEK_API_KEY":
                 assert "value" not in env, f"{resource_id(workload)}: {env['name']} inline"
-                assert env["valueFrom"]["secretKeyRef"]["name"] == "dsh-secrets"
+                ref = env["valueFrom"]["secretKeyRef"]
+                # a Kafka password comes from the Secret Strimzi makes for the KafkaUser
+                allowed = {"dsh-secrets"} | ({u["metadata"]["name"] for u in of_kind(
+                    "KafkaUser")} if env["name"] == "DSH_SASL_PASSWORD" else set())
+                assert ref["name"] in allowed, f"{resource_id(workload)}: {env['name']}"
+
+
+STRIMZI_RESOURCE_TYPE = {"topic": "topic", "group": "group",
+                         "transactional-id": "transactionalId"}
+
+
+def test_kafka_users_hold_exactly_the_acl_plan() -> None:
+    """One KafkaUser per role, SCRAM-SHA-512, with the ACLs of acl_plan() for the ConfigMap's
+    prefixes (the plan the secure local stack applies with kafka-acls)."""
+    users = {u["metadata"]["name"]: u["spec"] for u in of_kind("KafkaUser")
+             if u["metadata"]["name"] != "registry"}  # Apicurio's own journal user
+    assert set(users) == set(ROLES)
+    plan = acl_plan(Settings.from_env(config_map()))
+    for role, spec in users.items():
+        assert spec["authentication"] == {"type": "scram-sha-512"}
+        expected = [{"resource": {"type": STRIMZI_RESOURCE_TYPE[r.resource], "name": r.name,
+                                  "patternType": "prefix" if r.prefixed else "literal"},
+                     "operations": list(r.operations)} for r in plan if r.principal == role]
+        found = spec.get("authorization", {}).get("acls", [])
+        assert found == expected, role
+
+
+def test_every_dsh_pod_is_a_principal_trusting_the_cluster_ca() -> None:
+    cafile = Path(Settings.from_env(config_map()).ssl_cafile)
+    users = {u["metadata"]["name"] for u in of_kind("KafkaUser")}
+    for workload, container in dsh_containers():
+        env = {e["name"]: e for e in env_vars(container)}
+        username = env["DSH_SASL_USERNAME"]["value"]
+        assert username in users, resource_id(workload)
+        ref = env["DSH_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (username, "password"), resource_id(workload)
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert mounts["kafka-ca"] == str(cafile.parent), resource_id(workload)
+        assert volumes["kafka-ca"]["secret"]["secretName"] == "dsh-cluster-ca-cert"
+        assert volumes["kafka-ca"]["secret"]["items"] == [{"key": "ca.crt",
+                                                           "path": cafile.name}]
 
 
 def port_named(container: dict[str, Any], name: Any) -> int:
@@ -353,6 +402,8 @@ def test_registry_probes_use_apicurios_management_port() -> None:
     env = {e["name"]: e.get("value") for e in env_vars(container)}
     assert env["APICURIO_STORAGE_KIND"] == "kafkasql", "in-memory schemas die with the pod"
     assert env["APICURIO_KAFKASQL_BOOTSTRAP_SERVERS"] == config_map()["DSH_BOOTSTRAP_SERVERS"]
+    assert env["APICURIO_KAFKA_COMMON_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert env["APICURIO_KAFKA_COMMON_SSL_TRUSTSTORE_LOCATION"] == config_map()["DSH_SSL_CAFILE"]
     for key in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container[key]["httpGet"]
         assert probe["path"].startswith("/health/")

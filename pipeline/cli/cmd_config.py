@@ -48,6 +48,8 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "dashboard_host": "Interface the dashboard binds to (`0.0.0.0` in a container).",
     "dashboard_port": "HTTP port of the dashboard (`/`, `/health`, `/metrics`).",
     "dashboard_token": "Bearer token the dashboard requires (secret); empty: no auth.",
+    "dashboard_tls_cert": "PEM certificate (chain) file: the dashboard serves HTTPS only.",
+    "dashboard_tls_key": "PEM private key file of DSH_DASHBOARD_TLS_CERT.",
     "processors_web_port": "HTTP port of a processors worker (`/health`, `/metrics`, tables).",
     "driver_metrics_port": "HTTP port of the driver's `/health` and `/metrics`.",
     "state_dir": "Directory of the processors' local table state (RocksDB); keep it on a "

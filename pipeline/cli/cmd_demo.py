@@ -21,14 +21,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import replace
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.localstack.acls import acl_plan
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
+from pipeline.adapters.localstack.security import ROLES, SecureSetup
 from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.cli.cmd_broker import prepare_stack, role_settings
 from pipeline.cli.common import add_duration
 from pipeline.cli.demo_fleet import run_demo_fleet
 from pipeline.codec.avro import EventSerde
@@ -59,6 +62,9 @@ def register(subparsers: Any) -> None:
                              "publish the samples)")
     parser.add_argument("--turns", type=int, default=2, metavar="N",
                         help="turns per scripted session")
+    parser.add_argument("--secure", action="store_true",
+                        help="run on a secure local stack (TLS, SCRAM, ACLs, registry auth), "
+                             "every part as its own principal (docs/security.md)")
     add_duration(parser, "--ready-timeout", default=180.0,
                  help="how long each of Kafka and the registry may take to answer")
     parser.set_defaults(func=run)
@@ -72,18 +78,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         _progress(f"using the broker at {settings.bootstrap_servers}")
         return _with_dashboard(settings, sessions, args)
     artifacts = Artifacts.default()
-    ensure_artifacts(artifacts, progress=_progress)
-    stack = LocalStack(artifacts)
-    stack.start(budget_s=args.ready_timeout)
-    try:
-        _progress(f"local stack ready in {stack.started_s:.1f} s: bootstrap={stack.bootstrap} "
-                  f"registry={stack.registry_url}")
-        local = replace(settings, bootstrap_servers=stack.bootstrap,
-                        registry_url=stack.registry_url, replication_factor=1)
-        return _with_dashboard(local, sessions, args)
-    finally:
-        _progress("stopping the local stack ...")
-        stack.stop()
+    ensure_artifacts(artifacts, with_acl_tool=args.secure, progress=_progress)
+    with tempfile.TemporaryDirectory(prefix="dsh-demo-secure-") as run_dir:
+        security = SecureSetup.create(Path(run_dir)) if args.secure else None
+        stack = LocalStack(artifacts, security=security, acl_rules=acl_plan(settings))
+        stack.start(budget_s=args.ready_timeout)
+        try:
+            _progress(f"local stack ready in {stack.started_s:.1f} s: "
+                      f"bootstrap={stack.bootstrap} registry={stack.registry_url}")
+            if security is None:
+                return _with_dashboard(role_settings(stack, settings, 1), sessions, args)
+            prepare_stack(stack, settings, 1)
+            roles = {role: role_settings(stack, settings, 1, role) for role in ROLES}
+            return _with_dashboard(roles["admin"], sessions, args, roles)
+        finally:
+            _progress("stopping the local stack ...")
+            stack.stop()
 
 
 def load_sessions(folder: Path) -> dict[str, list[Event]]:
@@ -105,17 +115,22 @@ def load_sessions(folder: Path) -> dict[str, list[Event]]:
 
 
 def _with_dashboard(settings: Settings, sessions: dict[str, list[Event]],
-                    args: argparse.Namespace) -> int:
-    """The live dashboard runs while the sessions go through; its URL is printed first."""
+                    args: argparse.Namespace, roles: dict[str, Settings] | None = None) -> int:
+    """The live dashboard runs while the sessions go through; its URL is printed first.
+    ``roles``: each part's own settings (principals on a secure stack), else ``settings``."""
+    def role(name: str) -> Settings:
+        return (roles or {}).get(name, settings)
+
     report = asyncio.run(ensure_topics(settings))
     _progress(f"topics: {len(report.created)} created, {len(report.existing)} existing")
-    with BackgroundDashboard(settings, EventSerde().decode) as url:
+    with BackgroundDashboard(role("dashboard"), EventSerde().decode) as url:
         _progress(f"dashboard: {url}  (open it to watch the fleet)")
         summary: dict[str, object] = {}
-        ok = _roundtrip(settings, sessions, summary)
+        ok = _roundtrip(role("ingest"), sessions, summary)
         if args.sessions > 0:
             figures = asyncio.run(run_demo_fleet(settings, sessions, sessions=args.sessions,
-                                                 turns=args.turns, progress=_progress))
+                                                 turns=args.turns, progress=_progress,
+                                                 roles=roles))
             summary.update(figures)
             ok = ok and all(figures[k] == 0 for k in (
                 "invalid_logs", "session_failures", "derived_mismatches", "usage_mismatches"))

@@ -22,6 +22,7 @@ from pipeline.cli.common import (
     configure_logging,
     port_number,
 )
+from pipeline.cli.local_store import run_with_trusted_store
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
@@ -107,4 +108,5 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
     own_logging = args.log_format == "json"
     if own_logging:
         configure_logging(args)
-    return run_worker(processors, loglevel=args.log_level.upper(), own_logging=own_logging)
+    return run_with_trusted_store(options.store, options.data_dir, lambda: run_worker(
+        processors, loglevel=args.log_level.upper(), own_logging=own_logging))

@@ -47,11 +47,16 @@ def turn_text(session_id: str, turn: int) -> str:
 
 
 async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[Event]], *,
-                         sessions: int, turns: int, progress: Progress) -> dict[str, object]:
-    """Run the fleet, verify everything, return the summary's figures."""
+                         sessions: int, turns: int, progress: Progress,
+                         roles: Mapping[str, Settings] | None = None) -> dict[str, object]:
+    """Run the fleet, verify everything, return the summary's figures. ``roles``: each
+    role's settings (its own principal on a secure stack); missing roles use ``settings``."""
+    def role(name: str) -> Settings:
+        return (roles or {}).get(name, settings)
+
     port = free_ports(1)[0]
     log_path = Path(settings.state_dir) / "demo-processors.log"
-    worker = start_processors(settings, port, log_path)
+    worker = start_processors(role("processors"), port, log_path)
     progress(f"processors worker starting (log: {log_path})")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -59,12 +64,13 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
         progress(f"processors worker ready at {url}")
         run_id = secrets.token_hex(3)
         ids = [f"demo-{run_id}-{n:04d}" for n in range(sessions)]
-        ctx = driver_context(settings, group_id=f"{settings.group_id_prefix}demo-driver",
+        ctx = driver_context(role("driver"), group_id=f"{settings.group_id_prefix}demo-driver",
                              tools=builtin_registry(),
                              script=SCRIPTS["tool-loop"])
         progress(f"running {sessions} scripted sessions x {turns} turns through the driver ...")
         result = await run_fleet(ctx, followups(ids, turns, turn_text),
-                                 encode_command=InboxCodec().encode, progress=progress)
+                                 encode_command=InboxCodec().encode, progress=progress,
+                                 sender=role("ingest"))
         fleet_logs = {s: result.logs.get(s, []) for s in ids}
         logs = {**{s: list(e) for s, e in sample_logs.items()}, **fleet_logs}
         progress(f"verifying {len(logs)} sessions against the processors ...")

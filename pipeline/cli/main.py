@@ -145,15 +145,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except KeyboardInterrupt:  # while the command's modules were still loading
         return EXIT_INTERRUPTED
+    settings_or_none: Settings | None = None
     try:
-        settings = Settings.from_env() if getattr(args, "uses_settings", True) else Settings()
+        settings = settings_or_none = (Settings.from_env()
+                                       if getattr(args, "uses_settings", True) else Settings())
         code: int = args.func(args, settings)
         sys.stdout.flush()
         return code
     except ConfigError as exc:
-        return _error(args, exc, EXIT_USAGE)
+        return _error(args, exc, EXIT_USAGE, settings_or_none)
     except DshError as exc:
-        return _error(args, exc, EXIT_FAILED)
+        return _error(args, exc, EXIT_FAILED, settings_or_none)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -164,9 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
-def _error(args: argparse.Namespace, exc: DshError, code: int) -> int:
-    print(f"dsh-pipeline {args.command}: error: {exc}", file=sys.stderr)
+def _error(args: argparse.Namespace, exc: DshError, code: int,
+           settings: Settings | None) -> int:
+    print(f"dsh-pipeline {args.command}: error: {exc}{_as_principal(settings)}",
+          file=sys.stderr)
     return code
+
+
+def _as_principal(settings: Settings | None) -> str:
+    """Who the command was (the SASL user name; never the password)."""
+    if settings is None or not settings.sasl_username:
+        return ""
+    return f" [as principal User:{settings.sasl_username}]"
 
 
 if __name__ == "__main__":

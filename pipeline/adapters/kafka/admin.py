@@ -18,7 +18,12 @@ from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
 from pipeline.adapters.kafka.options import broker_errors, client_options
 from pipeline.core.errors import BrokerError
@@ -54,6 +59,8 @@ class EnsureReport:
 
     created: tuple[str, ...]
     existing: tuple[str, ...]
+    # Topics this principal may neither see nor create (ACLs): left to the admin, unchecked.
+    not_authorized: tuple[str, ...] = ()
 
 
 def plan_topics(settings: Settings) -> list[TopicSpec]:
@@ -84,7 +91,9 @@ async def ensure_topics(settings: Settings, *, retry_for_s: float = 0.0) -> Ensu
     """Create the project's missing topics and check the existing ones against the plan.
 
     Idempotent and safe to run from several processes at once. Raises :class:`BrokerError`
-    when the broker cannot be used or an existing topic does not match the plan.
+    when the broker cannot be used or an existing topic does not match the plan. A principal
+    without Describe or Create on a topic (a service on a secured cluster, where the admin
+    provisions the topics) skips it: it is reported in ``not_authorized``, not checked.
     ``retry_for_s``: for so long, a broker that cannot be reached or is not ready yet (a
     retriable error: a node restarting, a controller moving) is tried again with backoff, as
     a service starting beside a cluster needs; a refusal (a mismatched topic, an ACL) never.
@@ -118,17 +127,22 @@ async def _ensure_topics_once(settings: Settings) -> EnsureReport:
     try:
         found = await _partition_counts(admin, [s.name for s in specs])
         missing = [s for s in specs if s.name not in found]
-        created = await _create(admin, missing)
-        found.update(await _wait_visible(admin, [s.name for s in missing]))
+        created, refused = await _create(admin, missing)
+        specs = [s for s in specs if s.name not in refused]
+        found.update(await _wait_visible(admin, [s.name for s in missing if s.name in created]))
         configs = await _checked_configs(admin, [s.name for s in specs])
         for spec in specs:
-            found_configs = configs.get(spec.name, {})
-            check_topic(spec, found.get(spec.name), found_configs.get("cleanup.policy"))
+            found_configs = configs.get(spec.name)
+            if found_configs is None:
+                refused.append(spec.name)  # visible, but its configs are not (no ACL)
+                continue
+            check_topic(spec, found.get(spec.name), found_configs.get("cleanup.policy", ""))
             check_record_limit(spec, found_configs.get(MAX_MESSAGE_BYTES))
     finally:
         await admin.close()
-    existing = tuple(s.name for s in specs if s.name not in created)
-    return EnsureReport(created=tuple(created), existing=existing)
+    existing = tuple(s.name for s in specs if s.name not in created and s.name not in refused)
+    return EnsureReport(created=tuple(created), existing=existing,
+                        not_authorized=tuple(refused))
 
 
 def check_topic(spec: TopicSpec, partitions: int | None, cleanup_policy: str | None) -> None:
@@ -207,24 +221,29 @@ async def _wait_visible(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dic
     return await _partition_counts(admin, names)
 
 
-async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]) -> list[str]:
-    """Create ``specs``; a topic created meanwhile by someone else is not an error."""
+async def _create(admin: AIOKafkaAdminClient, specs: Iterable[TopicSpec]
+                  ) -> tuple[list[str], list[str]]:
+    """Create ``specs``: (created, refused for lack of authorization); a topic created
+    meanwhile by someone else is not an error."""
     new = [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
            for s in specs]
     if not new:
-        return []
+        return [], []
     with broker_errors("create topics"):
         response = await admin.create_topics(new, timeout_ms=ADMIN_TIMEOUT_MS)
     created: list[str] = []
+    refused: list[str] = []
     for name, code, message in (tuple(e)[:3] for e in response.topic_errors):
         if code == 0:
             created.append(name)
+        elif for_code(code) is TopicAuthorizationFailedError:
+            refused.append(name)
         elif for_code(code) is not TopicAlreadyExistsError:
             raise BrokerError(
                 f"create topic {name!r}: {for_code(code).__name__}"
                 + (f": {message}" if message else "")
             )
-    return created
+    return created, refused
 
 
 async def _checked_configs(admin: AIOKafkaAdminClient, names: Sequence[str]
@@ -232,11 +251,12 @@ async def _checked_configs(admin: AIOKafkaAdminClient, names: Sequence[str]
     """The effective ``cleanup.policy`` and ``max.message.bytes`` of each topic in ``names``."""
     wanted = {"cleanup.policy": None, MAX_MESSAGE_BYTES: None}
     resources = [ConfigResource(ConfigResourceType.TOPIC, n, wanted) for n in names]
-    return await describe_topic_configs(admin, resources)
+    return await describe_topic_configs(admin, resources, skip_unauthorized=True)
 
 
 async def describe_topic_configs(
-    admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource]
+    admin: AIOKafkaAdminClient, resources: Sequence[ConfigResource], *,
+    skip_unauthorized: bool = False,
 ) -> dict[str, dict[str, str]]:
     """Topic name -> {config name: value} for ``resources`` (``configs=None``: every config).
 
@@ -251,6 +271,8 @@ async def describe_topic_configs(
         failures: list[tuple[str, int, str]] = []
         for response in responses:
             for code, message, _type, name, entries in (tuple(r)[:5] for r in response.resources):
+                if skip_unauthorized and for_code(code) is TopicAuthorizationFailedError:
+                    continue  # no DescribeConfigs ACL: the caller leaves it unchecked
                 if code != 0:
                     failures.append((name, code, message))
                 result[name] = {str(e[0]): str(e[1]) for e in entries}

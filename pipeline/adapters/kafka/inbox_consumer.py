@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options, consumer_size_options
+from pipeline.adapters.kafka.options import client_options, consumer_size_options, kafka_error
 from pipeline.adapters.kafka.records import InboxRecord, headers_of
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -69,8 +69,8 @@ class InboxConsumer:
             self._consumer.subscribe([self.topic], listener=self._listener)
         except KafkaError as exc:
             await self._consumer.stop()
-            raise BrokerError(f"cannot join group {self.group_id!r} on {self.topic}: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise kafka_error(f"cannot join group {self.group_id!r} on {self.topic}", exc
+                              ) from None
 
     async def poll(self, timeout_ms: int = 200, max_records: int = 500) -> list[InboxRecord]:
         """Records from every assigned, unpaused partition (per partition in offset order)."""
@@ -78,8 +78,8 @@ class InboxConsumer:
             fetched = await self._consumer.getmany(timeout_ms=timeout_ms,
                                                    max_records=max_records)
         except KafkaError as exc:
-            raise BrokerError(f"consuming {self.topic} in group {self.group_id!r} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise kafka_error(f"consuming {self.topic} in group {self.group_id!r} failed", exc
+                              ) from None
         out: list[InboxRecord] = []
         for tp, records in fetched.items():
             out.extend(

@@ -15,7 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    ProducerFenced,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
 from pipeline.core.errors import BrokerError, ConfigError
 from pipeline.settings import Settings
@@ -101,6 +110,8 @@ def kafka_error(what: str, exc: BaseException) -> BrokerError:
         return exc
     if isinstance(exc, ProducerFenced):
         detail = "producer fenced: another producer with the same transactional id took over"
+    elif (refused := _refusal(exc)) is not None:
+        detail = refused
     elif isinstance(exc, TimeoutError):
         detail = "timed out waiting for the broker"
     elif isinstance(exc, KafkaError | OSError):
@@ -109,6 +120,39 @@ def kafka_error(what: str, exc: BaseException) -> BrokerError:
     else:
         detail = f"{type(exc).__name__}: {exc}"
     return BrokerError(f"{what}: {detail}")
+
+
+# What an authorization error refuses (ACLs: docs/security.md); the text of the topic errors
+# carries the topic names.
+_REFUSALS: Final = (
+    (TopicAuthorizationFailedError, "not authorized for topic {text} (needs Read to consume, "
+                                    "Write to produce, Describe for metadata)"),
+    (GroupAuthorizationFailedError, "not authorized for the consumer group (Group Read)"),
+    (TransactionalIdAuthorizationFailed, "not authorized for its transactional id "
+                                         "(TransactionalId Write)"),
+    (ClusterAuthorizationFailedError, "not authorized on the cluster (a producer needs Write "
+                                      "on some topic, or IdempotentWrite)"),
+    (SaslAuthenticationFailed, "authentication failed: wrong user name or password, or "
+                               "mechanism"),
+)
+
+
+def _refusal(exc: BaseException) -> str | None:
+    for kind, template in _REFUSALS:
+        if isinstance(exc, kind):
+            text = str(exc).split(":")[-1].strip() if ":" in str(exc) else ""
+            return f"{type(exc).__name__}: " + template.format(text=repr(text) if text else
+                                                                 "(name not given)")
+    if isinstance(exc, KafkaConnectionError):
+        return (f"{type(exc).__name__}: {str(exc).strip()} (no broker accepted the connection: "
+                "check the address, the security protocol, DSH_SSL_CAFILE and the SASL "
+                "credentials)")
+    return None
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is an authorization or authentication refusal (not transient)."""
+    return isinstance(exc, tuple(kind for kind, _ in _REFUSALS))
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from pipeline.adapters.kafka.options import client_options, producer_size_options
+from pipeline.adapters.kafka.options import client_options, kafka_error, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord, check_fits, inbox_record_limit
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -43,8 +43,7 @@ async def send_records(settings: Settings, records: Sequence[OutRecord], *,
                           f"{settings.bootstrap_servers} timed out after {timeout_s:.0f}s"
                           ) from None
     except KafkaError as exc:
-        raise BrokerError(f"sending to {settings.bootstrap_servers} failed: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise kafka_error(f"sending to {settings.bootstrap_servers}", exc) from None
     finally:
         await producer.stop()
     return [(m.partition, m.offset) for m in metas]

@@ -27,7 +27,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options, producer_size_options
+from pipeline.adapters.kafka.options import client_options, kafka_error, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -74,7 +74,7 @@ class PartitionProducer:
             max_batch_size=MAX_BATCH_BYTES,
         )
         try:
-            await producer.start()
+            await self._guarded(producer.start(), "start")
             self._producer = producer
             # An empty transaction waits for InitProducerId, which is the fencing step.
             await self._guarded(self._empty_transaction(), "initialise transactions")
@@ -150,8 +150,8 @@ class PartitionProducer:
             raise BrokerError(f"producer {self.transactional_id} timed out after "
                               f"{self._request_timeout_s:.0f}s trying to {what}") from None
         except KafkaError as exc:
-            raise BrokerError(f"producer {self.transactional_id} failed to {what}: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise kafka_error(f"producer {self.transactional_id} failed to {what}", exc
+                              ) from None
 
     async def close(self) -> None:
         """Abort any open transaction and stop. Never raises."""

@@ -5,7 +5,10 @@ Three folders under the cache (``.cache/`` of the checkout, or ``$DSH_CACHE_DIR`
 - ``kafka-<v>/lib``: Apache Kafka's runtime classpath plus the log4j2 SLF4J binding;
 - ``apicurio-registry-<v>/``: the unpacked Apicurio Registry Quarkus app (``quarkus-run.jar``);
 - ``kafka-tools-<v>/lib``: Kafka's perf tools for ``bench/``, only when asked for, and kept off
-  the broker's classpath (it pulls in connect-runtime).
+  the broker's classpath (it pulls in connect-runtime);
+- ``kafka-acl-tool-<v>/``: the ``kafka-tools`` jar alone, for ``kafka-acls``
+  (``org.apache.kafka.tools.AclCommand``, in the tools jar since Kafka 4.0), which runs on
+  the broker's classpath plus this jar; fetched for the secure stack.
 
 Each folder is filled in a staging folder and renamed into place, then marked complete by a
 marker file: a folder with its marker is never resolved again, a folder without one is redone.
@@ -79,6 +82,19 @@ class Artifacts:
     def tools_lib(self) -> Path:
         return self.tools_dir / "lib"
 
+    @property
+    def acl_tool_dir(self) -> Path:
+        return self.cache_dir / f"kafka-acl-tool-{KAFKA_VERSION}"
+
+    def acl_tool_ready(self) -> bool:
+        return (self.acl_tool_dir / MARKER).is_file()
+
+    def require_acl_tool(self) -> Path:
+        """The folder holding the ``kafka-tools`` jar; :class:`ConfigError` if missing."""
+        if not self.acl_tool_ready():
+            raise ConfigError(_missing("Kafka's ACL tool", self.acl_tool_dir))
+        return self.acl_tool_dir
+
     def kafka_ready(self) -> bool:
         return (self.kafka_dir / MARKER).is_file()
 
@@ -107,13 +123,16 @@ def _missing(what: str, folder: Path) -> str:
 
 
 def ensure_artifacts(artifacts: Artifacts, *, with_tools: bool = False,
-                     progress: Progress = print) -> None:
+                     with_acl_tool: bool = False, progress: Progress = print) -> None:
     """Resolve whatever is missing; print progress. Idempotent: cached folders are skipped."""
     steps: list[tuple[str, Callable[[], bool], Path, Callable[[Path, Progress], None]]] = [
         (f"Kafka {KAFKA_VERSION}", artifacts.kafka_ready, artifacts.kafka_dir, _fetch_kafka),
         (f"Apicurio Registry {APICURIO_VERSION}", artifacts.apicurio_ready,
          artifacts.apicurio_dir, _fetch_apicurio),
     ]
+    if with_acl_tool:
+        steps.append((f"Kafka ACL tool {KAFKA_VERSION}", artifacts.acl_tool_ready,
+                      artifacts.acl_tool_dir, _fetch_acl_tool))
     if with_tools:
         steps.append((f"Kafka tools {KAFKA_VERSION}", artifacts.tools_ready,
                       artifacts.tools_dir, _fetch_tools))
@@ -179,6 +198,16 @@ def _fetch_tools(staging: Path, progress: Progress) -> None:
     _maven(["-f", str(DEPLOY_DIR / "kafka-tools.pom.xml"),
             f"{DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
             f"-DoutputDirectory={staging / 'lib'}"], "copy Kafka tools' runtime dependencies")
+
+
+def _fetch_acl_tool(staging: Path, progress: Progress) -> None:
+    artifact = f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}"
+    _maven([f"{DEPENDENCY_PLUGIN}:copy", f"-Dartifact={artifact}",
+            f"-DoutputDirectory={staging}", "-Dmdep.overWriteReleases=true"],
+           "copy Kafka's tools jar")
+    if not (staging / f"kafka-tools-{KAFKA_VERSION}.jar").is_file():
+        raise TransportError(f"Maven finished but kafka-tools-{KAFKA_VERSION}.jar is missing "
+                             f"from {staging}")
 
 
 def _maven(args: list[str], what: str) -> str:

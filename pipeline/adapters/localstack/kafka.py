@@ -19,6 +19,7 @@ import base64
 import concurrent.futures
 import shutil
 import socket
+import ssl
 import string
 import subprocess
 import tempfile
@@ -27,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -39,6 +40,7 @@ from pipeline.adapters.localstack.process import (
     port_is_free,
     wait_until,
 )
+from pipeline.adapters.localstack.security import SecureSetup
 from pipeline.core.errors import BrokerError, ConfigError
 
 READY_BUDGET_S: Final = 60.0
@@ -89,13 +91,15 @@ class KafkaLocal:
     """One local Kafka: ``nodes`` combined broker+controller processes on free loopback ports."""
 
     def __init__(self, lib_dir: Path, workdir: Path | None = None, *, nodes: int = 1,
-                 port: int | None = None, heap_mb: int = 512) -> None:
+                 port: int | None = None, heap_mb: int = 512,
+                 security: SecureSetup | None = None) -> None:
         if nodes not in (1, 3):
             raise ConfigError(f"a local Kafka has 1 or 3 nodes, not {nodes}")
         self.lib_dir = lib_dir
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="dsh-kafka-"))
         self.heap_mb = heap_mb
+        self.security = security
         self.cluster_id = new_cluster_id()
         self.nodes = _plan_nodes(self.workdir, nodes, port)
         self._java = ""
@@ -138,11 +142,21 @@ class KafkaLocal:
             if dead:
                 raise BrokerError(self._failure(f"node {dead[0].node_id} exited", dead[0]))
             listening = all(_accepts(n.port) for n in self.nodes)
-            if listening and _run_blocking(_count_brokers(self.bootstrap)) >= len(self.nodes):
+            if listening and _run_blocking(_count_brokers(
+                    self.bootstrap, self.probe_options())) >= len(self.nodes):
                 return
             if not wait_until(deadline, 0.25):
                 raise BrokerError(self._failure(f"not ready within {budget_s:.0f} s",
                                                 self.nodes[0]))
+
+    def probe_options(self) -> dict[str, Any]:
+        """aiokafka options of the readiness probe: the admin principal when secure."""
+        if self.security is None:
+            return {}
+        ctx = ssl.create_default_context(cafile=str(self.security.pki.ca_file))
+        return {"security_protocol": "SASL_SSL", "ssl_context": ctx,
+                "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "admin",
+                "sasl_plain_password": self.security.password("admin")}
 
     def pid(self, node_id: int) -> int:
         return self._procs[node_id].pid
@@ -178,9 +192,15 @@ class KafkaLocal:
             voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
             quorum = f"controller.quorum.voters={voters}"
         rf = len(self.nodes)
+        if self.security is None:
+            listeners = _plain_listeners(node.port, node.controller_port)
+            security = ""
+        else:
+            listeners = self.security.listener_lines(node.port, node.controller_port)
+            security = self.security.server_properties()
         return template.substitute(
-            node_id=node.node_id, quorum_line=quorum, port=node.port,
-            controller_port=node.controller_port, log_dir=node.data_dir,
+            node_id=node.node_id, quorum_line=quorum, listener_lines=listeners,
+            security_lines=security, log_dir=node.data_dir,
             replication_factor=rf, min_isr=min(rf, 2), internal_partitions=1 if rf == 1 else 3,
             failure_detection="" if rf == 1 else CLUSTER_FAILURE_DETECTION,
         )
@@ -193,6 +213,8 @@ class KafkaLocal:
                 "format", "-t", self.cluster_id, "-c", str(node.properties)]
         if len(self.nodes) == 1:
             argv.append("--standalone")
+        if self.security is not None:
+            argv += self.security.scram_format_args()
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False,
                                   timeout=FORMAT_TIMEOUT_S)
@@ -219,6 +241,14 @@ class KafkaLocal:
                 f"{proc.log_tail()}")
 
 
+def _plain_listeners(port: int, controller_port: int) -> str:
+    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}"
+    return "\n".join([
+        f"listeners={listeners}", f"advertised.listeners={listeners}",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT"])
+
+
 def _plan_nodes(workdir: Path, count: int, port: int | None) -> list[NodeSpec]:
     ports = free_ports(2 * count)
     if port is not None:
@@ -239,9 +269,10 @@ def _accepts(port: int) -> bool:
         return False
 
 
-async def _count_brokers(bootstrap: str) -> int:
+async def _count_brokers(bootstrap: str, options: dict[str, Any]) -> int:
     """Brokers in the cluster's metadata, 0 when it does not answer (yet)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=PROBE_TIMEOUT_MS)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=PROBE_TIMEOUT_MS,
+                                **options)
     try:
         await admin.start()
         cluster = await admin.describe_cluster()

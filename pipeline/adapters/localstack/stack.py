@@ -3,6 +3,10 @@
 Both JVMs are launched first and waited for afterwards, so their start-ups overlap. Used by
 ``dsh-pipeline broker`` and ``dsh-pipeline demo``; the test fixtures use the two parts
 separately (:mod:`.kafka`, :mod:`.registry`) so that a run needing only Kafka starts only Kafka.
+
+With ``security`` (a :class:`SecureSetup`) both run secured, and once Kafka answers the ACLs of
+``acl_rules`` are created (:mod:`.acls`) before ``start()`` returns, then the env files of every
+role are written.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from pipeline.adapters.localstack.acls import AclRule, apply_acls
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import READY_BUDGET_S, KafkaLocal
+from pipeline.adapters.localstack.process import find_java
 from pipeline.adapters.localstack.registry import RegistryLocal
+from pipeline.adapters.localstack.security import SecureSetup
 
 
 class LocalStack:
@@ -21,14 +28,21 @@ class LocalStack:
 
     def __init__(self, artifacts: Artifacts, *, nodes: int = 1, kafka_port: int | None = None,
                  registry_port: int | None = None, with_registry: bool = True,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, security: SecureSetup | None = None,
+                 acl_rules: list[AclRule] | None = None) -> None:
         kafka_dir = workdir / "kafka" if workdir else None
         registry_dir = workdir / "registry" if workdir else None
         self.kafka = KafkaLocal(artifacts.require_kafka(), kafka_dir, nodes=nodes,
-                                port=kafka_port)
+                                port=kafka_port, security=security)
         self.registry = (RegistryLocal(artifacts.require_apicurio(), registry_dir,
-                                       port=registry_port) if with_registry else None)
+                                       port=registry_port, security=security)
+                         if with_registry else None)
+        self.security = security
+        self._acl_rules = acl_rules or []
+        self._acl_classpath = (f"{artifacts.kafka_lib}/*:{artifacts.require_acl_tool()}/*"
+                               if security else "")
         self.started_s = 0.0
+        self.acl_runs = 0
 
     @property
     def bootstrap(self) -> str:
@@ -46,12 +60,23 @@ class LocalStack:
                 self.registry.launch()
             self.kafka.launch()
             self.kafka.wait_ready(budget_s)
+            if self.security is not None:
+                self.security.write_client_files(self.bootstrap, self.registry_url)
+                self.acl_runs = apply_acls(find_java(17), self._acl_classpath, self.bootstrap,
+                                           self.security.admin_properties, self._acl_rules)
             if self.registry:
                 self.registry.wait_ready(budget_s)
         except BaseException:
             self.stop()
             raise
         self.started_s = time.monotonic() - began
+
+    def change_acls(self, rules: list[AclRule], *, remove: bool = False) -> None:
+        """Add (or remove) ACLs on the running secure stack (the admin's kafka-acls)."""
+        if self.security is None:
+            raise ValueError("ACLs exist only on a secure stack")
+        apply_acls(find_java(17), self._acl_classpath, self.bootstrap,
+                   self.security.admin_properties, rules, remove=remove)
 
     def dead_processes(self) -> list[tuple[str, Path]]:
         """(name, log file) of each started process that has exited on its own."""

@@ -18,6 +18,7 @@ by default), schema ids from the registry's own id space (never assumed).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from types import TracebackType
 from typing import Any, Final
@@ -55,7 +56,7 @@ class RegistryClient:
     """Register and fetch Avro schemas, read and set compatibility. Thread-safe."""
 
     def __init__(self, base_url: str, *, username: str = "", password: Secret | None = None,
-                 timeout_s: float = 10.0, verify: str | bool = True) -> None:
+                 timeout_s: float = 10.0, verify: ssl.SSLContext | bool = True) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"registry URL must start with http:// or https://, got "
                               f"{_public_url(base_url)!r}")
@@ -70,9 +71,15 @@ class RegistryClient:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RegistryClient:
+        verify: ssl.SSLContext | bool = True
+        if settings.ssl_cafile:
+            try:
+                verify = ssl.create_default_context(cafile=settings.ssl_cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"DSH_SSL_CAFILE {settings.ssl_cafile!r} cannot be used: "
+                                  f"{exc}") from None
         return cls(settings.registry_url, username=settings.registry_username,
-                   password=settings.registry_password,
-                   verify=settings.ssl_cafile or True)
+                   password=settings.registry_password, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -106,11 +113,38 @@ class RegistryClient:
 
     # -- schemas ------------------------------------------------------------------------------
     def register(self, subject: str, schema_text: str) -> int:
-        """Register (or find) an Avro schema under ``subject``; its registry id."""
+        """Find, else register, an Avro schema under ``subject``; its registry id.
+
+        Finding first is a read: a read-only principal (``sr-readonly``) gets the id of a
+        schema the admin registered; registering needs ``sr-developer`` or ``sr-admin``.
+        """
+        found = self.lookup(subject, schema_text)
+        if found is not None:
+            return found
         answer = self._request(f"register schema under {subject!r}", "POST",
                                f"/subjects/{_seg(subject)}/versions",
                                {"schema": schema_text, "schemaType": "AVRO"})
         schema_id = _int_field(answer, "id", f"register under {subject!r}")
+        with self._lock:
+            self._schemas[schema_id] = schema_text
+        return schema_id
+
+    def lookup(self, subject: str, schema_text: str) -> int | None:
+        """The id of ``schema_text`` if it is registered under ``subject``, else None."""
+        try:
+            response = self._http.post(f"/subjects/{_seg(subject)}",
+                                       json={"schema": schema_text, "schemaType": "AVRO"},
+                                       headers={"Content-Type": CONTENT_TYPE})
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"schema registry at {self.public_url}: look up schema under "
+                                f"{subject!r} failed: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise RegistryError(f"schema registry at {self.public_url}: look up schema under "
+                                f"{subject!r} refused: HTTP {response.status_code}"
+                                f"{_error_detail(response)}")
+        schema_id = _int_field(response.json(), "id", f"look up under {subject!r}")
         with self._lock:
             self._schemas[schema_id] = schema_text
         return schema_id
@@ -154,8 +188,19 @@ class RegistryClient:
             raise ConfigError(f"unknown compatibility level {level!r}; one of "
                               f"{sorted(COMPATIBILITY_LEVELS)}")
         path = "/config" if subject is None else f"/config/{_seg(subject)}"
+        if self._compatibility_is(level, path):
+            return  # already in force: a read-only principal may go on
         self._request(f"set compatibility of {subject or 'the registry'}", "PUT", path,
                       {"compatibility": level})
+
+    def _compatibility_is(self, level: str, path: str) -> bool:
+        try:
+            response = self._http.get(path)
+            answer = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return False
+        return isinstance(answer, dict) and level in (answer.get("compatibilityLevel"),
+                                                      answer.get("compatibility"))
 
     def get_compatibility(self, subject: str | None = None) -> str:
         """The compatibility rule in force (global when subject is None)."""

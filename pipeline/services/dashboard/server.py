@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -31,13 +32,14 @@ async def start_dashboard(settings: Settings, decode: Decoder, *, host: str | No
                           port: int | None = None,
                           config: DashboardConfig | None = None) -> RunningDashboard:
     """Start the loops and listen on ``host:port`` (port 0: a free one, see ``url``)."""
+    tls = _tls_context(settings)
     service = DashboardService(settings, decode, config)
     app = build_app(service, settings.dashboard_token)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     bind_host = host or settings.dashboard_host
     bind_port = settings.dashboard_port if port is None else port
-    site = web.TCPSite(runner, bind_host, bind_port, reuse_address=True)
+    site = web.TCPSite(runner, bind_host, bind_port, reuse_address=True, ssl_context=tls)
     try:
         await site.start()
     except OSError as exc:
@@ -47,7 +49,24 @@ async def start_dashboard(settings: Settings, decode: Decoder, *, host: str | No
     await service.start()
     bound = runner.addresses[0][1] if runner.addresses else bind_port
     shown = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
-    return RunningDashboard(service, runner, f"http://{shown}:{bound}/")
+    scheme = "https" if tls else "http"
+    return RunningDashboard(service, runner, f"{scheme}://{shown}:{bound}/")
+
+
+def _tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """HTTPS only when a certificate is given (no plain listener then: a plain HTTP request
+    fails its TLS handshake)."""
+    if not settings.dashboard_tls_cert:
+        return None
+    if not settings.dashboard_tls_key:
+        raise ConfigError("DSH_DASHBOARD_TLS_CERT needs DSH_DASHBOARD_TLS_KEY")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(settings.dashboard_tls_cert, settings.dashboard_tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"dashboard TLS certificate {settings.dashboard_tls_cert!r} cannot "
+                          f"be used: {exc}") from None
+    return context
 
 
 async def serve_until(stop: asyncio.Event, running: RunningDashboard) -> None:

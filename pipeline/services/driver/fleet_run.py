@@ -25,6 +25,7 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.services.driver.partition import PartitionContext
 from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.settings import Settings
 
 Progress = Callable[[str], None]
 
@@ -62,9 +63,12 @@ def followups(session_ids: list[str], turns: int, text: Callable[[str, int], str
 async def run_fleet(ctx: PartitionContext, commands: list[FollowUp], *,
                     encode_command: Callable[[FollowUp], bytes],
                     config: DriverConfig | None = None, timeout_s: float = 300.0,
-                    progress: Progress | None = None) -> FleetRunResult:
-    """Drive ``commands`` through a driver and collect the resulting logs (see module doc)."""
-    settings = ctx.settings
+                    progress: Progress | None = None,
+                    sender: Settings | None = None) -> FleetRunResult:
+    """Drive ``commands`` through a driver and collect the resulting logs (see module doc).
+    ``sender``: the settings that post the commands (default the driver's; on a secure stack
+    another principal's, the driver may only read the inbox)."""
+    settings = sender or ctx.settings
     expected: dict[str, int] = {}
     for command in commands:
         expected[command.session_id] = expected.get(command.session_id, 0) + 1

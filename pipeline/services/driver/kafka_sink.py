@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
+RECENT_COMMITS = 4096  # commit timings kept for the latency split (bench, status)
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
 
@@ -148,6 +151,17 @@ def applied_from_metadata(metadata: str) -> frozenset[str]:
     return frozenset(i for i in found if isinstance(i, str))
 
 
+@dataclass(frozen=True, slots=True)
+class CommitTiming:
+    """Where one transaction's oldest record spent its time (seconds): ``waited`` from its
+    emission until its transaction began, ``committing`` from there to the commit's answer.
+    A reader sees the records a broker round trip or so after ``committing``."""
+
+    waited: float
+    committing: float
+    records: int
+
+
 class PartitionSink:
     """Buffers records of one partition and commits them in short transactions."""
 
@@ -177,6 +191,8 @@ class PartitionSink:
         self._max_buffered = max_buffered
         self._traced: dict[str, str] = {}  # follow-up message id -> caller's traceparent
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
+        self._first_emit: float | None = None  # monotonic: oldest record not yet committing
+        self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:
         """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
@@ -201,6 +217,11 @@ class PartitionSink:
             if event.type in _LOGS_MESSAGE_IDS:  # not the many chunks
                 for message_id in logged_message_ids(event):
                     self._on_logged(session_id, message_id)
+        self._emitted(time.monotonic())
+
+    def _emitted(self, now: float) -> None:
+        if self._first_emit is None:
+            self._first_emit = now
         self._emitted_gen += 1
         self._wake.set()
 
@@ -225,8 +246,7 @@ class PartitionSink:
             if event.type == "turn/end":
                 trace = None
                 self._turn_traces.pop(session_id, None)
-        self._emitted_gen += 1
-        self._wake.set()
+        self._emitted(time.monotonic())
 
     def _claimed_trace(self, session_id: str, message: Event, turn_start: int | None
                        ) -> str | None:
@@ -267,8 +287,7 @@ class PartitionSink:
         self._buffer.append(record)
         if done_offset is not None:
             self.offsets.done(done_offset)
-        self._emitted_gen += 1
-        self._wake.set()
+        self._emitted(time.monotonic())
 
     def wake(self) -> None:
         """Something changed (an offset is done): commit soon even with no records."""
@@ -309,14 +328,19 @@ class PartitionSink:
         records, self._buffer = self._buffer, []
         generation = self._emitted_gen
         point = self.offsets.advance()
+        first_emit, self._first_emit = self._first_emit, None
         if records or point is not None:
             offsets = ({(self._inbox_topic, self.partition): point} if point is not None
                        else None)
+            began = time.monotonic()
             try:
                 await self.producer.commit(records, offsets)
             except Exception:
                 self.transactions_aborted += 1
                 raise
+            self.recent_commits.append(CommitTiming(
+                began - (first_emit if first_emit is not None else began),
+                time.monotonic() - began, len(records)))
             self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
         self._committed_gen = generation
         async with self._commit_done:

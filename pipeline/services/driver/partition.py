@@ -118,6 +118,7 @@ class PartitionContext:
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
+    offsets_every_ms: float = 0.0  # inbox offsets ride a transaction at most this often
 
 
 class OwnedPartition:
@@ -137,7 +138,8 @@ class OwnedPartition:
                                                        applied_from_metadata(metadata),
                                                        metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
-                                  wait_for_commit=not ctx.pipelined_flush)
+                                  wait_for_commit=not ctx.pipelined_flush,
+                                  offsets_every_ms=ctx.offsets_every_ms)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
         self.released = False

@@ -153,6 +153,9 @@ WHAT_THE_DESIGN_DOES = {
                      "their next command (not built: today every session of an owned "
                      "partition stays in memory)",
     "processors CPU": "add workers to the processors group (one partition each at most)",
+    "record-size limits": "not a count: a record is ~130 bytes on average, and content "
+                          "above the one max record size spills (dsh's spill policy) instead "
+                          "of failing; it bounds the largest tool output, not the fleet",
     "rebuild after a move": "more partitions: a moved partition's sessions are rebuilt from "
                             "the log before its commands run",
 }
@@ -186,6 +189,17 @@ def render(plans: list[Plan], m: Measured, a: Assumed, taken: list[str]) -> str:
         out.append(f"| {limit} | " + " | ".join(f"{p.loads[limit]:.0%}" for p in plans) + " |")
     out += ["", "## What the design does when a limit binds", ""]
     out += [f"- **{limit}**: {text}." for limit, text in WHAT_THE_DESIGN_DOES.items()]
+    out += ["", "## Caveats", "",
+            "- The driver's events per CPU-second is measured with 1,000 sessions on one "
+            "loop; its latency at that load did not meet 150 ms p99 on the 2-core machine "
+            "it was measured on (docs/decisions/driver-latency.md). The loop utilisation "
+            "ceiling (`--driver-busy`) is what keeps queueing on the loop short; lower it "
+            "for a tighter latency goal, and the driver count grows in proportion.",
+            "- Broker figures (network, partitions, transactions per broker) are assumptions "
+            "for a mid-size cloud VM, not measured here: the suite runs one broker on the "
+            "same 2 cores as everything else.",
+            "- Each session's idle state stays in its driver's memory (measured per session); "
+            "at 1,000,000 sessions that is the driver memory row."]
     out += ["", "## Per-core figures (measured)", ""]
     out += [f"- `{f.name}` = {getattr(m, f.name):,.0f}" for f in fields(m)]
     out += [f"- from: {', '.join(taken) if taken else DEFAULTS_FROM}", "",

@@ -25,11 +25,13 @@ from bench_driver_kafka import Pacing, run
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.settings import Settings
 
-VARIANTS = {  # name: (pipelined flush, offsets every ms)
-    "per-step commit, offsets each transaction": (False, 0.0),
-    "per-step commit, offsets every 1 s": (False, 1000.0),
-    "pipelined steps, offsets each transaction": (True, 0.0),
-    "pipelined steps, offsets every 1 s": (True, 1000.0),
+VARIANTS = {  # name: (pipelined flush, offsets every ms, yield after emit)
+    "per-step commit, offsets each transaction": (False, 0.0, False),
+    "per-step commit, offsets every 1 s": (False, 1000.0, False),
+    "pipelined steps, offsets each transaction": (True, 0.0, False),
+    "pipelined steps, offsets every 1 s": (True, 1000.0, False),
+    "per-step commit, yield after each emit": (False, 0.0, True),
+    "pipelined steps, offsets every 1 s, yield after each emit": (True, 1000.0, True),
 }
 PACED = Pacing(ramp_s=2.0, first_token_ms=300, chunk_ms=30)
 
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--paced", action="store_true", help=f"paced load: {PACED}")
+    parser.add_argument("--only", nargs="+", help="variants whose name contains a word")
     args = parser.parse_args()
     pacing = PACED if args.paced else Pacing()
     asyncio.run(run(args.bootstrap, 5, 6, 25.0))  # the broker's transaction topics exist
@@ -73,13 +76,18 @@ def main() -> None:
     for round_ in range(args.rounds):
         bare = asyncio.run(bare_transactions(args.bootstrap))
         anchors.append(statistics.quantiles(bare, n=100)[98])
-        for name, (pipelined, offsets_ms) in VARIANTS.items():
+        for name, (pipelined, offsets_ms, yields) in VARIANTS.items():
+            if args.only and not any(word in name for word in args.only):
+                continue
             result = asyncio.run(run(args.bootstrap, args.sessions, 6, 25.0, pipelined,
-                                     pacing=pacing, offsets_every_ms=offsets_ms))
+                                     pacing=pacing, offsets_every_ms=offsets_ms,
+                                     yield_after_emit=yields))
             results[name].append(result)
             print(json.dumps({"round": round_ + 1, "variant": name, **result}), flush=True)
     print(json.dumps({"anchor": "bare transaction p99 ms", "values": anchors}))
     for name, runs in results.items():
+        if not runs:
+            continue
         p99 = [r["visible_ms_p99"] for r in runs]
         steps = [r["steps_per_s"] for r in runs]
         print(json.dumps({"variant": name, "worst_p99_ms": max(p99), "p99_spread": p99,

@@ -185,7 +185,8 @@ def commit_split(service: DriverService) -> dict[str, float]:
 
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
-              pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0) -> dict[str, float]:
+              pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
+              yield_after_emit: bool = True) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -194,7 +195,8 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
                          linger_ms=linger_ms,
                          script=paced_script(pacing),
                          pipelined_flush=pipelined)
-    ctx = dataclasses.replace(ctx, offsets_every_ms=offsets_every_ms)
+    ctx = dataclasses.replace(ctx, offsets_every_ms=offsets_every_ms,
+                              yield_after_emit=yield_after_emit)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))

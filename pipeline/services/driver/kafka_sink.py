@@ -179,7 +179,7 @@ class PartitionSink:
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
                  wait_for_commit: bool = True, max_buffered: int = 20_000,
-                 offsets_every_ms: float = 0.0) -> None:
+                 offsets_every_ms: float = 0.0, yield_after_emit: bool = False) -> None:
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -204,6 +204,10 @@ class PartitionSink:
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
         self._offsets_every_s = offsets_every_ms / 1000
+        # True: every emit lets the loop run what is ready (the flusher, the producer's
+        # sender, other sessions) before the runner goes on, so a wave of runners whose
+        # model answers at once does not hold the loop for the whole wave.
+        self._yield_after_emit = yield_after_emit
         self._offsets_sent = time.monotonic()  # when offsets last rode a transaction
         self._offsets_forced = False  # a dead letter waits: its offset goes with it
         self._offsets_deferred = False  # offsets may have moved but did not ride the last one
@@ -222,7 +226,12 @@ class PartitionSink:
         self._raise_if_failed()
         if self._traced or self._turn_traces:
             self._emit_traced(session_id, events)
-            return
+        else:
+            self._emit_plain(session_id, events)
+        if self._yield_after_emit:
+            await asyncio.sleep(0)
+
+    def _emit_plain(self, session_id: str, events: Sequence[Event]) -> None:
         key = session_id.encode("utf-8")
         topic, partition, encode, append = (self._events_topic, self.partition, self._encode,
                                             self._buffer.append)

@@ -119,6 +119,7 @@ class PartitionContext:
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
     offsets_every_ms: float = 0.0  # inbox offsets ride a transaction at most this often
+    yield_after_emit: bool = True  # runners let the loop turn after each emit
 
 
 class OwnedPartition:
@@ -139,7 +140,8 @@ class OwnedPartition:
                                                        metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
-                                  offsets_every_ms=ctx.offsets_every_ms)
+                                  offsets_every_ms=ctx.offsets_every_ms,
+                                  yield_after_emit=ctx.yield_after_emit)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
         self.released = False

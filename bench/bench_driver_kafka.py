@@ -186,7 +186,7 @@ def commit_split(service: DriverService) -> dict[str, float]:
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
               pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
-              yield_after_emit: bool = True) -> dict[str, float]:
+              yield_after_emit: bool = False) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)

@@ -119,7 +119,7 @@ class PartitionContext:
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
     offsets_every_ms: float = 0.0  # inbox offsets ride a transaction at most this often
-    yield_after_emit: bool = True  # runners let the loop turn after each emit
+    yield_after_emit: bool = False  # runners let the loop turn after each emit
 
 
 class OwnedPartition:

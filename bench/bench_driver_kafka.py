@@ -73,7 +73,8 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield kafka.bootstrap
 
 
-async def read_until_done(settings: Settings, sessions: int, decode_live: bool = False
+async def read_until_done(settings: Settings, sessions: int, decode_live: bool = False,
+                          fetch_max_wait_ms: int = 500
                           ) -> tuple[list[tuple[bytes, float]], float, float]:
     """Read the session topic read_committed until ``sessions`` turns have ended.
 
@@ -86,7 +87,8 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
     """
     consumer = AIOKafkaConsumer(settings.topics.session_events, **client_options(settings),
                                 group_id=None, isolation_level="read_committed",
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                fetch_max_wait_ms=fetch_max_wait_ms)
     await consumer.start()
     arrived: list[tuple[bytes, float]] = []
     ended = 0
@@ -186,7 +188,7 @@ def commit_split(service: DriverService) -> dict[str, float]:
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
               pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
-              yield_after_emit: bool = False) -> dict[str, float]:
+              yield_after_emit: bool = False, reader_wait_ms: int = 500) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -207,7 +209,8 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     records = [OutRecord(settings.topics.inbox, f"s{n}".encode(), codec.encode(
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))
         for n in range(sessions)]
-    reader = asyncio.create_task(read_until_done(settings, sessions, decode_live))
+    reader = asyncio.create_task(read_until_done(settings, sessions, decode_live,
+                                                 reader_wait_ms))
     started, cpu_started = time.perf_counter(), time.process_time()
     await send_paced(settings, records, pacing.ramp_s)
     arrived, finished, cpu_finished = await reader

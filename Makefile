@@ -77,8 +77,13 @@ broker: setup
 	$(BIN)/dsh-pipeline broker
 
 # The benchmark suite (bench/suite.py): rewrites BENCHMARKS.md; BENCH_ARGS=--quick for a short run.
+# Its figures (JSON lines) go to bench-figures.jsonl; a full run also recomputes
+# deploy/CAPACITY.md from them (bench/capacity.py).
 bench: setup
-	$(BIN)/dsh-pipeline bench $(BENCH_ARGS)
+	$(BIN)/dsh-pipeline bench $(BENCH_ARGS) > bench-figures.jsonl || (cat bench-figures.jsonl; exit 1)
+	cat bench-figures.jsonl
+	case "$(BENCH_ARGS)" in *--quick*) ;; *) $(BIN)/python bench/capacity.py \
+	  --figures bench-figures.jsonl --output deploy/CAPACITY.md --print-figures ;; esac
 
 # The docs' generated blocks (settings reference, exit codes) rewritten from the code.
 docs: $(STAMP)

@@ -16,7 +16,16 @@ read_committed until every turn has ended. Reports:
   own process): the figure that matters on a loaded machine. The reader decodes the records
   only after that (``--decode-live``: as they arrive, billing its Avro decoding to the run, as
   this benchmark did before);
-* ``invalid_logs``: sessions whose log does not rebuild in strict mode (must be 0).
+* ``invalid_logs``: sessions whose log does not rebuild in strict mode (must be 0);
+* the latency split, from the driver's own commit timings (``PartitionSink.recent_commits``):
+  ``waited_ms_p50/p99``, how long a transaction's oldest record waited for its transaction
+  to begin (the linger, a commit in progress, a busy event loop), and
+  ``committing_ms_p50/p99``, how long the transaction took (sends, offsets, EndTxn); the rest
+  of ``visible_ms`` is the reader's fetch after the commit.
+
+``--ramp-s``/``--first-token-ms``/``--chunk-ms`` make the load paced instead of a burst: the
+follow-ups are spread over the ramp, and the scripted model waits before its first chunk and
+between chunks, as a streaming model does.
 
     .venv/bin/python bench/bench_driver_kafka.py --sessions 1000
 """
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import statistics
 import time
@@ -38,7 +48,7 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
-from pipeline.adapters.llm.scripted import tool_loop_script
+from pipeline.adapters.llm.scripted import Script, ScriptedReply, tool_loop_script
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.cli.cmd_driver import driver_context
@@ -63,7 +73,8 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield kafka.bootstrap
 
 
-async def read_until_done(settings: Settings, sessions: int, decode_live: bool = False
+async def read_until_done(settings: Settings, sessions: int, decode_live: bool = False,
+                          fetch_max_wait_ms: int = 500
                           ) -> tuple[list[tuple[bytes, float]], float, float]:
     """Read the session topic read_committed until ``sessions`` turns have ended.
 
@@ -76,7 +87,8 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
     """
     consumer = AIOKafkaConsumer(settings.topics.session_events, **client_options(settings),
                                 group_id=None, isolation_level="read_committed",
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                fetch_max_wait_ms=fetch_max_wait_ms)
     await consumer.start()
     arrived: list[tuple[bytes, float]] = []
     ended = 0
@@ -118,16 +130,75 @@ def decode_arrivals(arrived: list[tuple[bytes, float]]
     return logs, visible_ms
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pacing:
+    """A paced load: follow-ups spread over ``ramp_s``; the model's first-chunk delay and
+    the delay between chunks. All zero: a burst."""
+
+    ramp_s: float = 0.0
+    first_token_ms: int = 0
+    chunk_ms: int = 0
+
+
+def paced_script(pacing: Pacing) -> Script:
+    base = tool_loop_script("echo", '{"text": "pong"}')
+
+    def script(request: object, attempt: int) -> ScriptedReply:
+        reply = base(request, attempt)  # type: ignore[arg-type]
+        return dataclasses.replace(reply, delay_ms=pacing.first_token_ms,
+                                   chunk_delay_ms=pacing.chunk_ms)
+
+    return script if pacing.first_token_ms or pacing.chunk_ms else base
+
+
+async def send_paced(settings: Settings, records: list[OutRecord], ramp_s: float) -> None:
+    """Send ``records`` at once, or in slices every 50 ms over ``ramp_s`` (one producer)."""
+    if ramp_s <= 0:
+        await send_records(settings, records)
+        return
+    from aiokafka import AIOKafkaProducer
+    producer = AIOKafkaProducer(**client_options(settings), enable_idempotence=True,
+                                acks="all", linger_ms=0)
+    await producer.start()
+    try:
+        slices = max(1, int(ramp_s / 0.05))
+        per = -(-len(records) // slices)
+        started = time.perf_counter()
+        for index in range(slices):
+            await asyncio.sleep(max(0.0, started + index * 0.05 - time.perf_counter()))
+            for record in records[index * per:(index + 1) * per]:
+                await producer.send(record.topic, record.value, key=record.key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def commit_split(service: DriverService) -> dict[str, float]:
+    """p50/p99 of the driver's own commit timings (ms) over every owned partition."""
+    timings = [t for owned in service.owned.values() for t in owned.sink.recent_commits]
+    if len(timings) < 2:
+        return {}
+    waited = statistics.quantiles([t.waited * 1000 for t in timings], n=100)
+    committing = statistics.quantiles([t.committing * 1000 for t in timings], n=100)
+    return {"waited_ms_p50": round(waited[49], 1), "waited_ms_p99": round(waited[98], 1),
+            "committing_ms_p50": round(committing[49], 1),
+            "committing_ms_p99": round(committing[98], 1)}
+
+
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
-              pipelined: bool = False, decode_live: bool = False) -> dict[str, float]:
+              pipelined: bool = False, decode_live: bool = False,
+              pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
+              yield_after_emit: bool = False, reader_wait_ms: int = 500) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
     await ensure_topics(settings)
     ctx = driver_context(settings, group_id=f"{prefix}driver", tools=builtin_registry(),
                          linger_ms=linger_ms,
-                         script=tool_loop_script("echo", '{"text": "pong"}'),
+                         script=paced_script(pacing),
                          pipelined_flush=pipelined)
+    ctx = dataclasses.replace(ctx, offsets_every_ms=offsets_every_ms,
+                              yield_after_emit=yield_after_emit)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))
@@ -138,16 +209,18 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     records = [OutRecord(settings.topics.inbox, f"s{n}".encode(), codec.encode(
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))
         for n in range(sessions)]
-    reader = asyncio.create_task(read_until_done(settings, sessions, decode_live))
+    reader = asyncio.create_task(read_until_done(settings, sessions, decode_live,
+                                                 reader_wait_ms))
     started, cpu_started = time.perf_counter(), time.process_time()
-    await send_records(settings, records)
+    await send_paced(settings, records, pacing.ramp_s)
     arrived, finished, cpu_finished = await reader
     metrics = service.metrics_snapshot()
+    split = commit_split(service)
     metrics["cpu_ms"] = int((cpu_finished - cpu_started) * 1000)
     stop.set()
     await task
     logs, visible_ms = decode_arrivals(arrived)
-    return summarize(logs, visible_ms, finished - started, metrics)
+    return {**summarize(logs, visible_ms, finished - started, metrics), **split}
 
 
 def summarize(logs: dict[str, list[Event]], visible_ms: list[float], elapsed: float,
@@ -183,17 +256,28 @@ def main() -> None:
                         help="step boundaries do not wait for their commit")
     parser.add_argument("--decode-live", action="store_true",
                         help="the reader decodes records as they arrive (in the timed part)")
+    parser.add_argument("--ramp-s", type=float, default=0.0,
+                        help="spread the follow-ups over this many seconds (0: a burst)")
+    parser.add_argument("--first-token-ms", type=int, default=0,
+                        help="the scripted model's delay before its first chunk")
+    parser.add_argument("--chunk-ms", type=int, default=0,
+                        help="the scripted model's delay between chunks")
+    parser.add_argument("--offsets-every-ms", type=float, default=0.0,
+                        help="inbox offsets ride a transaction at most this often (0: each)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
     with broker(args.bootstrap) as bootstrap:
         if args.warmup:  # a fresh broker creates its offsets/transaction topics on first use
             asyncio.run(run(bootstrap, args.warmup, args.partitions, args.linger_ms))
+        pacing = Pacing(args.ramp_s, args.first_token_ms, args.chunk_ms)
         result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
-                                 args.pipelined_flush, args.decode_live))
+                                 args.pipelined_flush, args.decode_live, pacing,
+                                 args.offsets_every_ms))
     print(json.dumps({**result, "partitions": args.partitions,
                       "pipelined_flush": args.pipelined_flush,
-                      "decode_live": args.decode_live}))
+                      "decode_live": args.decode_live,
+                      "offsets_every_ms": args.offsets_every_ms}))
 
 
 if __name__ == "__main__":

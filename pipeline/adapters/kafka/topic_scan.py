@@ -40,6 +40,7 @@ ADMIN_TIMEOUT_MS: Final = 30_000
 # which 6 partitions' worth (48 MiB) fits; raising the client's alone would not lift the cap.
 _FETCH_BYTES: Final = 8 * 1024 * 1024
 _IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+_BATCH_BYTES: Final = 512 * 1024
 
 
 def scan_fetch_options(settings: Settings) -> dict[str, Any]:
@@ -231,19 +232,32 @@ async def _wait_visible(admin: AIOKafkaAdminClient, topic: str) -> None:
 
 
 class BulkProducer:
-    """Idempotent, batched sends (acks=all) with bounded records in flight."""
+    """Idempotent, batched sends (acks=all) with bounded records in flight.
+
+    Records are appended to one batch per (topic, partition) built here, the partition chosen
+    by the producer's own partitioner (murmur2 of the key, as ``send`` would), and a batch is
+    handed to the producer whole when it is full, every ``_IN_FLIGHT`` records, or at
+    :meth:`flush` and the end of ``async with``: nothing goes out on a timer, so a caller
+    that waits between sends flushes first. ``send`` per record costs aiokafka's per-record
+    bookkeeping, which is most of the cost of a bulk write (and the accumulator takes one
+    handed-over batch per partition at a time, so small batches would wait on round trips).
+    Each partition's records keep their order.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: AIOKafkaProducer | None = None
         self._futures: list[Any] = []
+        self._batches: dict[tuple[str, int], Any] = {}  # -> its batch builder
+        self._known_topics: set[str] = set()
+        self._buffered = 0
         self.sent = 0
 
     async def __aenter__(self) -> BulkProducer:
         producer = AIOKafkaProducer(**client_options(self._settings),
                                     **producer_size_options(self._settings),
                                     enable_idempotence=True,
-                                    acks="all", linger_ms=20, max_batch_size=512 * 1024)
+                                    acks="all", linger_ms=20, max_batch_size=_BATCH_BYTES)
         with broker_errors(f"connect to {self._settings.bootstrap_servers}"):
             await producer.start()
         self._producer = producer
@@ -253,8 +267,8 @@ class BulkProducer:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         producer, self._producer = self._producer, None
         try:
-            if exc is None:
-                await self.flush()
+            if exc is None and producer is not None:
+                await self._flush_with(producer)
         finally:
             if producer is not None:
                 await producer.stop()
@@ -266,14 +280,43 @@ class BulkProducer:
         if producer is None:
             raise BrokerError("BulkProducer used outside `async with`")
         with broker_errors(f"send to {topic!r}"):
-            self._futures.append(await producer.send(topic, value, key=key,
-                                                     headers=list(headers) or None))
-        if len(self._futures) >= _IN_FLIGHT:
-            await self.flush()
+            if topic not in self._known_topics:
+                await producer.client._wait_on_metadata(topic)
+                self._known_topics.add(topic)
+            partition = producer._partition(topic, None, key, value, key, value)
+            where = (topic, partition)
+            builder = self._batches.get(where)
+            if builder is not None and builder.append(
+                    timestamp=None, key=key, value=value, headers=list(headers)) is None:
+                await self._hand_over(producer, where, builder)  # full
+                builder = None
+            if builder is None:  # an empty batch takes any one record
+                builder = self._batches[where] = producer.create_batch()
+                builder.append(timestamp=None, key=key, value=value, headers=list(headers))
+        self._buffered += 1
+        if self._buffered >= _IN_FLIGHT:
+            await self._flush_with(producer)
+
+    async def _hand_over(self, producer: AIOKafkaProducer, where: tuple[str, int],
+                         builder: Any) -> None:
+        del self._batches[where]
+        self._futures.append((await producer.send_batch(builder, where[0],
+                                                        partition=where[1]),
+                              builder.record_count()))
 
     async def flush(self) -> None:
+        """Send every buffered record and wait for its acknowledgement."""
+        if self._producer is None:
+            raise BrokerError("BulkProducer used outside `async with`")
+        await self._flush_with(self._producer)
+
+    async def _flush_with(self, producer: AIOKafkaProducer) -> None:
+        with broker_errors("send buffered records"):
+            for where, builder in list(self._batches.items()):
+                await self._hand_over(producer, where, builder)
         futures, self._futures = self._futures, []
+        self._buffered = 0
         if futures:
             with broker_errors("acknowledge sent records"):
-                await asyncio.gather(*futures)
-            self.sent += len(futures)
+                await asyncio.gather(*(future for future, _count in futures))
+            self.sent += sum(count for _future, count in futures)

@@ -13,8 +13,14 @@ transactions batch by themselves under load. A transaction holds, atomically:
 - the inbox offset of p up to which every command's effect is logged (see
   :class:`InboxOffsets`), via ``send_offsets_to_transaction``.
 
-So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
-offset past it commit together, or neither does. A crash between transactions loses only
+The inbox offset rides a transaction at most every ``offsets_every_ms`` (0: every one),
+and always the first transaction after a control command (cancel, configure) took effect or
+a dead letter was buffered, and the last one before the sink closes: sending offsets costs a
+transaction two more round trips (AddOffsetsToTxn, TxnOffsetCommit). A message command whose
+claim (its ``agent/inbox/spliced`` record) committed before the offset past it is
+re-delivered after a crash and recognised by its id in the log, as below; a control
+command's id and a dead letter's offset commit atomically with what follows them, as
+before. A crash between transactions loses only
 uncommitted events; the next owner rebuilds every session from the committed ones, repairs
 open turns, and the inbox re-delivers every command after the committed offset: the driver
 recognises the ones already logged by their message id and skips them.
@@ -23,8 +29,11 @@ recognises the ones already logged by their message id and skips them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -41,6 +50,7 @@ EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
 _SMALL_RECORD_MARGIN = 64 * 1024  # a value this far below the limit fits with key and headers
+RECENT_COMMITS = 4096  # commit timings kept for the latency split (bench, status)
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
 
@@ -87,6 +97,7 @@ class InboxOffsets:
     dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
     last_seen: int = -1
     metadata: str = ""
+    controls_changed: bool = False  # a cancel/configure took effect since the last advance
 
     def seen(self, offset: int) -> bool:
         return offset < self.committed or offset <= self.last_seen
@@ -102,6 +113,7 @@ class InboxOffsets:
     def applied_control(self, offset: int, message_id: str) -> None:
         """A cancel/configure at ``offset`` took effect (or was found applied already)."""
         self.controls[offset] = message_id
+        self.controls_changed = True
 
     def already_applied(self, message_id: str) -> bool:
         return message_id in self.applied_before
@@ -116,6 +128,7 @@ class InboxOffsets:
 
     def advance(self) -> tuple[int, str] | None:
         """(commit point, metadata) when either changed since the last call, else None."""
+        self.controls_changed = False
         for offset in list(self.pending):
             if not self.pending[offset]:
                 break
@@ -184,6 +197,17 @@ def dead_lettered_from_metadata(metadata: str) -> frozenset[int]:
                      if isinstance(o, int) and not isinstance(o, bool))
 
 
+@dataclass(frozen=True, slots=True)
+class CommitTiming:
+    """Where one transaction's oldest record spent its time (seconds): ``waited`` from its
+    emission until its transaction began, ``committing`` from there to the commit's answer.
+    A reader sees the records a broker round trip or so after ``committing``."""
+
+    waited: float
+    committing: float
+    records: int
+
+
 class PartitionSink:
     """Buffers records of one partition and commits them in short transactions."""
 
@@ -191,7 +215,8 @@ class PartitionSink:
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
                  wait_for_commit: bool = True, max_buffered: int = 20_000,
-                 max_record_bytes: int | None = None) -> None:
+                 max_record_bytes: int | None = None, offsets_every_ms: float = 0.0,
+                 yield_after_emit: bool = False) -> None:
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -215,6 +240,16 @@ class PartitionSink:
         self._traced: dict[str, str] = {}  # follow-up message id -> caller's traceparent
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
         self._max_record_bytes = max_record_bytes
+        self._first_emit: float | None = None  # monotonic: oldest record not yet committing
+        self._offsets_every_s = offsets_every_ms / 1000
+        # True: every emit lets the loop run what is ready (the flusher, the producer's
+        # sender, other sessions) before the runner goes on, so a wave of runners whose
+        # model answers at once does not hold the loop for the whole wave.
+        self._yield_after_emit = yield_after_emit
+        self._offsets_sent = time.monotonic()  # when offsets last rode a transaction
+        self._offsets_forced = False  # a dead letter waits: its offset goes with it
+        self._offsets_deferred = False  # offsets may have moved but did not ride the last one
+        self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:
         """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
@@ -234,7 +269,12 @@ class PartitionSink:
         self._raise_if_failed()
         if self._traced or self._turn_traces:
             self._emit_traced(session_id, events)
-            return
+        else:
+            self._emit_plain(session_id, events)
+        if self._yield_after_emit:
+            await asyncio.sleep(0)
+
+    def _emit_plain(self, session_id: str, events: Sequence[Event]) -> None:
         key = session_id.encode("utf-8")
         topic, partition, encode = self._events_topic, self.partition, self._encode
         records = [OutRecord(topic, key, encode(session_id, event), tuple(event_headers(event)),
@@ -250,6 +290,11 @@ class PartitionSink:
             if event.type in _LOGS_MESSAGE_IDS:  # not the many chunks
                 for message_id in logged_message_ids(event):
                     self._on_logged(session_id, message_id)
+        self._emitted(time.monotonic())
+
+    def _emitted(self, now: float) -> None:
+        if self._first_emit is None:
+            self._first_emit = now
         self._emitted_gen += 1
         self._wake.set()
 
@@ -274,8 +319,7 @@ class PartitionSink:
             if event.type == "turn/end":
                 trace = None
                 self._turn_traces.pop(session_id, None)
-        self._emitted_gen += 1
-        self._wake.set()
+        self._emitted(time.monotonic())
 
     def _claimed_trace(self, session_id: str, message: Event, turn_start: int | None
                        ) -> str | None:
@@ -314,8 +358,9 @@ class PartitionSink:
     def add(self, record: OutRecord) -> None:
         """Buffer ``record`` (e.g. a dead letter): it commits with the next transaction."""
         self._buffer.append(record)
-        self._emitted_gen += 1
-        self._wake.set()
+        # a dead letter: the offsets (with the commit metadata naming its offset) ride along
+        self._offsets_forced = True
+        self._emitted(time.monotonic())
 
     def wake(self) -> None:
         """Something changed (an offset is done): commit soon even with no records."""
@@ -335,7 +380,7 @@ class PartitionSink:
         """The flusher: one transaction per wake-up, at most every ``linger_ms``."""
         try:
             while True:
-                await self._wake.wait()
+                await self._wait_for_wake()
                 if not (self._closing or self._urgent):
                     await asyncio.sleep(self._linger_s)
                 self._wake.clear()
@@ -351,19 +396,41 @@ class PartitionSink:
                 self._commit_done.notify_all()
             raise self.failure from None
 
+    async def _wait_for_wake(self) -> None:
+        """Until woken; or, while offsets wait for their timer, until it runs out."""
+        if not self._offsets_deferred:
+            await self._wake.wait()
+            return
+        remaining = self._offsets_sent + self._offsets_every_s - time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(remaining, 0.0))
+
+    def _offsets_due(self, now: float) -> bool:
+        due = (self._closing or self._offsets_forced or self.offsets.controls_changed
+               or now - self._offsets_sent >= self._offsets_every_s)
+        self._offsets_deferred = not due
+        if due:
+            self._offsets_sent, self._offsets_forced = now, False
+        return due
+
     async def commit_pending(self) -> None:
         """Commit buffered records and the offset progress now (no-op when nothing changed)."""
         records, self._buffer = self._buffer, []
         generation = self._emitted_gen
-        point = self.offsets.advance()
+        point = self.offsets.advance() if self._offsets_due(time.monotonic()) else None
+        first_emit, self._first_emit = self._first_emit, None
         if records or point is not None:
             offsets = ({(self._inbox_topic, self.partition): point} if point is not None
                        else None)
+            began = time.monotonic()
             try:
                 await self.producer.commit(records, offsets)
             except Exception:
                 self.transactions_aborted += 1
                 raise
+            self.recent_commits.append(CommitTiming(
+                began - (first_emit if first_emit is not None else began),
+                time.monotonic() - began, len(records)))
             self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
         self._committed_gen = generation
         async with self._commit_done:

@@ -1,0 +1,99 @@
+"""A/B of the driver's commit settings in one run, against anchors measured in that run.
+
+Runs bench_driver_kafka's benchmark for each variant in turn, ``--rounds`` times
+interleaved (A, B, C, D, A, B, ...), so that every variant sees the same load, and prints
+one JSON line per run and a summary per variant: the WORST p99 of its rounds and the
+spread. The anchor is a bare transaction (one record plus an inbox offset, begin to
+commit) timed in each round on the same broker: what one commit costs on this machine now.
+
+    .venv/bin/python bench/bench_driver_ab.py --bootstrap HOST:PORT [--rounds 3] [--paced]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import uuid
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+from bench_driver_kafka import Pacing, run
+
+from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.settings import Settings
+
+VARIANTS = {  # name: (pipelined flush, offsets every ms, yield after emit)
+    "per-step commit, offsets each transaction": (False, 0.0, False),
+    "per-step commit, offsets every 1 s": (False, 1000.0, False),
+    "pipelined steps, offsets each transaction": (True, 0.0, False),
+    "pipelined steps, offsets every 1 s": (True, 1000.0, False),
+    "per-step commit, yield after each emit": (False, 0.0, True),
+    "pipelined steps, offsets every 1 s, yield after each emit": (True, 1000.0, True),
+}
+PACED = Pacing(ramp_s=2.0, first_token_ms=300, chunk_ms=30)
+
+
+async def bare_transactions(bootstrap: str, count: int = 30) -> list[float]:
+    """ms per transaction of one 130-byte record plus an offset commit."""
+    name = f"anchor{uuid.uuid4().hex[:8]}"
+    settings = Settings.from_env({}, bootstrap_servers=bootstrap, partitions=1,
+                                 replication_factor=1)
+    for topic in (f"{name}.out", f"{name}.in"):
+        await ensure_topic(settings, topic, compact=False)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=name,
+                                enable_idempotence=True, acks="all", linger_ms=0)
+    await producer.start()
+    took = []
+    try:
+        for index in range(count):
+            started = time.perf_counter()
+            await producer.begin_transaction()
+            await producer.send_and_wait(f"{name}.out", b"x" * 130, partition=0)
+            await producer.send_offsets_to_transaction(
+                {TopicPartition(f"{name}.in", 0): index}, f"{name}.g")
+            await producer.commit_transaction()
+            took.append((time.perf_counter() - started) * 1000)
+    finally:
+        await producer.stop()
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--paced", action="store_true", help=f"paced load: {PACED}")
+    parser.add_argument("--only", nargs="+", help="variants whose name contains a word")
+    args = parser.parse_args()
+    pacing = PACED if args.paced else Pacing()
+    asyncio.run(run(args.bootstrap, 5, 6, 25.0))  # the broker's transaction topics exist
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
+    anchors: list[float] = []
+    for round_ in range(args.rounds):
+        bare = asyncio.run(bare_transactions(args.bootstrap))
+        anchors.append(statistics.quantiles(bare, n=100)[98])
+        for name, (pipelined, offsets_ms, yields) in VARIANTS.items():
+            if args.only and not any(word in name for word in args.only):
+                continue
+            result = asyncio.run(run(args.bootstrap, args.sessions, 6, 25.0, pipelined,
+                                     pacing=pacing, offsets_every_ms=offsets_ms,
+                                     yield_after_emit=yields))
+            results[name].append(result)
+            print(json.dumps({"round": round_ + 1, "variant": name, **result}), flush=True)
+    print(json.dumps({"anchor": "bare transaction p99 ms", "values": anchors}))
+    for name, runs in results.items():
+        if not runs:
+            continue
+        p99 = [r["visible_ms_p99"] for r in runs]
+        steps = [r["steps_per_s"] for r in runs]
+        print(json.dumps({"variant": name, "worst_p99_ms": max(p99), "p99_spread": p99,
+                          "worst_steps_per_s": min(steps), "steps_spread": steps,
+                          "invalid_logs": sum(r["invalid_logs"] for r in runs)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,9 +15,8 @@ Each value comes with its source position (``dsh.source.*`` headers,
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from pipeline.codec.outputs import (
     DERIVED_MESSAGE_CHANGE,
@@ -25,7 +24,7 @@ from pipeline.codec.outputs import (
     USAGE_RECORD,
     OutputDecoder,
 )
-from pipeline.codec.records import SourcePosition, source_position
+from pipeline.codec.records import ConsumedRecord, SourcePosition, source_position
 from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue
 from pipeline.core.projection import parse_slot_key
@@ -33,23 +32,6 @@ from pipeline.core.projection import parse_slot_key
 PROBLEMS_KEPT: Final = 20
 KINDS: Final = {"fleet": FLEET_STATUS, "usage": USAGE_RECORD,
                 "derived": DERIVED_MESSAGE_CHANGE}
-
-
-class OutputRecord(Protocol):
-    """A consumed record of an output topic, as any Kafka reader here yields it."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Iterable[tuple[str, bytes | None]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +58,7 @@ class OutputView:
     undecodable: int = 0
     problems: deque[str] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
 
-    def apply(self, record: OutputRecord) -> OutputChange | None:
+    def apply(self, record: ConsumedRecord) -> OutputChange | None:
         """Fold one record; the change it made, or None when it was skipped (counted)."""
         self.records += 1
         try:

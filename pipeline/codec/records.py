@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
@@ -149,3 +149,22 @@ def source_position(headers: Iterable[tuple[str, bytes | None]] | None
     except (TypeError, ValueError):
         return None
     return found if found.partition >= 0 and found.offset >= 0 else None
+
+
+class ConsumedRecord(Protocol):
+    """What readers of consumed records use: the Kafka client's own record (read as it is,
+    without a copy) or one of ours. A header value may be None (a foreign producer's): treat
+    it as an absent header."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -58,25 +57,6 @@ INBOX_HEADROOM_BYTES = 64 * 1024
 def inbox_record_limit(max_record_bytes: int) -> int:
     """The largest inbox record (a command) whose events fit ``max_record_bytes``."""
     return max_record_bytes - INBOX_HEADROOM_BYTES
-
-
-class ConsumedRecord(Protocol):
-    """What readers of consumed records use: an :class:`InboxRecord`, or the Kafka client's
-    own record (read as it is, without the copy). A header value may be None (a foreign
-    producer's): treat it as an absent header."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
 @dataclass(frozen=True, slots=True)

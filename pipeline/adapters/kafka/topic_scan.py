@@ -29,8 +29,8 @@ from pipeline.adapters.kafka.options import (
     consumer_size_options,
     producer_size_options,
 )
-from pipeline.adapters.kafka.records import ConsumedRecord, Headers, InboxRecord
-from pipeline.codec.records import read_headers
+from pipeline.adapters.kafka.records import Headers, InboxRecord
+from pipeline.codec.records import ConsumedRecord, read_headers
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
 

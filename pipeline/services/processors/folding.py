@@ -59,14 +59,19 @@ from typing import Any, Final, Protocol
 
 from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
 from pipeline.adapters.kafka.records import (
-    ConsumedRecord,
     Headers,
     InboxRecord,
     OutRecord,
     headers_of,
 )
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
-from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key, source_headers
+from pipeline.codec.records import (
+    HEADER_SEQ,
+    HEADER_TYPE,
+    ConsumedRecord,
+    session_id_of_key,
+    source_headers,
+)
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
 from pipeline.core.events import SURFACE_TYPES, Event, dumps_json

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.adapters.kafka.records import ConsumedRecord
 from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.outputs import DERIVED_MESSAGE_CHANGE, OutputDecoder
+from pipeline.codec.records import ConsumedRecord
 from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.projection import parse_slot_key, rebuild_conversations

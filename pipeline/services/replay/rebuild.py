@@ -27,10 +27,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.adapters.kafka.records import ConsumedRecord, Headers
+from pipeline.adapters.kafka.records import Headers
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
 from pipeline.codec.outputs import DerivedChangeSerde, default_output_codecs
-from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE, session_id_of_key, source_headers
+from pipeline.codec.records import (
+    HEADER_SEQ,
+    HEADER_TYPE,
+    ConsumedRecord,
+    session_id_of_key,
+    source_headers,
+)
 from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
 from pipeline.core.projection import (

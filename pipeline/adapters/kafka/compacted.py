@@ -34,11 +34,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.adapters.kafka.options import broker_errors, client_options
 from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.topic_scan import scan_fetch_options
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 _BATCH: Final = 5000
-_FETCH_BYTES: Final = 4 * 1024 * 1024
 # A fetch returns after this long even with little data: the snapshot's last rounds (a few
 # records short of the ends) and live changes wait for it, not the client's 500 ms.
 _FETCH_WAIT_MS: Final = 100
@@ -76,9 +76,9 @@ class CompactedFollow:
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                     auto_offset_reset="earliest",
-                                    max_partition_fetch_bytes=_FETCH_BYTES,
                                     fetch_max_wait_ms=_FETCH_WAIT_MS,
-                                    **client_options(self._settings))
+                                    **client_options(self._settings),
+                                    **scan_fetch_options(self._settings))
         self._consumer = consumer
         with broker_errors(f"follow {', '.join(self.topics)}"):
             await consumer.start()

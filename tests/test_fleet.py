@@ -66,3 +66,12 @@ def test_step_rate_over_the_span() -> None:
     rate.observe(0, 0)
     rate.observe(2_000, 10)
     assert rate.per_second() == 5.0
+
+
+def test_every_event_but_a_chunk_is_worth_publishing() -> None:
+    status = FleetStatus("s1")
+    assert status.apply(Event("turn/start", 0, 10, {"turn": 0}))
+    assert not status.apply(Event("assistant/chunk", 1, 11, {"turn": 0, "step": 0, "chunk": {}}))
+    # an event the status does not read still moves its last seq and activity: published
+    assert status.apply(Event("agent/inbox/spliced", 2, 12, {"inserted": []}))
+    assert (status.last_seq, status.last_activity_ms) == (2, 12)

@@ -19,7 +19,6 @@ from pipeline.cli.main import build_parser
 pytestmark = [pytest.mark.broker, pytest.mark.registry]
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "pipeline.cli.main"]
-FIXTURES = Path(os.environ.get("DSH_SHARED_DIR") or REPO.parent / "shared") / "fixtures"
 
 
 def test_nodes_is_the_flag_and_cluster_still_works() -> None:
@@ -71,8 +70,8 @@ def test_secure_broker_prints_one_ready_line_and_private_env_files(tmp_path: Pat
 
 def test_secure_demo_prints_the_summary_with_every_mismatch_at_zero(tmp_path: Path) -> None:
     demo = subprocess.run(
-        [*CLI, "demo", "--secure", "--sessions", "2", "--turns", "1", "--fixtures",
-         str(FIXTURES), "--ready-timeout", "300"], cwd=REPO, capture_output=True, text=True,
+        [*CLI, "demo", "--secure", "--sessions", "2", "--turns", "1",
+         "--ready-timeout", "300s"], cwd=REPO, capture_output=True, text=True,
         timeout=900, env={**os.environ, "DSH_DASHBOARD_PORT": str(free_ports(1)[0]),
                           "DSH_STATE_DIR": str(tmp_path / "state")})
     assert demo.returncode == 0, demo.stderr[-4000:]

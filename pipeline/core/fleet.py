@@ -38,15 +38,15 @@ class FleetStatus:
     retries: int = 0
 
     def apply(self, event: Event) -> bool:
-        """Fold one event; True when the status changed in a way worth publishing."""
+        """Fold one event; True when the status is worth publishing: after every event but a
+        streamed chunk (the many), so a published status is exact once its session rests."""
         data = event.data if isinstance(event.data, Mapping) else {}
         self.last_seq = event.seq
         self.last_activity_ms = event.time
         handler = _HANDLERS.get(event.type)
         if handler is not None:
             handler(self, data)
-            return True
-        return False
+        return event.type != CHUNK_TYPE
 
     def to_json(self) -> dict[str, JsonValue]:
         # Hand-written, not dataclasses.asdict: this runs once per folded event.
@@ -57,6 +57,7 @@ class FleetStatus:
         return cls(**raw)
 
 
+CHUNK_TYPE: Final = "assistant/chunk"
 _STATUS_FIELDS: Final = tuple(f.name for f in fields(FleetStatus))
 
 

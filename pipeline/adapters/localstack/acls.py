@@ -48,7 +48,7 @@ class AclRule:
 def acl_plan(settings: Settings) -> list[AclRule]:
     """Every role's ACLs for the topic and group names of ``settings``."""
     return [*_driver(settings), *_processors(settings), *_dashboard(settings),
-            *_ingest(settings), *_replay(settings)]
+            *_ingest(settings), *_replay(settings), *_otel(settings)]
 
 
 def _driver(s: Settings) -> list[AclRule]:
@@ -96,6 +96,16 @@ def _dashboard(s: Settings) -> list[AclRule]:
              (t.usage, False), (t.fleet, False), (f"{t.prefix}projection-versions", False)]
     return [AclRule("dashboard", "topic", name, READ, "show sessions, fleet and usage; tail, "
                     "export", prefixed=prefixed) for name, prefixed in reads]
+
+
+def _otel(s: Settings) -> list[AclRule]:
+    t, g = s.topics, s.group_id_prefix
+    return [
+        AclRule("otel", "topic", t.session_events, READ, "export every ended turn as a trace"),
+        AclRule("otel", "topic", t.dlq(t.session_events), WRITE,
+                "dead-letter a turn the OTLP receiver refused (400)"),
+        AclRule("otel", "group", f"{g}otel", ("Read", "Describe"), "its consumer group"),
+    ]
 
 
 def _ingest(s: Settings) -> list[AclRule]:

@@ -30,7 +30,7 @@ from typing import Final
 
 from pipeline.adapters.localstack.tls import Pki, make_pki
 
-ROLES: Final = ("driver", "processors", "dashboard", "ingest", "replay", "admin")
+ROLES: Final = ("driver", "processors", "dashboard", "ingest", "replay", "otel", "admin")
 BROKER: Final = "broker"
 SUPER_USERS: Final = (BROKER, "admin")
 MECHANISM: Final = "SCRAM-SHA-512"

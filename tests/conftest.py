@@ -63,7 +63,8 @@ class _LocalServices:
 
     def kafka_bootstrap(self) -> str:
         if self._kafka is None:
-            kafka = KafkaLocal(self.artifacts.require_kafka(), heap_mb=512)
+            # 1 GiB: a whole run creates thousands of topics (512 MiB ran out of heap once)
+            kafka = KafkaLocal(self.artifacts.require_kafka(), heap_mb=1024)
             self._kafka = kafka
             if self.registry_wanted and os.environ.get("DSH_TEST_REGISTRY_URL") is None:
                 self._launch_registry()

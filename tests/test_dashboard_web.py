@@ -101,8 +101,11 @@ async def test_token_read_only_api_streams_and_metrics(kafka_bootstrap: str,
                                  {**BEARER, "Last-Event-ID": str(at_seq)}, until=caught_up)
         assert [m[1]["seq"] for m in resumed if m[0] == "event"] == [at_seq + 1, at_seq + 2]
         assert all(name != "snapshot" for name, _ in resumed)  # resumed after the seq
-        health = json.loads((await aget(base + "health"))[2])
-        assert health["processorsWorkers"] >= 1 and health["processorsError"] is None
+        async def worker_seen() -> Any:  # sampled every lag interval; a rebalance shows 0
+            health = json.loads((await aget(base + "health"))[2])
+            return health if health["processorsWorkers"] >= 1 else None
+        health = await eventually(worker_seen, 60, "the processors worker in /health")
+        assert health["processorsError"] is None
     finally:
         await dashboard.stop()
 

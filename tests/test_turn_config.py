@@ -267,7 +267,9 @@ def test_check_usage_and_fleet_accept_the_event() -> None:
     assert scans[0] == scans[1]
     fleet = FleetStatus("s1")
     config_event = next(e for e in with_events if e.type == CONFIG_TYPE)
-    assert fleet.apply(config_event) is False and fleet.state == "idle"
+    # the status does not change but its last seq does: published, state untouched
+    assert fleet.apply(config_event) is True and fleet.state == "idle"
+    assert fleet.last_seq == config_event.seq
 
 
 def test_check_reports_a_header_that_differs_from_the_logged_configuration() -> None:

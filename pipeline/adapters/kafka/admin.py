@@ -121,7 +121,10 @@ async def _ensure_topics_once(settings: Settings) -> EnsureReport:
         missing = [s for s in specs if s.name not in found]
         created, refused = await _create(admin, missing)
         specs = [s for s in specs if s.name not in refused]
-        found.update(await _wait_visible(admin, [s.name for s in missing if s.name in created]))
+        # created here or, meanwhile, by another process (TopicAlreadyExists): either way
+        # the broker's metadata may lag the controller for a moment
+        found.update(await _wait_visible(admin, [s.name for s in missing
+                                                 if s.name not in refused]))
         configs = await _checked_configs(admin, [s.name for s in specs])
         for spec in specs:
             found_configs = configs.get(spec.name)

@@ -28,11 +28,11 @@ from pipeline.codec.records import event_headers, record_key
 from pipeline.core.events import Event
 from pipeline.core.log import SessionLog
 from pipeline.core.surface import SurfaceFold
-from pipeline.core.synth import synth_session
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import TopicNames
+from pipeline.testing.synth import synth_session
 
 
 def bench_avro_codec(ctx: Context) -> list[Figure]:

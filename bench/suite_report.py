@@ -40,7 +40,7 @@ METHOD = """\
   anchor (for latency and cost, lower is better; for rates, higher).
 - Broker: one local KRaft node (Kafka 4.4.0, started by the suite unless `--bootstrap`),
   replication factor 1; all producers acks=all and idempotent.
-- The realistic mix: `pipeline.core.synth` sessions, whose proportions follow the recorded
+- The realistic mix: `pipeline.testing.synth` sessions, whose proportions follow the recorded
   fixtures in `../shared/fixtures` (per turn: claim, 1-4 steps, reasoning runs of 10-30
   deltas, tool-call argument runs of 15-35 pieces, text runs of 1-30 deltas, tool results of
   60-600 chars, a few percent of retries, cancels and compactions: ~87% `assistant/chunk`).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pathlib
 import uuid
 from collections.abc import Iterator
 
@@ -165,3 +166,18 @@ def settings(kafka_bootstrap: str, registry_url: str, topic_prefix: str) -> Sett
         replication_factor=1,
         group_id_prefix=f"{topic_prefix}g-",
     )
+
+
+@pytest.fixture
+def dashboard_worker(kafka_bootstrap: str, topic_prefix: str,
+                     tmp_path: pathlib.Path) -> Iterator[object]:
+    """A ``dsh-pipeline processors`` subprocess on this test's dashboard settings
+    (``dashboard_support.dashboard_settings``), stopped after the test."""
+    from dashboard_support import dashboard_settings
+    from processors_support import Worker, free_port
+    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
+                     tmp_path / "processors")
+    try:
+        yield started
+    finally:
+        started.stop()

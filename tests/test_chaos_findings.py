@@ -15,12 +15,12 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.sessionfile import write_session_file
-from pipeline.core.synth import synth_header, synth_session
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.topic import read_sessions
 from pipeline.settings import Settings
+from pipeline.testing.synth import synth_header, synth_session
 
 WAIT_S = 60.0
 

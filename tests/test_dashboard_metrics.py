@@ -1,4 +1,4 @@
-"""The Prometheus registry, the dashboard's model (rows from the processors' output records,
+"""Latency percentiles, the dashboard's model (rows from the processors' output records,
 charts from live events), group labels and the token check: pure parts."""
 
 from __future__ import annotations
@@ -18,51 +18,14 @@ from pipeline.codec.outputs import (
     default_output_codecs,
 )
 from pipeline.codec.records import SourcePosition, source_headers, source_position
-from pipeline.core.errors import ConfigError
 from pipeline.core.events import Event
 from pipeline.core.fleet import FleetStatus
-from pipeline.core.metrics import MetricsRegistry, RecentSamples, percentile
 from pipeline.core.usage import SessionUsage, model_record, session_record, window_record
 from pipeline.services.dashboard.model import FleetModel, TimeBuckets
+from pipeline.services.dashboard.samples import RecentSamples, percentile
 from pipeline.services.dashboard.service import group_label, processors_group
 from pipeline.services.dashboard.web import token_accepted
 from pipeline.settings import Settings
-
-
-def test_registry_renders_text_the_official_parser_reads_back() -> None:
-    registry = MetricsRegistry(prefix="dsh_test_")
-    events = registry.counter("events_total", "Events read", ("type",))
-    lag = registry.gauge("lag_seconds", "Lag", ("group", "partition"))
-    latency = registry.histogram("call_seconds", "Calls", ("model",), buckets=(0.1, 1.0))
-    events.inc(type="turn/end")
-    events.inc(2, type='odd "type"\\with\nnewline')
-    lag.set(1.5, group="g", partition="0")
-    for value in (0.05, 0.5, 5.0):
-        latency.observe(value, model="m")
-    samples = prometheus_samples(registry.render())
-    assert samples[("dsh_test_events_total", (("type", "turn/end"),))] == 1
-    assert samples[("dsh_test_events_total", (("type", 'odd "type"\\with\nnewline'),))] == 2
-    assert samples[("dsh_test_lag_seconds", (("group", "g"), ("partition", "0")))] == 1.5
-    buckets = {le: samples[("dsh_test_call_seconds_bucket", (("le", le), ("model", "m")))]
-               for le in ("0.1", "1.0", "+Inf")}
-    assert buckets == {"0.1": 1, "1.0": 2, "+Inf": 3}
-    assert samples[("dsh_test_call_seconds_count", (("model", "m"),))] == 3
-    assert samples[("dsh_test_call_seconds_sum", (("model", "m"),))] == pytest.approx(5.55)
-
-
-def test_registry_refuses_bad_names_labels_and_decrements() -> None:
-    registry = MetricsRegistry()
-    with pytest.raises(ConfigError, match="not"):
-        registry.counter("bad-name", "x")
-    counter = registry.counter("ok_total", "x", ("a",))
-    with pytest.raises(ConfigError, match="registered twice"):
-        registry.gauge("ok_total", "x")
-    with pytest.raises(ConfigError, match="labels"):
-        counter.inc(b="1")
-    with pytest.raises(ConfigError, match="cannot decrease"):
-        counter.inc(-1, a="1")
-    with pytest.raises(ConfigError, match="reserved"):
-        registry.histogram("h", "x", ("le",))
 
 
 def test_percentiles_by_nearest_rank_over_a_sliding_span() -> None:

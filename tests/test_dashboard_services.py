@@ -51,17 +51,6 @@ def driver(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[
         log.close()
 
 
-@pytest.fixture
-def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
-    """A ``dsh-pipeline processors`` subprocess, started before the driver is ready."""
-    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
-                     tmp_path / "processors")
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 def _send_followups(settings: Settings, tmp_path: Path) -> None:
     for session_id in SESSIONS:
         subprocess.run([sys.executable, "-m", "pipeline.cli.main", "send", session_id,
@@ -70,7 +59,7 @@ def _send_followups(settings: Settings, tmp_path: Path) -> None:
 
 
 async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
-        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, worker: Worker,
+        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, dashboard_worker: Worker,
         driver: str) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
 
@@ -81,8 +70,8 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
     dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0,
                                       config=DashboardConfig(lag_interval_s=0.5))
     try:
-        await asyncio.to_thread(worker.wait_ready)  # the dashboard's loops run meanwhile
-        before = prometheus_samples((await aget(worker.url("/metrics")))[2])
+        await asyncio.to_thread(dashboard_worker.wait_ready)  # the dashboard's loops run meanwhile
+        before = prometheus_samples((await aget(dashboard_worker.url("/metrics")))[2])
 
         async def tail_started() -> Any:  # it reads the live tail from its start-up on
             return json.loads((await aget(dashboard.url + "health"))[2])["tailStart"]
@@ -102,7 +91,7 @@ async def test_metrics_of_driver_processors_and_dashboard_move_with_traffic(
         assert drv[("dsh_driver_transactions_total", ())] > 0
 
         async def processors_folded() -> Any:
-            samples = prometheus_samples((await aget(worker.url("/metrics")))[2])
+            samples = prometheus_samples((await aget(dashboard_worker.url("/metrics")))[2])
             applied = samples[("dsh_processors_applied_total", ())]
             owned = samples[("dsh_processors_sessions", ())]
             moved = applied > before[("dsh_processors_applied_total", ())]

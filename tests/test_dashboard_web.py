@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from dashboard_support import (
     LiveSession,
     SseMessages,
@@ -23,7 +20,7 @@ from dashboard_support import (
     publish,
     read_sse,
 )
-from processors_support import Worker, free_port
+from processors_support import Worker
 
 from pipeline.codec.avro import EventSerde
 from pipeline.services.dashboard.server import start_dashboard
@@ -33,19 +30,9 @@ TOKEN = "t0ken-for-tests"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@pytest.fixture
-def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
-    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
-                     tmp_path / "processors")
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 async def test_token_read_only_api_streams_and_metrics(kafka_bootstrap: str,
                                                        topic_prefix: str,
-                                                       worker: Worker) -> None:
+                                                       dashboard_worker: Worker) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix, token=TOKEN)
     await prepare_topics(settings)
     live = LiveSession("web-1")

@@ -15,7 +15,7 @@ import socket
 import sys
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 import pytest
@@ -151,6 +151,24 @@ async def committed_offset(settings: Settings, group: str, partition: int) -> in
         return int(result) if result is not None else None
     finally:
         await consumer.stop()
+
+
+async def wait_committed(settings: Settings, group: str, partition: int, offset: int) -> None:
+    """Until ``group`` has committed ``offset`` on inbox ``partition``."""
+    async def committed() -> None:
+        while await committed_offset(settings, group, partition) != offset:
+            await asyncio.sleep(0.1)
+    await asyncio.wait_for(committed(), WAIT_S)
+
+
+async def dead_owner_committed(settings: Settings, group: str, partition: int, metadata: str,
+                               records: Sequence[OutRecord] = ()) -> None:
+    """The last transaction of an owner of ``partition`` that died after it: ``records``, and
+    the inbox offset 0 (still pending) committed with ``metadata``."""
+    previous = PartitionProducer(settings, group_id=group, partition=partition)
+    await previous.start()
+    await previous.commit(list(records), {(settings.topics.inbox, partition): (0, metadata)})
+    await previous.close()
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["commit-per-step", "pipelined"])
@@ -315,11 +333,7 @@ async def test_redelivered_command_already_in_the_log_is_not_run_again(
                                           InboxCodec().encode(command))])
     async with running(topics, group_id) as driver:
         await driver.wait_owning(lambda owned: owned == {0, 1, 2})
-
-        async def offset_committed() -> None:
-            while await committed_offset(topics, group_id, partition_of(session)) != 1:
-                await asyncio.sleep(0.1)
-        await asyncio.wait_for(offset_committed(), WAIT_S)
+        await wait_committed(topics, group_id, partition_of(session), 1)
         events = await wait_for_events(topics, session, lambda ev: ev[-1].type == "turn/end")
         assert driver.service.metrics.duplicates == 1
     log = strict_log(session, events)
@@ -439,12 +453,8 @@ async def test_redelivered_cancel_recorded_as_applied_in_commit_metadata_is_skip
     partition = partition_of(session)
     codec = InboxCodec()
     cancel = Cancel(session, "cancel-before-crash")
-    # The dead owner's last transaction: offset 0 still pending, the cancel (offset 1) applied.
-    previous = PartitionProducer(topics, group_id=group_id, partition=partition)
-    await previous.start()
-    await previous.commit([], {(topics.topics.inbox, partition):
-                               (0, '{"applied":["cancel-before-crash"]}')})
-    await previous.close()
+    # The dead owner's last transaction: the cancel (offset 1) applied.
+    await dead_owner_committed(topics, group_id, partition, '{"applied":["cancel-before-crash"]}')
     first = FollowUp(session, str(uuid.uuid4()), ({"type": "text", "text": "first"},))
     await send_records(topics, [
         OutRecord(topics.topics.inbox, session.encode(), codec.encode(command))
@@ -452,11 +462,7 @@ async def test_redelivered_cancel_recorded_as_applied_in_commit_metadata_is_skip
     async with running(topics, group_id) as driver:
         await driver.wait_owning(lambda owned: owned == {0, 1, 2})
         events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
-
-        async def offset_committed() -> None:
-            while await committed_offset(topics, group_id, partition) != 2:
-                await asyncio.sleep(0.1)
-        await asyncio.wait_for(offset_committed(), WAIT_S)
+        await wait_committed(topics, group_id, partition, 2)
         assert driver.service.metrics.duplicates == 1
     strict_log(session, events)
 
@@ -470,22 +476,15 @@ async def test_redelivered_record_dead_lettered_before_a_crash_is_not_dead_lette
     await send_records(topics, [
         OutRecord(topics.topics.inbox, session.encode(), InboxCodec().encode(first)),
         OutRecord(topics.topics.inbox, session.encode(), b"\xffnot an inbox command")])
-    # The dead owner's last transaction: offset 0 still running, the garbage at offset 1
-    # dead-lettered (its dead letter committed with this metadata).
-    previous = PartitionProducer(topics, group_id=group_id, partition=partition)
-    await previous.start()
-    await previous.commit([OutRecord(topics.topics.dlq(topics.topics.inbox), session.encode(),
-                                     b"the first dead letter")],
-                          {(topics.topics.inbox, partition): (0, '{"dead":[1]}')})
-    await previous.close()
+    # The dead owner's last transaction: the garbage at offset 1 dead-lettered (its dead
+    # letter committed with this metadata).
+    letter = OutRecord(topics.topics.dlq(topics.topics.inbox), session.encode(),
+                       b"the first dead letter")
+    await dead_owner_committed(topics, group_id, partition, '{"dead":[1]}', [letter])
     async with running(topics, group_id) as driver:
         await driver.wait_owning(lambda owned: owned == {0, 1, 2})
         events = await wait_for_events(topics, session, lambda ev: completed_turns(ev) == 1)
-
-        async def offset_committed() -> None:
-            while await committed_offset(topics, group_id, partition) != 2:
-                await asyncio.sleep(0.1)
-        await asyncio.wait_for(offset_committed(), WAIT_S)
+        await wait_committed(topics, group_id, partition, 2)
         assert driver.service.metrics.dead_letters == 0
     letters = await read_all(topics, topics.topics.dlq(topics.topics.inbox))
     assert [value for _key, value, _headers in letters] == [b"the first dead letter"]

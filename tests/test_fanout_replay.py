@@ -22,7 +22,6 @@ from pipeline.codec.outputs import OutputDecoder, default_output_codecs
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.events import SURFACE_TYPES
 from pipeline.core.projection import slot_key
-from pipeline.core.synth import synth_session
 from pipeline.sdk import (
     Snapshot,
     active_version,
@@ -32,6 +31,7 @@ from pipeline.sdk import (
 )
 from pipeline.services.replay.rebuild import Rebuilder, read_conversations
 from pipeline.settings import Settings
+from pipeline.testing.synth import synth_session
 
 NAMES = ("text-turn", "tool-call-turn", "agent-instructions")
 

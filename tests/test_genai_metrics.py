@@ -4,34 +4,19 @@ conventions' bucket boundaries, durations per call with error.type on failures."
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
+from driver_metrics_support import samples, scrape, scripted_driver, ticking_metrics
 from prometheus_client.samples import Sample
 from shared_paths import SHARED_DIR
 
-from pipeline.adapters.llm.scripted import ScriptedError, ScriptedProvider, ScriptedReply
 from pipeline.adapters.metrics.genai import DURATION_BUCKETS, TOKEN_BUCKETS
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.genai_spans import SessionTraces, build_spans
 from pipeline.core.inbox import FollowUp
-from pipeline.core.model import ModelRequest, RetryPolicy
-from pipeline.core.turn_effects import SessionConfig
 from pipeline.core.usage import UsageScan
-from pipeline.services.driver.http_status import StatusServer
-from pipeline.services.driver.metrics import RunnerMetrics
-from pipeline.services.driver.partition import DriverMetrics
-from pipeline.services.driver.runner import Driver, MemorySink
-from pipeline.services.driver.tools import builtin_registry
+from pipeline.services.driver.runner import MemorySink
 from pipeline.services.otel.metrics import OtelMetrics
 
 FIXTURES = SHARED_DIR / "fixtures" / "dsh-format0"
-
-
-def samples(text: str) -> list[Sample]:
-    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def total(found: list[Sample], name: str, **labels: str) -> float:
@@ -44,32 +29,14 @@ def buckets(found: list[Sample], name: str) -> set[float]:
             if s.name == name and s.labels["le"] != "+Inf"}
 
 
-def fail_once_then_answer(request: ModelRequest, attempt: int) -> ScriptedReply:
-    if attempt == 1:
-        return ScriptedReply(error=ScriptedError("SERVER", status=503))
-    return ScriptedReply(text="hello there")
-
-
 async def test_driver_metrics_carry_genai_histograms_matching_core_usage() -> None:
-    ticks = itertools.count()
-    metrics = DriverMetrics(runner=RunnerMetrics(monotonic=lambda: 0.25 * next(ticks)))
+    metrics = ticking_metrics()
     sink = MemorySink()
-    driver = Driver(provider_factory=lambda _p, _m: ScriptedProvider(fail_once_then_answer),
-                    tools=builtin_registry(), sink=sink, config=SessionConfig("scripted", "m-1"),
-                    jitter=lambda: 0.0, retry=RetryPolicy(max_attempts=3, base_ms=1, max_ms=2),
-                    metrics=metrics.runner)
+    driver = scripted_driver(metrics, sink)
     for n in range(3):
         driver.submit(FollowUp("s1", f"m{n}", ({"type": "text", "text": "hi " * (n + 1)},)))
     await driver.drain()
-    server = StatusServer(lambda: (True, {}), metrics.snapshot, metrics.runner.render)
-    port = await server.start("127.0.0.1", 0)
-    try:
-        with await asyncio.to_thread(urllib.request.urlopen,
-                                     f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = (await asyncio.to_thread(answer.read)).decode()
-    finally:
-        await server.close()
-    found = samples(text)
+    found = await scrape(metrics)
     scan = UsageScan()
     scan.add_log("s1", sink.events["s1"])
     expected = scan.by_session["s1"].otel_attributes()

@@ -25,8 +25,8 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.events import Event
 from pipeline.core.genai_spans import SessionTraces, build_spans
 from pipeline.core.genai_trace import Span, TraceParent
-from pipeline.core.synth import synth_session
 from pipeline.core.usage import UsageScan
+from pipeline.testing.synth import synth_session
 
 FIXTURES = SHARED_DIR / "fixtures" / "dsh-format0"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))

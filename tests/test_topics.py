@@ -3,6 +3,7 @@ existing ones that do not match (partition count, cleanup policy)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -62,6 +63,17 @@ async def test_ensure_topics_creates_planned_configs_and_is_idempotent(
     second = await ensure_topics(settings)
     assert second.created == ()
     assert set(second.existing) == set(first.created)
+
+
+async def test_ensure_topics_run_at_once_by_two_services_both_succeed(
+        settings: Settings) -> None:
+    """A driver and a processors worker starting together: each finds the topics the other
+    created meanwhile (TopicAlreadyExists) and checks them once visible."""
+    reports = await asyncio.gather(ensure_topics(settings), ensure_topics(settings))
+    planned = {s.name for s in plan_topics(settings)}
+    for report in reports:
+        assert set(report.created) | set(report.existing) == planned
+    assert set(reports[0].created) | set(reports[1].created) == planned
 
 
 async def _create_topic(settings: Settings, name: str, partitions: int,

@@ -12,7 +12,8 @@ import socket
 import pytest
 from aiokafka.errors import KafkaConnectionError, NodeNotReadyError, TopicAuthorizationFailedError
 
-from pipeline.adapters.kafka.admin import _transient, ensure_topics
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.errors import is_transient
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
@@ -24,11 +25,11 @@ def broker_error(cause: BaseException | None) -> BrokerError:
 
 
 def test_only_retriable_broker_failures_are_transient() -> None:
-    assert _transient(broker_error(NodeNotReadyError()))
-    assert _transient(broker_error(KafkaConnectionError("Unable to bootstrap")))
-    assert _transient(broker_error(ConnectionRefusedError()))
-    assert not _transient(broker_error(TopicAuthorizationFailedError()))
-    assert not _transient(broker_error(None))  # e.g. a topic with another partition count
+    assert is_transient(broker_error(NodeNotReadyError()))
+    assert is_transient(broker_error(KafkaConnectionError("Unable to bootstrap")))
+    assert is_transient(broker_error(ConnectionRefusedError()))
+    assert not is_transient(broker_error(TopicAuthorizationFailedError()))
+    assert not is_transient(broker_error(None))  # e.g. a topic with another partition count
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from pipeline.cli.common import STDIO, binary_input, is_stdio, refuse_overwrite
+from pipeline.cli.common import STDIO, binary_input, input_name, is_stdio, refuse_overwrite
 from pipeline.codec.container import read_container, write_container
 from pipeline.codec.sessionfile import encode_lines, read_session_file, write_session_file
 from pipeline.core.errors import CodecError, ConfigError, SessionFileError
@@ -58,7 +58,7 @@ def run_encode(args: argparse.Namespace, settings: Settings) -> int:
     if is_stdio(args.output) and sys.stdout.isatty():
         raise ConfigError("refusing to write binary Avro to a terminal: redirect stdout, or "
                           "give -o FILE")
-    name = "<stdin>" if is_stdio(args.file) else args.file
+    name = input_name(args.file)
     with binary_input(args.file) as handle:
         session_file = read_session_file(name, handle=handle)
     for warning in session_file.warnings:
@@ -93,7 +93,7 @@ def _write_file(output: str, session_file: Any, session_id: str) -> int:
 
 def run_decode(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
     refuse_overwrite(args.output, args.file)
-    name = "<stdin>" if is_stdio(args.file) else args.file
+    name = input_name(args.file)
     with binary_input(args.file) as handle:
         # fastavro seeks in the container: a pipe is read into memory first
         seekable = handle if handle.seekable() else io.BytesIO(handle.read())

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any, Final, TextIO
 
-from pipeline.cli.common import STDIO, binary_input
+from pipeline.cli.common import binary_input, input_name
 from pipeline.codec.sessionfile import (
     FileProblem,
     SessionFile,
@@ -76,7 +76,7 @@ def _mode(args: argparse.Namespace) -> Mode:
 def run_derive(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     with binary_input(args.file) as handle:
-        session_file, log = load_session(_name(args.file), mode=_mode(args), handle=handle)
+        session_file, log = load_session(input_name(args.file), mode=_mode(args), handle=handle)
     for warning in session_file.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     messages = log.messages() if args.at_seq is None else log.messages_at(args.at_seq)
@@ -95,7 +95,7 @@ def run_validate(args: argparse.Namespace, settings: Settings,
     for path in args.files:
         try:
             with binary_input(path) as handle:
-                problems, session_file = validate_file(_name(path), _mode(args),
+                problems, session_file = validate_file(input_name(path), _mode(args),
                                                        handle=handle)
         except SessionFileError as exc:  # cannot be opened: reported, the others checked
             problems, session_file = [FileProblem(path, None, exc)], None
@@ -109,18 +109,16 @@ def run_validate(args: argparse.Namespace, settings: Settings,
         torn = _torn_tail_note(session_file)
         refused = bool(torn) and not args.allow_torn_tail
         if refused:
-            out.write(f"{_name(path)}: {torn}: data is missing (--allow-torn-tail accepts "
+            out.write(f"{input_name(path)}: {torn}: data is missing (--allow-torn-tail accepts "
                       "it)\n")
         if problems or refused:
             failed = True
         else:
             accepted = f"; {torn}, accepted" if torn else ""
-            out.write(f"{_name(path)}: valid ({len(session_file.events)} events{accepted})\n")
+            out.write(f"{input_name(path)}: valid ({len(session_file.events)} events{accepted})\n")
     return 1 if failed else 0
 
 
-def _name(path: str) -> str:
-    return "<stdin>" if path == STDIO else path
 
 
 def _torn_tail_note(session_file: SessionFile) -> str:

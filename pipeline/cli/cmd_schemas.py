@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.common import binary_input, is_stdio
+from pipeline.cli.common import binary_input, input_name
 from pipeline.core.errors import SchemaError
 from pipeline.settings import Settings
 
@@ -100,10 +100,10 @@ def run_check(args: argparse.Namespace, settings: Settings) -> int:
     try:
         candidate = json.loads(text)
     except ValueError as exc:
-        raise SchemaError(f"{'<stdin>' if is_stdio(args.file) else args.file}: not JSON: "
-                          f"{exc}") from None
+        raise SchemaError(f"{input_name(args.file)}: not JSON: {exc}") from None
     if not isinstance(candidate, dict) or "name" not in candidate:
-        raise SchemaError(f"{args.file}: not a named Avro schema (a record, enum or fixed)")
+        raise SchemaError(f"{input_name(args.file)}: not a named Avro schema (a record, enum "
+                          "or fixed)")
     name = args.name or full_name(candidate)
     versions = history(name)
     if not versions:

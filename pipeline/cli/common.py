@@ -54,6 +54,11 @@ def is_stdio(path: object) -> bool:
     return str(path) == STDIO
 
 
+def input_name(path: str) -> str:
+    """How the input ``path`` is named in messages: ``<stdin>`` for ``-``."""
+    return "<stdin>" if is_stdio(path) else path
+
+
 @contextlib.contextmanager
 def binary_input(path: str) -> Iterator[IO[bytes]]:
     """``path`` opened for reading bytes, or stdin for ``-``."""

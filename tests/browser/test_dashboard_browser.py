@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +47,6 @@ async def browser() -> AsyncIterator[Any]:
             await browser.close()
 
 
-@pytest.fixture
-def worker(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> Iterator[Worker]:
-    started = Worker(dashboard_settings(kafka_bootstrap, topic_prefix), free_port(),
-                     tmp_path / "processors")
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 async def _start(settings: Settings, port: int) -> RunningDashboard:
     return await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=port)
 
@@ -67,7 +57,7 @@ async def _state_of(page: Any, session_id: str) -> str:
 
 
 async def test_fleet_page_live_session_page_charts_and_reconnect(
-        kafka_bootstrap: str, topic_prefix: str, browser: Any, worker: Worker) -> None:
+        kafka_bootstrap: str, topic_prefix: str, browser: Any, dashboard_worker: Worker) -> None:
     settings = dashboard_settings(kafka_bootstrap, topic_prefix)
     await prepare_topics(settings)
     now = int(time.time() * 1000)
@@ -78,7 +68,7 @@ async def test_fleet_page_live_session_page_charts_and_reconnect(
     live.start_turn("What is Kafka?")
     await publish(settings, live.session_id, live.take())
 
-    await asyncio.to_thread(worker.wait_ready)
+    await asyncio.to_thread(dashboard_worker.wait_ready)
     port = free_port()
     dashboard = await _start(settings, port)
     try:

@@ -12,10 +12,9 @@ import asyncio
 from typing import Final
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options
-from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 SEND_TIMEOUT_S: Final = 60.0
@@ -30,11 +29,8 @@ class Sender:
         self._started = False
 
     async def start(self) -> None:
-        try:
+        with broker_errors("chaos sender: connect", timeout_s=SEND_TIMEOUT_S):
             await asyncio.wait_for(self._producer.start(), SEND_TIMEOUT_S)
-        except (KafkaError, TimeoutError) as exc:
-            raise BrokerError(f"chaos sender cannot connect: {type(exc).__name__}: {exc}"
-                              ) from None
         self._started = True
 
     async def stop(self) -> None:
@@ -44,10 +40,7 @@ class Sender:
 
     async def send(self, topic: str, key: bytes, value: bytes) -> tuple[int, int]:
         """Send one record and wait for it to be acknowledged by the in-sync replicas."""
-        try:
+        with broker_errors(f"chaos sender: send to {topic}", timeout_s=SEND_TIMEOUT_S):
             future = await self._producer.send(topic, value, key=key)
             meta = await asyncio.wait_for(future, SEND_TIMEOUT_S)
-        except (KafkaError, TimeoutError) as exc:
-            raise BrokerError(f"chaos sender: sending to {topic} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
         return meta.partition, meta.offset

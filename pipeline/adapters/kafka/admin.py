@@ -19,13 +19,13 @@ from typing import Any, Final
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
-    KafkaError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     for_code,
 )
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.errors import broker_errors, is_transient
+from pipeline.adapters.kafka.options import client_options
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
@@ -104,19 +104,11 @@ async def ensure_topics(settings: Settings, *, retry_for_s: float = 0.0) -> Ensu
         try:
             return await _ensure_topics_once(settings)
         except BrokerError as exc:
-            if not _transient(exc) or time.monotonic() + delay_s > deadline:
+            if not is_transient(exc) or time.monotonic() + delay_s > deadline:
                 raise
             log.warning("%s; trying again in %.1f s", exc, delay_s)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 5.0)
-
-
-def _transient(exc: BrokerError) -> bool:
-    """Whether the broker failure under ``exc`` may pass by itself (aiokafka's retriable)."""
-    cause = exc.__cause__
-    if isinstance(cause, KafkaError):
-        return bool(cause.retriable)
-    return isinstance(cause, OSError | TimeoutError)
 
 
 async def _ensure_topics_once(settings: Settings) -> EnsureReport:
@@ -129,7 +121,10 @@ async def _ensure_topics_once(settings: Settings) -> EnsureReport:
         missing = [s for s in specs if s.name not in found]
         created, refused = await _create(admin, missing)
         specs = [s for s in specs if s.name not in refused]
-        found.update(await _wait_visible(admin, [s.name for s in missing if s.name in created]))
+        # created here or, meanwhile, by another process (TopicAlreadyExists): either way
+        # the broker's metadata may lag the controller for a moment
+        found.update(await _wait_visible(admin, [s.name for s in missing
+                                                 if s.name not in refused]))
         configs = await _checked_configs(admin, [s.name for s in specs])
         for spec in specs:
             found_configs = configs.get(spec.name)

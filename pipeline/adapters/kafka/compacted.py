@@ -32,7 +32,8 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.topic_scan import scan_fetch_options
 from pipeline.core.errors import BrokerError

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.event_stream import EventRecord, EventStream
-from pipeline.adapters.kafka.options import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord, headers_of
 from pipeline.core.errors import BrokerError, CodecError
 

@@ -33,11 +33,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
 
-from pipeline.adapters.kafka.options import (
-    broker_errors,
-    client_options,
-    consumer_size_options,
-)
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import Headers, headers_of
 from pipeline.codec.records import read_headers, record_key, session_id_of_key
 from pipeline.core.dedup import Delivery, SeqTracker

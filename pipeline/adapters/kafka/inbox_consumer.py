@@ -13,20 +13,22 @@ there delays the whole group, so the driver keeps them short.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options, consumer_size_options, kafka_error
+from pipeline.adapters.kafka.errors import broker_errors, quietly
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import InboxRecord, headers_of
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 PartitionsCallback = Callable[[list[int]], Awaitable[None]]
 
@@ -65,21 +67,18 @@ class InboxConsumer:
 
     async def start(self) -> None:
         try:
-            await self._consumer.start()
-            self._consumer.subscribe([self.topic], listener=self._listener)
-        except KafkaError as exc:
+            with broker_errors(f"cannot join group {self.group_id!r} on {self.topic}"):
+                await self._consumer.start()
+                self._consumer.subscribe([self.topic], listener=self._listener)
+        except BrokerError:
             await self._consumer.stop()
-            raise kafka_error(f"cannot join group {self.group_id!r} on {self.topic}", exc
-                              ) from None
+            raise
 
     async def poll(self, timeout_ms: int = 200, max_records: int = 500) -> list[InboxRecord]:
         """Records from every assigned, unpaused partition (per partition in offset order)."""
-        try:
+        with broker_errors(f"consuming {self.topic} in group {self.group_id!r} failed"):
             fetched = await self._consumer.getmany(timeout_ms=timeout_ms,
                                                    max_records=max_records)
-        except KafkaError as exc:
-            raise kafka_error(f"consuming {self.topic} in group {self.group_id!r} failed", exc
-                              ) from None
         out: list[InboxRecord] = []
         for tp, records in fetched.items():
             out.extend(
@@ -113,12 +112,11 @@ class InboxConsumer:
         tp = TopicPartition(self.topic, partition)
         admin = AIOKafkaAdminClient(**self._options)
         try:
-            await admin.start()
-            found = await admin.list_consumer_group_offsets(self.group_id, partitions=[tp])
-        except KafkaError as exc:
-            raise BrokerError(f"reading the committed offset of {self.topic}[{partition}] "
-                              f"for group {self.group_id!r} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
+            with broker_errors(f"reading the committed offset of {self.topic}[{partition}] "
+                               f"for group {self.group_id!r} failed"):
+                await admin.start()
+                found = await admin.list_consumer_group_offsets(self.group_id,
+                                                                partitions=[tp])
         finally:
             await admin.close()
         entry = found.get(tp)
@@ -134,5 +132,5 @@ class InboxConsumer:
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Leave the group (no offsets are committed here). Never raises."""
-        with contextlib.suppress(KafkaError, TimeoutError):
+        with quietly(f"leaving group {self.group_id!r}", log):
             await asyncio.wait_for(self._consumer.stop(), timeout_s)

@@ -1,32 +1,17 @@
-"""aiokafka client options from :class:`Settings`, and aiokafka errors mapped into the error tree.
+"""aiokafka client options from :class:`Settings`.
 
 ``client_options(settings)`` is the one place that turns the broker settings (bootstrap servers,
 security protocol, SASL, TLS) into keyword arguments for ``AIOKafkaProducer``,
 ``AIOKafkaConsumer`` and ``AIOKafkaAdminClient``; it is also the only place where the SASL
-password is revealed. ``kafka_error(what, exc)`` and the ``broker_errors(what)`` context
-manager translate aiokafka's (and the socket layer's) exceptions into :class:`BrokerError`,
-naming what was being done; the error text never contains a secret.
+password is revealed. aiokafka's exceptions are translated in :mod:`.errors`.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Final
 
-from aiokafka.errors import (
-    ClusterAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    KafkaConnectionError,
-    KafkaError,
-    ProducerFenced,
-    SaslAuthenticationFailed,
-    TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-)
-
-from pipeline.core.errors import BrokerError, ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -99,71 +84,3 @@ def _ssl_context(cafile: str) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=cafile or None)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"DSH_SSL_CAFILE {cafile!r} cannot be used: {exc}") from None
-
-
-def kafka_error(what: str, exc: BaseException) -> BrokerError:
-    """A :class:`BrokerError` for ``exc`` raised while doing ``what`` (e.g. "create topics").
-
-    Keeps the aiokafka class name (operators search for it) and says when a producer was fenced.
-    """
-    if isinstance(exc, BrokerError):
-        return exc
-    if isinstance(exc, ProducerFenced):
-        detail = "producer fenced: another producer with the same transactional id took over"
-    elif (refused := _refusal(exc)) is not None:
-        detail = refused
-    elif isinstance(exc, TimeoutError):
-        detail = "timed out waiting for the broker"
-    elif isinstance(exc, KafkaError | OSError):
-        text = str(exc).strip()
-        detail = type(exc).__name__ + (f": {text}" if text else "")
-    else:
-        detail = f"{type(exc).__name__}: {exc}"
-    return BrokerError(f"{what}: {detail}")
-
-
-# What an authorization error refuses (ACLs: docs/security.md); the text of the topic errors
-# carries the topic names.
-_REFUSALS: Final = (
-    (TopicAuthorizationFailedError, "not authorized for topic {text} (needs Read to consume, "
-                                    "Write to produce, Describe for metadata)"),
-    (GroupAuthorizationFailedError, "not authorized for the consumer group (Group Read)"),
-    (TransactionalIdAuthorizationFailed, "not authorized for its transactional id "
-                                         "(TransactionalId Write)"),
-    (ClusterAuthorizationFailedError, "not authorized on the cluster (a producer needs Write "
-                                      "on some topic, or IdempotentWrite)"),
-    (SaslAuthenticationFailed, "authentication failed: wrong user name or password, or "
-                               "mechanism"),
-)
-
-
-def _refusal(exc: BaseException) -> str | None:
-    for kind, template in _REFUSALS:
-        if isinstance(exc, kind):
-            text = str(exc).split(":")[-1].strip() if ":" in str(exc) else ""
-            return f"{type(exc).__name__}: " + template.format(text=repr(text) if text else
-                                                                 "(name not given)")
-    if isinstance(exc, KafkaConnectionError):
-        return (f"{type(exc).__name__}: {str(exc).strip()} (no broker accepted the connection: "
-                "check the address, the security protocol, DSH_SSL_CAFILE and the SASL "
-                "credentials)")
-    return None
-
-
-def is_refusal(exc: BaseException) -> bool:
-    """Whether ``exc`` is an authorization or authentication refusal (not transient)."""
-    return isinstance(exc, tuple(kind for kind, _ in _REFUSALS))
-
-
-@contextmanager
-def broker_errors(what: str) -> Iterator[None]:
-    """Translate aiokafka, socket and timeout errors raised inside the block into BrokerError.
-
-    Usable around ``await`` too: ``with broker_errors("send"): await producer.send(...)``.
-    """
-    try:
-        yield
-    except BrokerError:
-        raise
-    except (TimeoutError, KafkaError, OSError) as exc:
-        raise kafka_error(what, exc) from exc

@@ -10,11 +10,10 @@ import asyncio
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
-from pipeline.adapters.kafka.options import client_options, kafka_error, producer_size_options
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord, check_fits, inbox_record_limit
-from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 
@@ -31,19 +30,15 @@ async def send_records(settings: Settings, records: Sequence[OutRecord], *,
     producer = AIOKafkaProducer(**client_options(settings), **producer_size_options(settings),
                                 enable_idempotence=True, acks="all")
     try:
-        await asyncio.wait_for(producer.start(), timeout_s)
-        futures = [
-            await producer.send(r.topic, r.value, key=r.key, partition=r.partition,
-                                headers=list(r.headers) or None)
-            for r in records
-        ]
-        metas = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
-    except TimeoutError:
-        raise BrokerError(f"sending {len(records)} record(s) to "
-                          f"{settings.bootstrap_servers} timed out after {timeout_s:.0f}s"
-                          ) from None
-    except KafkaError as exc:
-        raise kafka_error(f"sending to {settings.bootstrap_servers}", exc) from None
+        with broker_errors(f"send {len(records)} record(s) to {settings.bootstrap_servers}",
+                           timeout_s=timeout_s):
+            await asyncio.wait_for(producer.start(), timeout_s)
+            futures = [
+                await producer.send(r.topic, r.value, key=r.key, partition=r.partition,
+                                    headers=list(r.headers) or None)
+                for r in records
+            ]
+            metas = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
     finally:
         await producer.stop()
     return [(m.partition, m.offset) for m in metas]

@@ -11,22 +11,14 @@ seq seen twice (a redelivered write) is kept once.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-from aiokafka.structs import TopicPartition
-
-from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.session_reader import Decoder, read_committed
 from pipeline.codec.records import HEADER_SEQ, HEADER_TYPE
-from pipeline.core.errors import BrokerError
 from pipeline.core.events import Event
 from pipeline.core.types import SURFACE_TYPES
 from pipeline.settings import Settings
 
-Decoder = Callable[[bytes], tuple[str, Event]]
 _SURFACE_TYPE_BYTES = frozenset(t.encode() for t in SURFACE_TYPES)
 
 
@@ -34,51 +26,26 @@ async def read_surface_events(settings: Settings, topic: str, partition: int,
                               session_id: str, start_offset: int, last_seq: int,
                               decode: Decoder, *, timeout_s: float = 300.0) -> list[Event]:
     """The surface events of ``session_id`` with seq <= ``last_seq``, in seq order."""
-    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
-                                enable_auto_commit=False, isolation_level="read_committed",
-                                auto_offset_reset="earliest")
-    tp = TopicPartition(topic, partition)
-    try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        consumer.assign([tp])
-        end = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout_s))[tp]
-        if end <= start_offset:
-            return []
-        consumer.seek(tp, start_offset)
-        return await asyncio.wait_for(
-            _read(consumer, tp, end, session_id.encode(), last_seq, decode), timeout_s)
-    except TimeoutError:
-        raise BrokerError(f"reading session {session_id[:80]!r} from {topic}[{partition}] "
-                          f"took longer than {timeout_s:.0f}s") from None
-    except KafkaError as exc:
-        raise BrokerError(f"reading {topic}[{partition}] failed: "
-                          f"{type(exc).__name__}: {exc}") from None
-    finally:
-        await consumer.stop()
-
-
-async def _read(consumer: Any, tp: Any, end: int, key: bytes, last_seq: int,
-                decode: Decoder) -> list[Event]:
+    key = session_id.encode()
     found: dict[int, Event] = {}
-    while await consumer.position(tp) < end:
-        fetched = await consumer.getmany(tp, timeout_ms=500, max_records=5000)
-        for record in fetched.get(tp, ()):
-            if record.offset >= end:
-                return _ordered(found)
-            if record.key != key or record.value is None:
-                continue
-            headers = dict(record.headers)
-            seq, type_ = headers.get(HEADER_SEQ), headers.get(HEADER_TYPE)
-            if seq is not None and seq.isdigit() and int(seq) > last_seq:
-                return _ordered(found)
-            if type_ is not None and type_ not in _SURFACE_TYPE_BYTES:
-                continue
-            _sid, event = decode(record.value)
-            if event.seq > last_seq:
-                return _ordered(found)
-            found.setdefault(event.seq, event)
-    return _ordered(found)
 
+    def visit(record: Any) -> bool:
+        """Keep ``record`` if it is one of the session's surface events; False past last_seq."""
+        if record.key != key or record.value is None:
+            return True
+        headers = dict(record.headers)
+        seq, type_ = headers.get(HEADER_SEQ), headers.get(HEADER_TYPE)
+        if seq is not None and seq.isdigit() and int(seq) > last_seq:
+            return False
+        if type_ is not None and type_ not in _SURFACE_TYPE_BYTES:
+            return True
+        _sid, event = decode(record.value)
+        if event.seq > last_seq:
+            return False
+        found.setdefault(event.seq, event)
+        return True
 
-def _ordered(found: dict[int, Event]) -> list[Event]:
+    await read_committed(settings, topic, partition, visit, start_offset=start_offset,
+                         what=f"read session {session_id[:80]!r} from {topic}[{partition}]",
+                         timeout_s=timeout_s)
     return [found[seq] for seq in sorted(found)]

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
-from pipeline.core.errors import BrokerError, CodecError
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 from pipeline.settings import Settings
 
@@ -45,41 +45,58 @@ async def read_session_partition(settings: Settings, topic: str, partition: int,
     Undecodable records are listed (offset and reason) rather than raised: the caller
     decides whether a session with a hole can be rebuilt (it cannot: its seqs would gap).
     """
+    contents = PartitionContents(partition)
+
+    def visit(record: Any) -> bool:
+        contents.records += 1
+        _decode_into(contents, record, decode)
+        return True
+
+    contents.end_offset = await read_committed(settings, topic, partition, visit,
+                                               timeout_s=timeout_s, batch=batch)
+    return contents
+
+
+async def read_committed(settings: Settings, topic: str, partition: int,
+                         visit: Callable[[Any], bool], *, start_offset: int | None = None,
+                         what: str = "", timeout_s: float = 120.0,
+                         batch: int = 5000) -> int:
+    """Hand ``visit`` each committed record of ``topic``/``partition`` in offset order, from
+    ``start_offset`` (the beginning when None) up to the LSO taken when the read starts, until
+    ``visit`` returns False. Returns that end offset.
+
+    ``timeout_s`` bounds the start, the end-offset query and the read each; a broker failure
+    or a timeout is a :class:`BrokerError` naming ``what`` (the partition by default).
+    """
     consumer = AIOKafkaConsumer(**client_options(settings), **consumer_size_options(settings),
                                 group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 auto_offset_reset="earliest")
     tp = TopicPartition(topic, partition)
-    contents = PartitionContents(partition)
     try:
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        consumer.assign([tp])
-        contents.end_offset = (await asyncio.wait_for(consumer.end_offsets([tp]),
-                                                      timeout_s))[tp]
-        if contents.end_offset > 0:
-            await consumer.seek_to_beginning(tp)
-            await asyncio.wait_for(_read_to(consumer, tp, contents, decode, batch), timeout_s)
-    except TimeoutError:
-        raise BrokerError(f"reading {topic}[{partition}] up to offset "
-                          f"{contents.end_offset} took longer than {timeout_s:.0f}s") from None
-    except KafkaError as exc:
-        raise BrokerError(f"reading {topic}[{partition}] failed: "
-                          f"{type(exc).__name__}: {exc}") from None
+        with broker_errors(what or f"read {topic}[{partition}]", timeout_s=timeout_s):
+            await asyncio.wait_for(consumer.start(), timeout_s)
+            consumer.assign([tp])
+            end: int = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout_s))[tp]
+            if end > (start_offset or 0):
+                if start_offset is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, start_offset)
+                await asyncio.wait_for(_read_to(consumer, tp, end, visit, batch), timeout_s)
     finally:
         await consumer.stop()
-    return contents
+    return end
 
 
-async def _read_to(consumer: Any, tp: Any, contents: PartitionContents, decode: Decoder,
+async def _read_to(consumer: Any, tp: Any, end: int, visit: Callable[[Any], bool],
                    batch: int) -> None:
     # The position can jump past the end: the last offsets may be transaction markers.
-    while await consumer.position(tp) < contents.end_offset:
+    while await consumer.position(tp) < end:
         fetched = await consumer.getmany(tp, timeout_ms=500, max_records=batch)
         for record in fetched.get(tp, ()):
-            if record.offset >= contents.end_offset:
+            if record.offset >= end or not visit(record):
                 return
-            contents.records += 1
-            _decode_into(contents, record, decode)
 
 
 def _decode_into(contents: PartitionContents, record: Any, decode: Decoder) -> None:

@@ -23,9 +23,9 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.event_stream import partitions_of
 from pipeline.adapters.kafka.options import (
-    broker_errors,
     client_options,
     consumer_size_options,
     producer_size_options,

@@ -23,8 +23,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import (
-    broker_errors,
     client_options,
     consumer_size_options,
     producer_size_options,

@@ -7,7 +7,7 @@ producer (InitProducerId bumps the epoch and aborts the old owner's open transac
 
 One :meth:`PartitionProducer.commit` is one Kafka transaction: the records and, optionally,
 the consumer-group offset of the inbox partition are committed atomically, or nothing is.
-Every aiokafka failure is translated here into :class:`BrokerError`; ``fenced`` tells the
+Every aiokafka failure reaches the caller as :class:`BrokerError`; ``fenced`` tells the
 caller that another owner exists and the partition must be given up (not retried).
 """
 
@@ -19,15 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
-    InvalidProducerEpoch,
-    KafkaError,
-    ProducerFenced,
-    TransactionCoordinatorFenced,
-)
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import client_options, kafka_error, producer_size_options
+from pipeline.adapters.kafka.errors import broker_errors, is_fencing, quietly
+from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -37,7 +32,6 @@ log = logging.getLogger(__name__)
 # One transaction carries hundreds of records per partition, and an idempotent producer has
 # one produce request in flight per partition: big batches mean few round trips per commit.
 MAX_BATCH_BYTES = 512 * 1024
-_FENCING_ERRORS = (ProducerFenced, InvalidProducerEpoch, TransactionCoordinatorFenced)
 
 
 def transactional_id_for(group_id: str, partition: int) -> str:
@@ -129,29 +123,25 @@ class PartitionProducer:
         await producer.commit_transaction()
 
     async def _abort_quietly(self) -> None:
-        try:
+        with quietly(f"abort of {self.transactional_id}", log):
             if not self._producer._txn_manager.is_fatal_error():
                 await asyncio.wait_for(self._producer.abort_transaction(),
                                        self._request_timeout_s)
-        except (KafkaError, TimeoutError, AssertionError) as exc:
-            log.debug("abort of %s failed: %r", self.transactional_id, exc)
 
     async def _guarded(self, work: Any, what: str) -> None:
         """Run ``work`` with a timeout, translating aiokafka errors into BrokerError."""
         try:
-            await asyncio.wait_for(work, self._request_timeout_s)
-        except _FENCING_ERRORS as exc:
+            with broker_errors(f"producer {self.transactional_id} failed to {what}",
+                               timeout_s=self._request_timeout_s):
+                await asyncio.wait_for(work, self._request_timeout_s)
+        except BrokerError as exc:
+            if not is_fencing(exc):
+                raise
             self.fenced = True
             raise FencedError(
                 f"producer {self.transactional_id} was fenced while trying to {what}: another "
-                f"driver owns inbox partition {self.partition} now ({type(exc).__name__})"
-            ) from None
-        except TimeoutError:
-            raise BrokerError(f"producer {self.transactional_id} timed out after "
-                              f"{self._request_timeout_s:.0f}s trying to {what}") from None
-        except KafkaError as exc:
-            raise kafka_error(f"producer {self.transactional_id} failed to {what}", exc
-                              ) from None
+                f"driver owns inbox partition {self.partition} now "
+                f"({type(exc.__cause__).__name__})") from exc.__cause__
 
     async def close(self) -> None:
         """Abort any open transaction and stop. Never raises."""
@@ -161,10 +151,8 @@ class PartitionProducer:
         await self._stop_quietly(producer)
 
     async def _stop_quietly(self, producer: Any) -> None:
-        try:
+        with quietly(f"stop of {self.transactional_id}", log):
             await asyncio.wait_for(producer.stop(), self._request_timeout_s)
-        except (KafkaError, TimeoutError, AssertionError) as exc:
-            log.debug("stop of %s failed: %r", self.transactional_id, exc)
 
 
 async def _send_all(producer: Any, records: Sequence[OutRecord]) -> list[Any]:

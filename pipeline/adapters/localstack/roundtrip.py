@@ -14,7 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 

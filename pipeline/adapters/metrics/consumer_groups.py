@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options
 from pipeline.settings import Settings
 
 

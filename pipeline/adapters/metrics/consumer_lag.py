@@ -15,11 +15,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.adapters.kafka.options import (
-    broker_errors,
-    client_options,
-    consumer_size_options,
-)
+from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.settings import Settings
 
 

@@ -5,7 +5,7 @@ then commands are drawn by seed: follow-ups, steers, injects, cancels and config
 command is sent straight to the brokers (acks=all) and remembered with its partition and
 offset (:class:`SentCommand`), so the invariants can ask where each one went.
 
-The shipped files are synthetic dsh sessions (:func:`pipeline.core.synth.synth_session`)
+The shipped files are synthetic dsh sessions (:func:`pipeline.testing.synth.synth_session`)
 written into the shipper's directory in growing prefixes: a file is rewritten with more
 events (written to a temporary name and renamed, sometimes in dsh's packed chunk rows), so
 the shipper sees files grow while it follows them.
@@ -27,8 +27,8 @@ from pipeline.codec.sessionfile import write_session_file
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
-from pipeline.core.synth import synth_header, synth_session
 from pipeline.settings import Settings
+from pipeline.testing.synth import synth_header, synth_session
 
 KINDS: Final = ("followup", "steer", "inject", "cancel", "configure")
 WEIGHTS: Final = (40, 15, 15, 10, 20)

@@ -27,7 +27,7 @@ from pipeline.codec.output_views import OutputChange
 from pipeline.codec.records import SourcePosition
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.fleet import IN_TURN
-from pipeline.core.metrics import RecentSamples
+from pipeline.services.dashboard.samples import RecentSamples
 
 TOKEN_BUCKET_MS: Final = 60_000     # the processors' "minute" usage windows
 TOKEN_HISTORY_MS: Final = 30 * 60_000

@@ -1,36 +1,42 @@
-"""What the processors count: delivery outcomes, dead letters, late samples."""
+"""What the processors count: delivery outcomes, dead letters, late samples.
+
+Plain integers, incremented where the thing happens (no lock, no registry on the hot path);
+:mod:`.metrics` reads them at each scrape. Each field's ``help`` is its ``# HELP`` text.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
+
+
+def _counted(help_text: str) -> int:
+    return field(default=0, metadata={"help": help_text})
 
 
 @dataclass(slots=True)
 class DeliveryCounters:
     """Per worker, since start. Exposed on ``GET /health`` and ``GET /metrics``."""
 
-    records: int = 0
-    applied: int = 0
-    chunks_skipped_undecoded: int = 0
-    duplicates: int = 0
-    gaps: int = 0
-    dead_letters: int = 0
-    invalid_events: int = 0
-    usage_samples: int = 0
-    usage_duplicates: int = 0
-    late_window_samples: int = 0
-    windows_closed: int = 0
-    derived_changes: int = 0
-    steps_started: int = 0
-    failed_batches: int = 0  # folding raised: offsets held back until a restart
+    records: int = _counted("Session-topic records consumed")
+    applied: int = _counted("Events applied to the session folds")
+    chunks_skipped_undecoded: int = _counted("Assistant chunks admitted without decoding them")
+    duplicates: int = _counted("Events seen again (a seq already folded) and ignored")
+    gaps: int = _counted("Seq gaps found (reported, the session waits)")
+    dead_letters: int = _counted("Records sent to the dead-letter topic")
+    invalid_events: int = _counted("Events the fold refused (a rule broken)")
+    usage_samples: int = _counted("Usage samples produced from step ends")
+    usage_duplicates: int = _counted("Usage samples seen again and ignored")
+    late_window_samples: int = _counted("Usage samples after their windows closed")
+    windows_closed: int = _counted("Usage windows closed")
+    derived_changes: int = _counted("Derived-message changes written")
+    steps_started: int = _counted("step/start events applied")
+    # folding raised: offsets held back until a restart
+    failed_batches: int = _counted("Batches whose folding failed (offsets held back)")
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
 
-    def prometheus(self, prefix: str = "dsh_processors_") -> str:
-        """The counters in the Prometheus text format."""
-        lines = []
-        for name, value in asdict(self).items():
-            lines.append(f"# TYPE {prefix}{name}_total counter")
-            lines.append(f"{prefix}{name}_total {value}")
-        return "\n".join(lines) + "\n"
+    @staticmethod
+    def help_texts() -> dict[str, str]:
+        """Each counter's name and its ``# HELP`` text, in declaration order."""
+        return {f.name: f.metadata["help"] for f in fields(DeliveryCounters)}

@@ -12,7 +12,7 @@ Per-session views are routed by faust to the worker that owns the session's part
     GET /usage/models                        model totals this worker owns
     GET /health                              recovery progress (remaining offsets), counters,
                                              projection version and any handover held for
-    GET /metrics                             the counters in the Prometheus text format
+    GET /metrics                             the counters and gauges (prometheus_client)
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 from faust.web import View
+from prometheus_client import generate_latest
 
 from pipeline.adapters.kafka.session_history import read_surface_events
 from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.usage import session_record
-from pipeline.services.processors.metrics import processors_metrics_text
+from pipeline.services.processors.metrics import processors_registry
 from pipeline.services.processors.session_state import SessionState, next_expected
 from pipeline.services.processors.worker import Processors
 
@@ -145,6 +146,7 @@ def _routed(processors: Processors, path: str, table: Any, handler: Any) -> None
 
 def _register_worker_views(processors: Processors) -> None:
     app = processors.app
+    registry = processors_registry(processors)
 
     async def fleet(web: Any, request: Any) -> Any:
         sessions = {s.session_id: s.to_json() for s in processors.local_fleet()}
@@ -163,7 +165,7 @@ def _register_worker_views(processors: Processors) -> None:
                          "projection": follow.status() if follow is not None else None})
 
     async def metrics(web: Any, request: Any) -> Any:
-        return web.text(processors_metrics_text(processors),
+        return web.text(generate_latest(registry).decode("utf-8"),
                         content_type="text/plain; version=0.0.4")
 
     for path, handler in (("/fleet", fleet), ("/usage/models", usage_models),

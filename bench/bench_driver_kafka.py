@@ -187,8 +187,7 @@ def commit_split(service: DriverService) -> dict[str, float]:
 
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
-              pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
-              yield_after_emit: bool = False, reader_wait_ms: int = 500) -> dict[str, float]:
+              pacing: Pacing = Pacing(), reader_wait_ms: int = 500) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -197,8 +196,6 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
                          linger_ms=linger_ms,
                          script=paced_script(pacing),
                          pipelined_flush=pipelined)
-    ctx = dataclasses.replace(ctx, offsets_every_ms=offsets_every_ms,
-                              yield_after_emit=yield_after_emit)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))
@@ -262,8 +259,6 @@ def main() -> None:
                         help="the scripted model's delay before its first chunk")
     parser.add_argument("--chunk-ms", type=int, default=0,
                         help="the scripted model's delay between chunks")
-    parser.add_argument("--offsets-every-ms", type=float, default=0.0,
-                        help="inbox offsets ride a transaction at most this often (0: each)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
@@ -272,12 +267,10 @@ def main() -> None:
             asyncio.run(run(bootstrap, args.warmup, args.partitions, args.linger_ms))
         pacing = Pacing(args.ramp_s, args.first_token_ms, args.chunk_ms)
         result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
-                                 args.pipelined_flush, args.decode_live, pacing,
-                                 args.offsets_every_ms))
+                                 args.pipelined_flush, args.decode_live, pacing))
     print(json.dumps({**result, "partitions": args.partitions,
                       "pipelined_flush": args.pipelined_flush,
-                      "decode_live": args.decode_live,
-                      "offsets_every_ms": args.offsets_every_ms}))
+                      "decode_live": args.decode_live}))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.settings import Settings
 
 VARIANTS: dict[str, dict[str, Any]] = {  # name: keyword arguments of bench_driver_kafka.run
-    "per-step commit": {"pipelined": False},
-    "pipelined steps": {"pipelined": True},
+    "unbounded": {"steps_per_transaction": 0},
+    "8 steps per transaction": {"steps_per_transaction": 8},
+    "16 steps per transaction": {"steps_per_transaction": 16},
+    "32 steps per transaction": {"steps_per_transaction": 32},
+    "unbounded, pipelined steps": {"steps_per_transaction": 0, "pipelined": True},
 }
 PACED = Pacing(ramp_s=2.0, first_token_ms=300, chunk_ms=30)
 
@@ -88,6 +91,7 @@ def main() -> None:
         steps = [r["steps_per_s"] for r in runs]
         print(json.dumps({"variant": name, "worst_p99_ms": max(p99), "p99_spread": p99,
                           "worst_steps_per_s": min(steps), "steps_spread": steps,
+                          "claimed_ms_p99": [r.get("claimed_ms_p99") for r in runs],
                           "invalid_logs": sum(r["invalid_logs"] for r in runs)}))
 
 

@@ -17,6 +17,9 @@ read_committed until every turn has ended. Reports:
   only after that (``--decode-live``: as they arrive, billing its Avro decoding to the run, as
   this benchmark did before);
 * ``invalid_logs``: sessions whose log does not rebuild in strict mode (must be 0);
+* ``claimed_ms_p99`` (a burst only): from the inbox send to each session's first event (the
+  poll, and the wait for step admission, ``--steps-per-transaction``), which ``visible_ms`` does not
+  cover; ``steps_queued``: step starts that waited for admission;
 * the latency split, from the driver's own commit timings (``PartitionSink.recent_commits``):
   ``waited_ms_p50/p99``, how long a transaction's oldest record waited for its transaction
   to begin (the linger, a commit in progress, a busy event loop), and
@@ -59,6 +62,7 @@ from pipeline.core.errors import DshError
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
+from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
@@ -187,7 +191,8 @@ def commit_split(service: DriverService) -> dict[str, float]:
 
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
-              pacing: Pacing = Pacing(), reader_wait_ms: int = 500) -> dict[str, float]:
+              pacing: Pacing = Pacing(), reader_wait_ms: int = 500,
+              steps_per_transaction: int = STEPS_PER_TRANSACTION) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -195,7 +200,8 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     ctx = driver_context(settings, group_id=f"{prefix}driver", tools=builtin_registry(),
                          linger_ms=linger_ms,
                          script=paced_script(pacing),
-                         pipelined_flush=pipelined)
+                         pipelined_flush=pipelined,
+                         steps_per_transaction=steps_per_transaction)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))
@@ -209,14 +215,22 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     reader = asyncio.create_task(read_until_done(settings, sessions, decode_live,
                                                  reader_wait_ms))
     started, cpu_started = time.perf_counter(), time.process_time()
+    sent_ms = time.time() * 1000
     await send_paced(settings, records, pacing.ramp_s)
     arrived, finished, cpu_finished = await reader
     metrics = service.metrics_snapshot()
     split = commit_split(service)
     metrics["cpu_ms"] = int((cpu_finished - cpu_started) * 1000)
+    queued = [o.sink.step_budget.queued for o in service.owned.values()
+              if o.sink.step_budget is not None]
+    if queued:
+        split["steps_queued"] = sum(queued)
     stop.set()
     await task
     logs, visible_ms = decode_arrivals(arrived)
+    if not pacing.ramp_s:  # every follow-up was sent at sent_ms
+        split["claimed_ms_p99"] = round(statistics.quantiles(
+            [events[0].time - sent_ms for events in logs.values()], n=100)[98], 1)
     return {**summarize(logs, visible_ms, finished - started, metrics), **split}
 
 
@@ -259,6 +273,9 @@ def main() -> None:
                         help="the scripted model's delay before its first chunk")
     parser.add_argument("--chunk-ms", type=int, default=0,
                         help="the scripted model's delay between chunks")
+    parser.add_argument("--steps-per-transaction", type=int, default=STEPS_PER_TRANSACTION,
+                        help="at most about this many sessions of a partition begin a step "
+                             "while its transaction commits (0: no bound)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
@@ -267,10 +284,12 @@ def main() -> None:
             asyncio.run(run(bootstrap, args.warmup, args.partitions, args.linger_ms))
         pacing = Pacing(args.ramp_s, args.first_token_ms, args.chunk_ms)
         result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
-                                 args.pipelined_flush, args.decode_live, pacing))
+                                 args.pipelined_flush, args.decode_live, pacing,
+                                 steps_per_transaction=args.steps_per_transaction))
     print(json.dumps({**result, "partitions": args.partitions,
                       "pipelined_flush": args.pipelined_flush,
-                      "decode_live": args.decode_live}))
+                      "decode_live": args.decode_live,
+                      "steps_per_transaction": args.steps_per_transaction}))
 
 
 if __name__ == "__main__":

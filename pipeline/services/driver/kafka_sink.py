@@ -36,6 +36,7 @@ from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.turn_config import CONFIG_TYPE
+from pipeline.services.driver.admission import StepBudget
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
 _SMALL_RECORD_MARGIN = 64 * 1024  # a value this far below the limit fits with key and headers
+STEPS_PER_TRANSACTION = 8  # the driver's default step budget (docs/decisions/driver-latency.md)
 RECENT_COMMITS = 4096  # commit timings kept for the latency split (bench, status)
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
@@ -205,7 +207,10 @@ class PartitionSink:
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
                  wait_for_commit: bool = True, max_buffered: int = 20_000,
-                 max_record_bytes: int | None = None) -> None:
+                 max_record_bytes: int | None = None, steps_per_transaction: int = 0) -> None:
+        """``steps_per_transaction``: at most about this many sessions begin a step while
+        one transaction commits (:class:`StepBudget`, awaited through
+        :meth:`admit_step`); 0: no bound."""
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -231,6 +236,9 @@ class PartitionSink:
         self._max_record_bytes = max_record_bytes
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
         self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
+        self.step_budget = (StepBudget(steps_per_transaction, stall_s=max(self._linger_s, 0.01),
+                                       nothing_buffered=lambda: not self._buffer)
+                            if steps_per_transaction > 0 else None)
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:
         """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
@@ -314,6 +322,11 @@ class PartitionSink:
                                          for r in self._buffer[turn_start:]]
         return trace
 
+    async def admit_step(self) -> None:
+        """Return when a session of this partition may begin a step (see ``__init__``)."""
+        if self.step_budget is not None:
+            await self.step_budget.admit()
+
     async def flush(self, session_id: str) -> None:
         """A step boundary: commit soon; wait until what was emitted so far is committed.
 
@@ -352,6 +365,8 @@ class PartitionSink:
         """Ask the flusher to commit what is buffered and stop (await its task)."""
         self._closing = True
         self._wake.set()
+        if self.step_budget is not None:
+            self.step_budget.open()
 
     async def run(self) -> None:
         """The flusher: one transaction per wake-up, at most every ``linger_ms``."""
@@ -369,6 +384,8 @@ class PartitionSink:
             self.failure = exc if isinstance(exc, DshError) else BrokerError(
                 f"inbox partition {self.partition}: the transaction flusher failed: "
                 f"{type(exc).__name__}: {exc}")
+            if self.step_budget is not None:
+                self.step_budget.open()  # the runners then fail at their next emit
             async with self._commit_done:
                 self._commit_done.notify_all()
             raise self.failure from None
@@ -379,6 +396,8 @@ class PartitionSink:
         generation = self._emitted_gen
         point = self.offsets.advance()
         first_emit, self._first_emit = self._first_emit, None
+        if self.step_budget is not None:
+            self.step_budget.renew()
         if records or point is not None:
             offsets = ({(self._inbox_topic, self.partition): point} if point is not None
                        else None)

@@ -124,6 +124,7 @@ class PartitionContext:
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
+    steps_per_transaction: int = 0  # PartitionSink's step budget (0: unbounded)
 
 
 class OwnedPartition:
@@ -145,7 +146,8 @@ class OwnedPartition:
                                                        metadata=metadata),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
-                                  max_record_bytes=ctx.settings.max_record_bytes)
+                                  max_record_bytes=ctx.settings.max_record_bytes,
+                                  steps_per_transaction=ctx.steps_per_transaction)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
         self.released = False

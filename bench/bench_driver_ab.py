@@ -31,7 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name: keyword arguments of bench_driv
     "8 steps per transaction": {"steps_per_transaction": 8},
     "16 steps per transaction": {"steps_per_transaction": 16},
     "32 steps per transaction": {"steps_per_transaction": 32},
-    "unbounded, pipelined steps": {"steps_per_transaction": 0, "pipelined": True},
+    "pipelined steps, no budget": {"steps_per_transaction": 0, "pipelined": True},
 }
 PACED = Pacing(ramp_s=2.0, first_token_ms=300, chunk_ms=30)
 

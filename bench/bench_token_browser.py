@@ -5,8 +5,9 @@ Three processes besides the broker, as deployed: a ``dsh-pipeline driver`` (the 
 provider: the echo reply, one chunk every ``--chunk-delay-ms``), a ``dsh-pipeline
 dashboard``, and this one, the reader: ``--watchers`` SSE clients, each on one session's
 page stream (``/api/stream/sessions/{id}``), opened (and caught up) before the follow-ups
-are sent. Then one follow-up per session (``--sessions``) goes to the inbox at once and the
-driver streams every session's turn at the same time.
+are sent, a few at a time: opening a page reads its snapshot with consumers of its own.
+Then one follow-up per session (``--sessions``) goes to the inbox at once and the driver
+streams every session's turn at the same time.
 
 For every ``assistant/chunk`` a watcher receives, the figure is its arrival minus the chunk's
 ``time`` (stamped by the driver's runner when it was appended; one machine, one clock).
@@ -17,7 +18,7 @@ its hub and the stream) split the total. Processors are not running: the watched
 new, so their pages start from the live tail (basis ``live``).
 
     .venv/bin/python bench/bench_token_browser.py --bootstrap HOST:PORT [--sessions 1000]
-        [--watchers 100] [--chunk-delay-ms 100]
+        [--watchers 20] [--chunk-delay-ms 100]
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from pipeline.settings import Settings
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 CHUNK = b"assistant/chunk"
+OPEN_AT_ONCE = 5  # session pages opened together (each reads its snapshot with consumers)
+OPEN_TIMEOUT_S = 180.0
 
 
 def percentiles(values: list[float]) -> tuple[float, float]:
@@ -104,6 +107,7 @@ class Watcher:
         self.caught_up = asyncio.Event()
         self.ended = asyncio.Event()
         self.chunks: dict[int, tuple[float, float]] = {}  # seq -> (appended ms, arrived ms)
+        self.error: str | None = None
 
     async def run(self, http: aiohttp.ClientSession, url: str) -> None:
         async with http.get(f"{url}api/stream/sessions/{self.session_id}") as response:
@@ -119,6 +123,10 @@ class Watcher:
     def _message(self, name: bytes, data: bytes) -> None:
         if name == b"caught-up":
             self.caught_up.set()
+        elif name == b"stream-error":
+            self.error = data.decode()
+            self.caught_up.set()
+            self.ended.set()
         elif name == b"event":
             arrived = time.time() * 1000
             event: dict[str, Any] = json.loads(data)
@@ -164,8 +172,15 @@ async def measure(settings: Settings, url: str, sessions: int, watchers: int,
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=None)) as http:
-        streams = [asyncio.create_task(w.run(http, url)) for w in watched]
-        await asyncio.wait_for(asyncio.gather(*(w.caught_up.wait() for w in watched)), 120)
+        streams = []
+        for group in range(0, len(watched), OPEN_AT_ONCE):  # a page open costs consumers
+            opening = watched[group:group + OPEN_AT_ONCE]
+            streams += [asyncio.create_task(w.run(http, url)) for w in opening]
+            await asyncio.wait_for(asyncio.gather(*(w.caught_up.wait() for w in opening)),
+                                   OPEN_TIMEOUT_S)
+        errors = [w.error for w in watched if w.error is not None]
+        if errors:
+            raise RuntimeError(f"{len(errors)} session streams failed: {errors[0]}")
         codec = InboxCodec()
         records = [OutRecord(settings.topics.inbox, sid.encode(), codec.encode(
             FollowUp(sid, f"m-{sid}", ({"type": "text", "text": f"ping {sid}"},))))
@@ -202,7 +217,7 @@ def summarize(watched: list[Watcher], readable: dict[tuple[str, int], float], en
             "to_browser_ms_p50": b50, "to_browser_ms_p99": b99}
 
 
-def run(bootstrap: str, sessions: int = 1000, watchers: int = 100,
+def run(bootstrap: str, sessions: int = 1000, watchers: int = 20,
         chunk_delay_ms: int = 100, partitions: int = 6,
         driver_options: tuple[str, ...] = ()) -> dict[str, float]:
     """One measurement on fresh topics: a driver and a dashboard process, then the SSE
@@ -231,7 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--watchers", type=int, default=100)
+    parser.add_argument("--watchers", type=int, default=20)
     parser.add_argument("--chunk-delay-ms", type=int, default=100)
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()

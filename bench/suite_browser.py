@@ -12,7 +12,7 @@ from suite_core import Context, Figure
 
 
 def bench_browser(ctx: Context) -> list[Figure]:
-    sessions, watchers = ctx.size(1000, 20), ctx.size(100, 5)
+    sessions, watchers = ctx.size(1000, 20), ctx.size(20, 5)
     chunk_ms = 100
     plain = "a plain read_committed consumer of the same chunks (appended -> readable)"
     total = Figure(f"Token -> browser: chunk appended -> SSE event p99, {sessions:,} sessions "

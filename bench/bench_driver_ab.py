@@ -29,6 +29,8 @@ from pipeline.settings import Settings
 VARIANTS: dict[str, dict[str, Any]] = {  # name: keyword arguments of bench_driver_kafka.run
     "unbounded": {"steps_per_transaction": 0},
     "8 steps per transaction": {"steps_per_transaction": 8},
+    "8 per transaction, refilled only when nothing is buffered": {
+        "steps_per_transaction": 8, "refill_below": 1},
     "16 steps per transaction": {"steps_per_transaction": 16},
     "32 steps per transaction": {"steps_per_transaction": 32},
     "pipelined steps, no budget": {"steps_per_transaction": 0, "pipelined": True},

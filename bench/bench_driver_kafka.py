@@ -192,7 +192,8 @@ def commit_split(service: DriverService) -> dict[str, float]:
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
               pacing: Pacing = Pacing(), reader_wait_ms: int = 500,
-              steps_per_transaction: int = STEPS_PER_TRANSACTION) -> dict[str, float]:
+              steps_per_transaction: int = STEPS_PER_TRANSACTION,
+              refill_below: int | None = None) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -208,6 +209,9 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await asyncio.wait_for(service.ready.wait(), 60)
+    for owned in service.owned.values():  # A/B of the budget's refill rule
+        if refill_below is not None:
+            owned.sink.refill_below = refill_below
     codec = InboxCodec()
     records = [OutRecord(settings.topics.inbox, f"s{n}".encode(), codec.encode(
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))

@@ -14,8 +14,10 @@ For every ``assistant/chunk`` a watcher receives, the figure is its arrival minu
 Where the time goes: a plain read_committed consumer in this process notes when each chunk
 of the watched sessions became readable, so ``readable_ms`` (appended -> readable: the
 driver's transactions) and ``to_browser_ms`` (readable -> SSE event: the dashboard's tail,
-its hub and the stream) split the total. Processors are not running: the watched sessions are
-new, so their pages start from the live tail (basis ``live``).
+its hub and the stream) split the total. ``dashboard_cpu_s``/``driver_cpu_s``: the two
+processes' CPU seconds from the first follow-up sent to the last watched turn's end
+(``elapsed_s``): near ``elapsed_s``, a process was CPU-bound. Processors are not running: the
+watched sessions are new, so their pages start from the live tail (basis ``live``).
 
     .venv/bin/python bench/bench_token_browser.py --bootstrap HOST:PORT [--sessions 1000]
         [--watchers 20] [--chunk-delay-ms 100]
@@ -65,8 +67,9 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 
 @contextmanager
-def process(argv: list[str], env: dict[str, str], ready: str) -> Iterator[str]:
-    """A ``dsh-pipeline`` child process; yields its first stdout line starting ``ready``."""
+def process(argv: list[str], env: dict[str, str], ready: str) -> Iterator[tuple[str, int]]:
+    """A ``dsh-pipeline`` child process; yields its first stdout line starting ``ready``,
+    and its pid."""
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.main", *argv], cwd=CHECKOUT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
@@ -77,13 +80,19 @@ def process(argv: list[str], env: dict[str, str], ready: str) -> Iterator[str]:
             line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{argv[0]} exited early ({proc.wait()})")
-        yield line.strip()
+        yield line.strip(), proc.pid
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_ready(url: str, timeout_s: float = 120.0) -> None:
@@ -163,7 +172,7 @@ async def note_readable(settings: Settings, watched: set[str], stop: asyncio.Eve
 
 
 async def measure(settings: Settings, url: str, sessions: int, watchers: int,
-                  timeout_s: float) -> dict[str, float]:
+                  timeout_s: float, pids: dict[str, int]) -> dict[str, float]:
     ids = [f"s{n}" for n in range(sessions)]
     watched = [Watcher(ids[i * sessions // watchers]) for i in range(watchers)]
     stop = asyncio.Event()
@@ -185,17 +194,20 @@ async def measure(settings: Settings, url: str, sessions: int, watchers: int,
         records = [OutRecord(settings.topics.inbox, sid.encode(), codec.encode(
             FollowUp(sid, f"m-{sid}", ({"type": "text", "text": f"ping {sid}"},))))
             for sid in ids]
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         started = time.perf_counter()
         await send_records(settings, records)
         done, _ = await asyncio.wait([asyncio.create_task(w.ended.wait()) for w in watched],
                                      timeout=timeout_s)
         elapsed = time.perf_counter() - started
+        cpu = {f"{name}_cpu_s": round(cpu_seconds(pid) - cpu_before[name], 2)
+               for name, pid in pids.items()}
         for stream in streams:
             stream.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
     stop.set()
     readable = await reference
-    return summarize(watched, readable, len(done), elapsed)
+    return {**summarize(watched, readable, len(done), elapsed), **cpu}
 
 
 def summarize(watched: list[Watcher], readable: dict[tuple[str, int], float], ended: int,
@@ -230,14 +242,14 @@ def run(bootstrap: str, sessions: int = 1000, watchers: int = 20,
     env = {**os.environ, **settings.to_env(), "DSH_DASHBOARD_PORT": "0",
            "DSH_DASHBOARD_HOST": "127.0.0.1"}
     load = os.getloadavg()[0]
-    with process(["dashboard"], env, "dashboard: http") as line:
+    with process(["dashboard"], env, "dashboard: http") as (line, dashboard):
         url = line.split()[-1]
         wait_ready(url)
         with process(["driver", "--script", "echo", "--script-chunk-delay-ms",
                       str(chunk_delay_ms), "--port", "-1", "--max-turns", str(sessions + 1),
-                      *driver_options], env, "ready"):
-            result = asyncio.run(measure(settings, url, sessions, watchers,
-                                         timeout_s=120.0))
+                      *driver_options], env, "ready") as (_, driver):
+            result = asyncio.run(measure(settings, url, sessions, watchers, timeout_s=120.0,
+                                         pids={"dashboard": dashboard, "driver": driver}))
     return {**result, "sessions": sessions, "watchers": watchers,
             "chunk_delay_ms": chunk_delay_ms, "load": round(load, 1)}
 

@@ -22,7 +22,7 @@ async def _admit_all(admit: StepBudget, count: int, order: list[int]
 
 
 async def test_budget_admits_per_renewal_in_arrival_order() -> None:
-    budget = StepBudget(3, stall_s=60, nothing_buffered=lambda: False)
+    budget = StepBudget(3, stall_s=60, little_buffered=lambda: False)
     order: list[int] = []
     tasks = await _admit_all(budget, 8, order)
     for _ in range(3):
@@ -38,10 +38,10 @@ async def test_budget_admits_per_renewal_in_arrival_order() -> None:
     assert order == list(range(8))
 
 
-async def test_budget_renews_itself_when_admitted_steps_buffered_nothing() -> None:
+async def test_budget_renews_itself_while_admitted_steps_buffer_little() -> None:
     """An admitted step waiting on a slow model must not hold the others back for good."""
     buffered: list[int] = []
-    budget = StepBudget(1, stall_s=0.01, nothing_buffered=lambda: not buffered)
+    budget = StepBudget(1, stall_s=0.01, little_buffered=lambda: not buffered)
     order: list[int] = []
     tasks = await _admit_all(budget, 3, order)
     await asyncio.wait_for(asyncio.gather(*tasks), 2)
@@ -49,7 +49,7 @@ async def test_budget_renews_itself_when_admitted_steps_buffered_nothing() -> No
 
 
 async def test_budget_does_not_renew_itself_while_a_transaction_is_due() -> None:
-    budget = StepBudget(1, stall_s=0.01, nothing_buffered=lambda: False)
+    budget = StepBudget(1, stall_s=0.01, little_buffered=lambda: False)
     order: list[int] = []
     tasks = await _admit_all(budget, 2, order)
     await asyncio.sleep(0.1)
@@ -60,7 +60,7 @@ async def test_budget_does_not_renew_itself_while_a_transaction_is_due() -> None
 
 
 async def test_opened_budget_releases_every_waiter_and_admits_from_then_on() -> None:
-    budget = StepBudget(1, stall_s=60, nothing_buffered=lambda: False)
+    budget = StepBudget(1, stall_s=60, little_buffered=lambda: False)
     order: list[int] = []
     tasks = await _admit_all(budget, 4, order)
     budget.open()
@@ -70,7 +70,7 @@ async def test_opened_budget_releases_every_waiter_and_admits_from_then_on() -> 
 
 
 async def test_a_cancelled_waiter_does_not_use_up_the_budget() -> None:
-    budget = StepBudget(1, stall_s=60, nothing_buffered=lambda: False)
+    budget = StepBudget(1, stall_s=60, little_buffered=lambda: False)
     order: list[int] = []
     tasks = await _admit_all(budget, 3, order)
     tasks[1].cancel()
@@ -82,4 +82,4 @@ async def test_a_cancelled_waiter_does_not_use_up_the_budget() -> None:
 @pytest.mark.parametrize("per", [0, -1])
 def test_a_budget_below_one_is_refused(per: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
-        StepBudget(per, stall_s=1, nothing_buffered=lambda: True)
+        StepBudget(per, stall_s=1, little_buffered=lambda: True)

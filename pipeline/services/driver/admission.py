@@ -38,19 +38,21 @@ class StepBudget:
     at most about ``per_renewal`` steps begun while the previous one committed, and the
     steps of a burst spread over the following transactions instead of piling into one.
 
-    A step may be admitted and not emit for a long time (a slow model, a pre-step hook):
-    then no transaction comes to renew the budget. So while runners wait, every ``stall_s``
-    the budget is renewed anyway if ``nothing_buffered()`` says no transaction is due.
+    A step may be admitted and emit little for a long time (a model that streams slowly, a
+    pre-step hook): then transactions are small, or none comes to renew the budget, and
+    holding other sessions back bounds nothing. So while runners wait, every ``stall_s`` the
+    budget is renewed anyway if ``little_buffered()`` says less than a transaction's worth of
+    records waits for the next transaction.
     """
 
     def __init__(self, per_renewal: int, *, stall_s: float,
-                 nothing_buffered: Callable[[], bool]) -> None:
+                 little_buffered: Callable[[], bool]) -> None:
         if per_renewal < 1:
             raise ValueError(f"per_renewal must be >= 1, got {per_renewal}")
         self.per_renewal = per_renewal
         self._left = per_renewal
         self._stall_s = stall_s
-        self._nothing_buffered = nothing_buffered
+        self._little_buffered = little_buffered
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._open = False  # released for good (the owner failed or closes)
@@ -88,7 +90,7 @@ class StepBudget:
 
     def _on_stall(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
-        if self._nothing_buffered():
+        if self._little_buffered():
             self.renew()
         if self._waiting:
             self._timer = loop.call_later(self._stall_s, self._on_stall, loop)

@@ -45,6 +45,7 @@ SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
 _SMALL_RECORD_MARGIN = 64 * 1024  # a value this far below the limit fits with key and headers
 STEPS_PER_TRANSACTION = 8  # the driver's default step budget (docs/decisions/driver-latency.md)
+RECORDS_PER_STEP = 16  # about what a step of a model that answers at once emits
 RECENT_COMMITS = 4096  # commit timings kept for the latency split (bench, status)
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
@@ -236,8 +237,11 @@ class PartitionSink:
         self._max_record_bytes = max_record_bytes
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
         self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
+        # a transaction's worth of records: what the budget's steps emit when they run at once
+        self.refill_below = steps_per_transaction * RECORDS_PER_STEP
         self.step_budget = (StepBudget(steps_per_transaction, stall_s=max(self._linger_s, 0.01),
-                                       nothing_buffered=lambda: not self._buffer)
+                                       little_buffered=lambda: len(self._buffer)
+                                       < self.refill_below)
                             if steps_per_transaction > 0 else None)
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:

@@ -17,6 +17,9 @@ read_committed until every turn has ended. Reports:
   only after that (``--decode-live``: as they arrive, billing its Avro decoding to the run, as
   this benchmark did before);
 * ``invalid_logs``: sessions whose log does not rebuild in strict mode (must be 0);
+* ``claimed_ms_p99`` (a burst only): from the inbox send to each session's first event (the
+  poll, and the wait for step admission, ``--steps-per-transaction``), which ``visible_ms`` does not
+  cover; ``steps_queued``: step starts that waited for admission;
 * the latency split, from the driver's own commit timings (``PartitionSink.recent_commits``):
   ``waited_ms_p50/p99``, how long a transaction's oldest record waited for its transaction
   to begin (the linger, a commit in progress, a busy event loop), and
@@ -59,6 +62,7 @@ from pipeline.core.errors import DshError
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
+from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
@@ -187,8 +191,9 @@ def commit_split(service: DriverService) -> dict[str, float]:
 
 async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
-              pacing: Pacing = Pacing(), offsets_every_ms: float = 0.0,
-              yield_after_emit: bool = False, reader_wait_ms: int = 500) -> dict[str, float]:
+              pacing: Pacing = Pacing(), reader_wait_ms: int = 500,
+              steps_per_transaction: int = STEPS_PER_TRANSACTION,
+              refill_below: int | None = None) -> dict[str, float]:
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -196,15 +201,17 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     ctx = driver_context(settings, group_id=f"{prefix}driver", tools=builtin_registry(),
                          linger_ms=linger_ms,
                          script=paced_script(pacing),
-                         pipelined_flush=pipelined)
-    ctx = dataclasses.replace(ctx, offsets_every_ms=offsets_every_ms,
-                              yield_after_emit=yield_after_emit)
+                         pipelined_flush=pipelined,
+                         steps_per_transaction=steps_per_transaction)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,
                                               max_turns_in_flight=max(sessions, 2),
                                               resume_below=max(sessions, 2) - 1))
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     await asyncio.wait_for(service.ready.wait(), 60)
+    for owned in service.owned.values():  # A/B of the budget's refill rule
+        if refill_below is not None:
+            owned.sink.refill_below = refill_below
     codec = InboxCodec()
     records = [OutRecord(settings.topics.inbox, f"s{n}".encode(), codec.encode(
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))
@@ -212,14 +219,22 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     reader = asyncio.create_task(read_until_done(settings, sessions, decode_live,
                                                  reader_wait_ms))
     started, cpu_started = time.perf_counter(), time.process_time()
+    sent_ms = time.time() * 1000
     await send_paced(settings, records, pacing.ramp_s)
     arrived, finished, cpu_finished = await reader
     metrics = service.metrics_snapshot()
     split = commit_split(service)
     metrics["cpu_ms"] = int((cpu_finished - cpu_started) * 1000)
+    queued = [o.sink.step_budget.queued for o in service.owned.values()
+              if o.sink.step_budget is not None]
+    if queued:
+        split["steps_queued"] = sum(queued)
     stop.set()
     await task
     logs, visible_ms = decode_arrivals(arrived)
+    if not pacing.ramp_s:  # every follow-up was sent at sent_ms
+        split["claimed_ms_p99"] = round(statistics.quantiles(
+            [events[0].time - sent_ms for events in logs.values()], n=100)[98], 1)
     return {**summarize(logs, visible_ms, finished - started, metrics), **split}
 
 
@@ -262,8 +277,9 @@ def main() -> None:
                         help="the scripted model's delay before its first chunk")
     parser.add_argument("--chunk-ms", type=int, default=0,
                         help="the scripted model's delay between chunks")
-    parser.add_argument("--offsets-every-ms", type=float, default=0.0,
-                        help="inbox offsets ride a transaction at most this often (0: each)")
+    parser.add_argument("--steps-per-transaction", type=int, default=STEPS_PER_TRANSACTION,
+                        help="at most about this many sessions of a partition begin a step "
+                             "while its transaction commits (0: no bound)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
@@ -273,11 +289,11 @@ def main() -> None:
         pacing = Pacing(args.ramp_s, args.first_token_ms, args.chunk_ms)
         result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
                                  args.pipelined_flush, args.decode_live, pacing,
-                                 args.offsets_every_ms))
+                                 steps_per_transaction=args.steps_per_transaction))
     print(json.dumps({**result, "partitions": args.partitions,
                       "pipelined_flush": args.pipelined_flush,
                       "decode_live": args.decode_live,
-                      "offsets_every_ms": args.offsets_every_ms}))
+                      "steps_per_transaction": args.steps_per_transaction}))
 
 
 if __name__ == "__main__":

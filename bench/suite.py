@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from suite_browser import bench_browser
 from suite_core import CHECKOUT, Context, Figure, load_average
 from suite_dashboard import bench_dashboard
 from suite_import import bench_import
@@ -49,6 +50,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "otel": (bench_otel_export, True),
     "import": (bench_import, True),
     "dashboard": (bench_dashboard, True),
+    "browser": (bench_browser, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
 }
 

@@ -41,6 +41,7 @@ from pipeline.core.inbox import Cancel, FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.fleet_run import followups, run_fleet
+from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION
 from pipeline.services.driver.runner import MemorySink, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
@@ -69,9 +70,11 @@ async def topics(driver_settings: Settings) -> Settings:
 
 class RunningDriver:
     def __init__(self, settings: Settings, group: str, *, script: Script = echo_script,
-                 config: DriverConfig | None = None, pipelined: bool = False) -> None:
+                 config: DriverConfig | None = None, pipelined: bool = False,
+                 steps_per_transaction: int = STEPS_PER_TRANSACTION) -> None:
         ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10,
-                             script=script, pipelined_flush=pipelined)
+                             script=script, pipelined_flush=pipelined,
+                             steps_per_transaction=steps_per_transaction)
         self.service = DriverService(ctx, config or DriverConfig(
             linger_ms=10, shutdown_grace_s=5, session_timeout_ms=6000))
         self.stop = asyncio.Event()
@@ -92,9 +95,11 @@ class RunningDriver:
 
 @contextlib.asynccontextmanager
 async def running(settings: Settings, group: str, *, script: Script = echo_script,
-                  config: DriverConfig | None = None,
-                  pipelined: bool = False) -> AsyncIterator[RunningDriver]:
-    driver = RunningDriver(settings, group, script=script, config=config, pipelined=pipelined)
+                  config: DriverConfig | None = None, pipelined: bool = False,
+                  steps_per_transaction: int = STEPS_PER_TRANSACTION
+                  ) -> AsyncIterator[RunningDriver]:
+    driver = RunningDriver(settings, group, script=script, config=config, pipelined=pipelined,
+                           steps_per_transaction=steps_per_transaction)
     try:
         yield driver
     finally:
@@ -188,6 +193,29 @@ async def test_followup_runs_a_complete_turn_that_validates_strictly(
     assert log.messages()[0]["id"] == message_id  # the follow-up is what the model saw
     assert await committed_offset(topics, group_id, partition_of(session)) == 1
     assert driver.service.metrics.commands == 1 and driver.service.metrics.dead_letters == 0
+
+
+async def test_a_burst_beyond_the_step_budget_queues_steps_and_runs_every_turn_once(
+        topics: Settings, group_id: str) -> None:
+    sessions = [f"s-burst-{n}" for n in range(12)]
+    codec = InboxCodec()
+    ids = {session: str(uuid.uuid4()) for session in sessions}
+    async with running(topics, group_id, steps_per_transaction=1) as driver:
+        await driver.wait_owning(lambda owned: owned == {0, 1, 2})
+        await send_records(topics, [OutRecord(topics.topics.inbox, s.encode(), codec.encode(
+            FollowUp(s, ids[s], ({"type": "text", "text": f"hello {s}"},)))) for s in sessions])
+        logs = {s: await wait_for_events(topics, s, lambda ev: completed_turns(ev) == 1)
+                for s in sessions}
+        queued = sum(o.sink.step_budget.queued for o in driver.service.owned.values()
+                     if o.sink.step_budget is not None)
+        await driver.close()
+    assert queued > 0  # sessions of one partition waited for a later transaction
+    for session, events in logs.items():
+        log = strict_log(session, events)
+        inserted = [item["id"] for e in log.events if e.type == "agent/inbox/spliced"
+                    for item in e.data.get("inserted", [])]
+        assert inserted == [ids[session]]  # entered exactly once
+        assert log.messages()[0]["id"] == ids[session]
 
 
 async def test_second_driver_takes_over_without_duplicate_seqs(

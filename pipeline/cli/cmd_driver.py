@@ -51,7 +51,7 @@ from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.http_status import StatusServer
-from pipeline.services.driver.kafka_sink import PartitionSink
+from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION, PartitionSink
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
@@ -82,6 +82,11 @@ def _register_driver(subparsers: Any) -> None:
     add_duration(driver, "--linger", default=0.025, ms=True, dest="linger_ms",
                  help="longest time events wait before their transaction commits")
     driver.add_argument("--linger-ms", type=float, dest="linger_ms", help=argparse.SUPPRESS)
+    driver.add_argument("--steps-per-transaction", type=_non_negative,
+                        default=STEPS_PER_TRANSACTION,
+                        help="at most about this many sessions of an inbox partition begin a "
+                             "step while its transaction commits; the others wait their turn "
+                             "(bounds a transaction under a burst; 0: no bound)")
     driver.add_argument("--max-turns", type=int, default=256,
                         help="pause the inbox when this many sessions run a turn")
     driver.add_argument("--resume-below", type=int,
@@ -264,11 +269,14 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                    linger_ms: float = 25.0, script: Script = echo_script,
                    codecs: tuple[EventSerde, InboxCodec] | None = None,
                    pipelined_flush: bool = False,
-                   rebuild_mode: Mode = "strict") -> PartitionContext:
+                   rebuild_mode: Mode = "strict",
+                   steps_per_transaction: int = STEPS_PER_TRANSACTION) -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
     ``script`` drives the scripted provider (the default provider of the settings);
-    ``codecs`` default to the single-object encoding (no registry needed).
+    ``codecs`` default to the single-object encoding (no registry needed);
+    ``steps_per_transaction``: at most about this many sessions of a partition begin a step
+    while its transaction commits (``admission.StepBudget``; 0: no bound).
     """
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
@@ -283,14 +291,16 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     metrics = DriverMetrics()
 
     def runner_factory(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+        admit = sink.admit_step if steps_per_transaction > 0 else None
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
-                             config=default_config, metrics=metrics.runner)
+                             config=default_config, metrics=metrics.runner, admit=admit)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
                             runner_factory=runner_factory, metrics=metrics,
                             linger_ms=linger_ms, pipelined_flush=pipelined_flush,
-                            rebuild_mode=rebuild_mode)
+                            rebuild_mode=rebuild_mode,
+                            steps_per_transaction=steps_per_transaction)
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:
@@ -312,12 +322,20 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
         ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
                              script=_delayed(SCRIPTS[args.script], args.script_chunk_delay_ms),
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
-                             rebuild_mode=args.rebuild_mode)
+                             rebuild_mode=args.rebuild_mode,
+                             steps_per_transaction=args.steps_per_transaction)
         service = DriverService(ctx, config)
         port = settings.driver_metrics_port if args.port is None else args.port
         asyncio.run(_serve(settings, service, args.host, port))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _delayed(script: Script, chunk_delay_ms: int) -> Script:

@@ -13,14 +13,8 @@ transactions batch by themselves under load. A transaction holds, atomically:
 - the inbox offset of p up to which every command's effect is logged (see
   :class:`InboxOffsets`), via ``send_offsets_to_transaction``.
 
-The inbox offset rides a transaction at most every ``offsets_every_ms`` (0: every one),
-and always the first transaction after a control command (cancel, configure) took effect or
-a dead letter was buffered, and the last one before the sink closes: sending offsets costs a
-transaction two more round trips (AddOffsetsToTxn, TxnOffsetCommit). A message command whose
-claim (its ``agent/inbox/spliced`` record) committed before the offset past it is
-re-delivered after a crash and recognised by its id in the log, as below; a control
-command's id and a dead letter's offset commit atomically with what follows them, as
-before. A crash between transactions loses only
+So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
+offset past it commit together, or neither does. A crash between transactions loses only
 uncommitted events; the next owner rebuilds every session from the committed ones, repairs
 open turns, and the inbox re-delivers every command after the committed offset: the driver
 recognises the ones already logged by their message id and skips them.
@@ -29,7 +23,6 @@ recognises the ones already logged by their message id and skips them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -43,6 +36,7 @@ from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.turn_config import CONFIG_TYPE
+from pipeline.services.driver.admission import StepBudget
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +44,8 @@ EventEncoder = Callable[[str, Event], bytes]
 SPLICE_TYPE = "agent/inbox/spliced"
 MAX_TRACED_FOLLOW_UPS = 10_000  # traceparents of follow-ups waiting for their turn
 _SMALL_RECORD_MARGIN = 64 * 1024  # a value this far below the limit fits with key and headers
+STEPS_PER_TRANSACTION = 8  # the driver's default step budget (docs/decisions/driver-latency.md)
+RECORDS_PER_STEP = 16  # about what a step of a model that answers at once emits
 RECENT_COMMITS = 4096  # commit timings kept for the latency split (bench, status)
 _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see below
 
@@ -97,7 +93,6 @@ class InboxOffsets:
     dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
     last_seen: int = -1
     metadata: str = ""
-    controls_changed: bool = False  # a cancel/configure took effect since the last advance
 
     def seen(self, offset: int) -> bool:
         return offset < self.committed or offset <= self.last_seen
@@ -113,7 +108,6 @@ class InboxOffsets:
     def applied_control(self, offset: int, message_id: str) -> None:
         """A cancel/configure at ``offset`` took effect (or was found applied already)."""
         self.controls[offset] = message_id
-        self.controls_changed = True
 
     def already_applied(self, message_id: str) -> bool:
         return message_id in self.applied_before
@@ -128,7 +122,6 @@ class InboxOffsets:
 
     def advance(self) -> tuple[int, str] | None:
         """(commit point, metadata) when either changed since the last call, else None."""
-        self.controls_changed = False
         for offset in list(self.pending):
             if not self.pending[offset]:
                 break
@@ -215,8 +208,10 @@ class PartitionSink:
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
                  wait_for_commit: bool = True, max_buffered: int = 20_000,
-                 max_record_bytes: int | None = None, offsets_every_ms: float = 0.0,
-                 yield_after_emit: bool = False) -> None:
+                 max_record_bytes: int | None = None, steps_per_transaction: int = 0) -> None:
+        """``steps_per_transaction``: at most about this many sessions begin a step while
+        one transaction commits (:class:`StepBudget`, awaited through
+        :meth:`admit_step`); 0: no bound."""
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -241,15 +236,13 @@ class PartitionSink:
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
         self._max_record_bytes = max_record_bytes
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
-        self._offsets_every_s = offsets_every_ms / 1000
-        # True: every emit lets the loop run what is ready (the flusher, the producer's
-        # sender, other sessions) before the runner goes on, so a wave of runners whose
-        # model answers at once does not hold the loop for the whole wave.
-        self._yield_after_emit = yield_after_emit
-        self._offsets_sent = time.monotonic()  # when offsets last rode a transaction
-        self._offsets_forced = False  # a dead letter waits: its offset goes with it
-        self._offsets_deferred = False  # offsets may have moved but did not ride the last one
         self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
+        # a transaction's worth of records: what the budget's steps emit when they run at once
+        self.refill_below = steps_per_transaction * RECORDS_PER_STEP
+        self.step_budget = (StepBudget(steps_per_transaction, stall_s=max(self._linger_s, 0.01),
+                                       little_buffered=lambda: len(self._buffer)
+                                       < self.refill_below)
+                            if steps_per_transaction > 0 else None)
 
     def trace_follow_up(self, message_id: str, traceparent: str) -> None:
         """A follow-up came with the caller's (valid) W3C ``traceparent``: the events of the
@@ -271,8 +264,6 @@ class PartitionSink:
             self._emit_traced(session_id, events)
         else:
             self._emit_plain(session_id, events)
-        if self._yield_after_emit:
-            await asyncio.sleep(0)
 
     def _emit_plain(self, session_id: str, events: Sequence[Event]) -> None:
         key = session_id.encode("utf-8")
@@ -335,6 +326,11 @@ class PartitionSink:
                                          for r in self._buffer[turn_start:]]
         return trace
 
+    async def admit_step(self) -> None:
+        """Return when a session of this partition may begin a step (see ``__init__``)."""
+        if self.step_budget is not None:
+            await self.step_budget.admit()
+
     async def flush(self, session_id: str) -> None:
         """A step boundary: commit soon; wait until what was emitted so far is committed.
 
@@ -358,8 +354,6 @@ class PartitionSink:
     def add(self, record: OutRecord) -> None:
         """Buffer ``record`` (e.g. a dead letter): it commits with the next transaction."""
         self._buffer.append(record)
-        # a dead letter: the offsets (with the commit metadata naming its offset) ride along
-        self._offsets_forced = True
         self._emitted(time.monotonic())
 
     def wake(self) -> None:
@@ -375,12 +369,14 @@ class PartitionSink:
         """Ask the flusher to commit what is buffered and stop (await its task)."""
         self._closing = True
         self._wake.set()
+        if self.step_budget is not None:
+            self.step_budget.open()
 
     async def run(self) -> None:
         """The flusher: one transaction per wake-up, at most every ``linger_ms``."""
         try:
             while True:
-                await self._wait_for_wake()
+                await self._wake.wait()
                 if not (self._closing or self._urgent):
                     await asyncio.sleep(self._linger_s)
                 self._wake.clear()
@@ -392,33 +388,20 @@ class PartitionSink:
             self.failure = exc if isinstance(exc, DshError) else BrokerError(
                 f"inbox partition {self.partition}: the transaction flusher failed: "
                 f"{type(exc).__name__}: {exc}")
+            if self.step_budget is not None:
+                self.step_budget.open()  # the runners then fail at their next emit
             async with self._commit_done:
                 self._commit_done.notify_all()
             raise self.failure from None
-
-    async def _wait_for_wake(self) -> None:
-        """Until woken; or, while offsets wait for their timer, until it runs out."""
-        if not self._offsets_deferred:
-            await self._wake.wait()
-            return
-        remaining = self._offsets_sent + self._offsets_every_s - time.monotonic()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(remaining, 0.0))
-
-    def _offsets_due(self, now: float) -> bool:
-        due = (self._closing or self._offsets_forced or self.offsets.controls_changed
-               or now - self._offsets_sent >= self._offsets_every_s)
-        self._offsets_deferred = not due
-        if due:
-            self._offsets_sent, self._offsets_forced = now, False
-        return due
 
     async def commit_pending(self) -> None:
         """Commit buffered records and the offset progress now (no-op when nothing changed)."""
         records, self._buffer = self._buffer, []
         generation = self._emitted_gen
-        point = self.offsets.advance() if self._offsets_due(time.monotonic()) else None
+        point = self.offsets.advance()
         first_emit, self._first_emit = self._first_emit, None
+        if self.step_budget is not None:
+            self.step_budget.renew()
         if records or point is not None:
             offsets = ({(self._inbox_topic, self.partition): point} if point is not None
                        else None)

@@ -124,8 +124,7 @@ class PartitionContext:
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
-    offsets_every_ms: float = 0.0  # inbox offsets ride a transaction at most this often
-    yield_after_emit: bool = False  # runners let the loop turn after each emit
+    steps_per_transaction: int = 0  # PartitionSink's step budget (0: unbounded)
 
 
 class OwnedPartition:
@@ -148,8 +147,7 @@ class OwnedPartition:
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
                                   max_record_bytes=ctx.settings.max_record_bytes,
-                                  offsets_every_ms=ctx.offsets_every_ms,
-                                  yield_after_emit=ctx.yield_after_emit)
+                                  steps_per_transaction=ctx.steps_per_transaction)
         self.sink_task: asyncio.Task[None] | None = None
         self.accepting = False
         self.released = False

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pipeline.core.errors import ConfigError, EventError, ProviderError
@@ -108,10 +108,13 @@ class SessionRunner:
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
                  jitter: Callable[[], float] = random.random,
                  request_check: Callable[[ModelRequest], ModelRequest] | None = None,
-                 metrics: RunnerMetrics | None = None) -> None:
+                 metrics: RunnerMetrics | None = None,
+                 admit: Callable[[], Awaitable[None]] | None = None) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
         ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
+        ``admit``: awaited before each step begins (the Kafka driver's
+        ``PartitionSink.admit_step``: a bound on the steps per transaction); None: no wait.
 
         ``request_check`` (tests only) may rewrite the request just before it is checked
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
@@ -129,6 +132,7 @@ class SessionRunner:
         self._jitter = jitter
         self._request_check = request_check
         self._metrics = metrics
+        self._admit = admit
         self._lock = asyncio.Lock()
         # The loop of the running run_until_idle: asyncio's own look-up of the running loop
         # (ensure_future, current_task) makes a getpid() system call on every use.
@@ -178,12 +182,19 @@ class SessionRunner:
         """Run turns while woken work is pending; returns when the session is idle."""
         async with self._lock:
             self._loop = asyncio.get_running_loop()
+            begins_step = True  # the next effect may begin a step: wait for admission
             while True:
                 if self._disposed and not self.machine.busy:
                     await self._publish()
                     await self._sink.flush(self.session_id)
                     return
+                if begins_step and self._admit is not None:
+                    # what is logged already (a command's inbox splice, logged when it was
+                    # submitted) is not held back while this session waits to step
+                    await self._publish()
+                    await self._admit()
                 effect = self.machine.next_effect(self._clock())
+                begins_step = isinstance(effect, StepBoundary | Idle)
                 if not isinstance(effect, RunPreStepHooks):
                     # a claim is published with the step and messages it opens (one emit),
                     # so no commit can hold the claim without the claimed messages

@@ -1,8 +1,8 @@
 """A processors worker that loses its authorization while running (its Write ACL on the derived
-messages removed) stops its work, says why (the principal and the refused topic, never the
-password) and exits non-zero; it loses nothing it acknowledged: its committed offsets cover
-what it folded before, and once the ACL is back a restarted worker's tables equal a replay of
-every event.
+messages, or its Read ACL on the session topic, removed) stops its work, says why (the
+principal and the refused topic, never the password) and exits non-zero; it loses nothing it
+acknowledged: its committed offsets cover what it folded before, and once the ACL is back a
+restarted worker's tables equal a replay of every event.
 
 The test runs on a topic prefix of its own, its ACL plan added to the session's secure stack,
 so no other secure test's processors group or topics are involved.
@@ -50,8 +50,10 @@ def _wait_exit(worker: Worker, timeout_s: float) -> int:
     return worker.proc.returncode
 
 
-async def test_processors_losing_their_write_acl_stop_say_why_and_lose_nothing(
-        secure_stack: SecureStack, tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost", ["write", "read"])
+async def test_processors_losing_an_acl_stop_say_why_and_lose_nothing(
+        secure_stack: SecureStack, tmp_path: Path, lost: str) -> None:
+    """``write``: Write on the derived messages; ``read``: Read on the session topic."""
     stack = secure_stack
     prefix = f"rv{uuid.uuid4().hex[:8]}."
     settings = _as(stack, replace(stack.base, topic_prefix=prefix,
@@ -61,9 +63,10 @@ async def test_processors_losing_their_write_acl_stop_say_why_and_lose_nothing(
     await ensure_topics(_as(stack, settings, "admin"))
     ingest, admin = _as(stack, settings, "ingest"), _as(stack, settings, "admin")
     secure_env = read_env_file(stack.security.env_file("processors"))
-    write = [r for r in plan if r.principal == "processors"
-             and r.name == settings.topics.derived_messages]
-    assert write and all("Write" in r.operations for r in write)
+    topic, operation = ((settings.topics.derived_messages, "Write") if lost == "write"
+                        else (settings.topics.session_events, "Read"))
+    revoked = [r for r in plan if r.principal == "processors" and r.name == topic]
+    assert revoked and all(operation in r.operations for r in revoked)
 
     now_ms = int(time.time() * 1000)
     before = generated_sessions(41, 6, "rv1", ["m"], now_ms, max_chunks=20)
@@ -76,7 +79,7 @@ async def test_processors_losing_their_write_acl_stop_say_why_and_lose_nothing(
         assert (await verify_processors(worker.url(""), before, timeout_s=90)).ok
         acknowledged = await _wait_committed(admin, worker)
 
-        await asyncio.to_thread(stack.stack.change_acls, write, remove=True)
+        await asyncio.to_thread(stack.stack.change_acls, revoked, remove=True)
         await send_records(ingest, [r for sid, events in after.items()
                                     for r in event_records(settings, sid, events)])
         code = await asyncio.to_thread(_wait_exit, worker, EXIT_WAIT_S)
@@ -84,7 +87,7 @@ async def test_processors_losing_their_write_acl_stop_say_why_and_lose_nothing(
         worker.stop()
     said = worker.log_path.read_text(errors="replace")
     assert code != 0, said[-3000:]
-    assert "User:processors" in said and settings.topics.derived_messages in said, said[-3000:]
+    assert "User:processors" in said and topic in said, said[-3000:]
     assert "not authorized" in said, said[-3000:]
     for password in stack.passwords:
         assert password not in said
@@ -92,7 +95,7 @@ async def test_processors_losing_their_write_acl_stop_say_why_and_lose_nothing(
     assert all(committed[p] >= acknowledged[p] for p in committed), (committed, acknowledged)
     assert committed != ends, "the refused batches were committed"
 
-    await asyncio.to_thread(stack.stack.change_acls, write)
+    await asyncio.to_thread(stack.stack.change_acls, revoked)
     again = Worker(settings, free_port(), tmp_path, env=secure_env)
     try:
         again.wait_ready()

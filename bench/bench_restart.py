@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -29,9 +30,11 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.cli.local_store import CLEAN_STOP_MARKER
 from pipeline.settings import Settings
 
 PARTITIONS = 3
+STOP_BUDGET_S = 300
 
 
 def _settings(bootstrap: str, tag: str) -> Settings:
@@ -49,23 +52,32 @@ def _ready(worker: Worker) -> bool:
     return status == 200 and not body["recovery"]["in_recovery"] and bool(body["partitions"])
 
 
-def restart_seconds(bootstrap: str, store: str, events: int, folder: Path) -> tuple[int, float]:
+def restart_seconds(bootstrap: str, store: str, events: int, folder: Path
+                    ) -> tuple[int, float]:
     """(records of history, seconds from the restart to ready)."""
     settings = _settings(bootstrap, store[:3])
     asyncio.run(ensure_topics(settings))
-    sessions = generated_sessions(11, max(1, events // 260), "rs", ["m1", "m2"],
+    # ~185 records per generated session (seed 11, up to 60 chunks per message)
+    sessions = generated_sessions(11, max(1, events // 185), "rs", ["m1", "m2"],
                                   int(time.time() * 1000), max_chunks=60)
     records = [r for sid, evs in sessions.items() for r in event_records(settings, sid, evs)]
     for start in range(0, len(records), 5000):
         asyncio.run(send_records(settings, records[start:start + 5000]))
-    extra = ["--store", store, "--data-dir", str(folder / f"data-{store[:3]}")]
+    data = folder / f"data-{store[:3]}"
+    extra = ["--store", store, "--data-dir", str(data)]
     first = Worker(settings, free_port(), folder, extra)
     try:
         first.wait_for("the first worker ready", lambda: _ready(first), 900)
         first.wait_for("the history folded", lambda: _records(first) >= len(records), 900)
         time.sleep(3)  # one commit interval: tables written, offsets committed
+        first.proc.send_signal(signal.SIGTERM)
+        first.proc.wait(STOP_BUDGET_S)   # a loaded machine's clean stop can take a while
     finally:
         first.stop()
+    if first.proc.returncode != 0 or (
+            store == "rocksdb://" and not (data / CLEAN_STOP_MARKER).is_file()):
+        raise SystemExit(f"the first worker did not stop cleanly ({first.proc.returncode}): "
+                         f"the restart would not be a clean one; see {first.log_path}")
     began = time.monotonic()
     second = Worker(settings, free_port(), folder, extra)
     try:

@@ -33,6 +33,7 @@ from suite_local import bench_avro_codec, bench_fold, bench_memory, bench_proces
 from suite_otel import bench_otel_export
 from suite_report import render
 from suite_scale import bench_scale
+from suite_secure import bench_restart_time, bench_secure_cost
 from suite_services import bench_driver, bench_processors_worker
 from suite_tools import tools_lib
 
@@ -52,6 +53,8 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "dashboard": (bench_dashboard, True),
     "browser": (bench_browser, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
+    "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
+    "restart": (bench_restart_time, True),
 }
 
 

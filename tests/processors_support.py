@@ -11,12 +11,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OutputDecoder
@@ -65,14 +66,15 @@ class Worker:
     """One ``dsh-pipeline processors`` subprocess and its HTTP port."""
 
     def __init__(self, settings: Settings, port: int, state_dir: Path,
-                 extra: Sequence[str] = ()) -> None:
+                 extra: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         self.port = port
         self.log_path = state_dir / f"worker-{port}.log"
         state_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         argv = [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port",
                 str(port), "--loglevel", "INFO", "--session-timeout", "15", *extra]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(settings, state_dir),
+        self.proc = subprocess.Popen(argv, cwd=ROOT,
+                                     env={**worker_env(settings, state_dir), **(env or {})},
                                      stdout=self._log, stderr=subprocess.STDOUT)
 
     def url(self, path: str) -> str:
@@ -272,7 +274,7 @@ def _value(raw: bytes | None) -> Any:
 async def committed_and_ends(settings: Settings) -> tuple[dict[int, int], dict[int, int]]:
     """The processors group's committed offset and the end offset, per session partition."""
     group = ProcessorsOptions().app_id(settings)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=group,
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=group,
                                 enable_auto_commit=False)
     await consumer.start()
     try:

@@ -19,6 +19,13 @@ import yaml
 
 from pipeline.adapters.kafka.admin import plan_topics
 from pipeline.adapters.localstack.acls import acl_plan
+from pipeline.adapters.localstack.registry import (
+    EMBEDDED_ROLES_ENV,
+    EMBEDDED_USERS_ENV,
+    quarkus_env_name,
+    registry_role,
+    secure_registry_properties,
+)
 from pipeline.adapters.localstack.security import ROLES
 from pipeline.cli.main import build_parser
 from pipeline.services.processors.options import ProcessorsOptions
@@ -233,7 +240,8 @@ def test_secrets_come_only_by_reference() -> None:
                 ref = env["valueFrom"]["secretKeyRef"]
                 # a Kafka password comes from the Secret Strimzi makes for the KafkaUser
                 allowed = {"dsh-secrets"} | ({u["metadata"]["name"] for u in of_kind(
-                    "KafkaUser")} if env["name"] == "DSH_SASL_PASSWORD" else set())
+                    "KafkaUser")} if env["name"] == "DSH_SASL_PASSWORD" else set()) | (
+                    {"registry-users"} if env["name"] == "DSH_REGISTRY_PASSWORD" else set())
                 assert ref["name"] in allowed, f"{resource_id(workload)}: {env['name']}"
 
 
@@ -410,7 +418,43 @@ def test_registry_probes_use_apicurios_management_port() -> None:
         assert port_named(container, probe["port"]) == 9000
     service_port = named("Service", "registry")["spec"]["ports"][0]["port"]
     assert config_map()["DSH_REGISTRY_URL"] == (
-        f"http://registry:{service_port}/apis/ccompat/v7")
+        f"https://registry:{service_port}/apis/ccompat/v7")
+
+
+def test_the_registry_serves_https_with_basic_auth_as_the_local_secure_stack() -> None:
+    """The registry's Quarkus settings are those the secure local stack runs
+    (secure_registry_properties), its certificate from the Secret registry-tls, and one
+    embedded user per principal with the local stack's role, the password by reference."""
+    registry = named("Deployment", "registry")
+    (container,) = containers(registry)
+    env = {e["name"]: e for e in env_vars(container)}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    folder = mounts["registry-tls"]
+    https = port_named(container, "https")
+    expected = secure_registry_properties(f"{folder}/tls.crt", f"{folder}/tls.key", https)
+    for prop, value in expected.items():
+        assert env[quarkus_env_name(prop)].get("value") == value, prop
+    volumes = {v["name"]: v for v in registry["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["registry-tls"]["secret"]["secretName"] == "registry-tls"
+    assert {i["key"] for i in volumes["registry-tls"]["secret"]["items"]} == {"tls.crt",
+                                                                              "tls.key"}
+    for role in ROLES:
+        user = env[f"{EMBEDDED_USERS_ENV}_{role.upper()}"]
+        assert "value" not in user, role
+        assert user["valueFrom"]["secretKeyRef"] == {"name": "registry-users", "key": role}
+        assert env[f"{EMBEDDED_ROLES_ENV}_{role.upper()}"]["value"] == registry_role(role)
+    assert named("Service", "registry")["spec"]["ports"][0]["targetPort"] == "https"
+    assert "http" not in {p["name"] for p in container["ports"]}, "a plain HTTP API port"
+
+
+def test_every_dsh_pod_reads_the_registry_as_its_principal() -> None:
+    users = set(ROLES)
+    for workload, container in dsh_containers():
+        env = {e["name"]: e for e in env_vars(container)}
+        username = env["DSH_REGISTRY_USERNAME"]["value"]
+        assert username == env["DSH_SASL_USERNAME"]["value"] and username in users
+        assert env["DSH_REGISTRY_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "registry-users", "key": username}, resource_id(workload)
 
 
 def test_the_driver_pod_outlives_its_shutdown_grace() -> None:

@@ -44,6 +44,40 @@ CCOMPAT_PATH: Final = "/apis/ccompat/v7"
 COMPATIBILITY: Final = "BACKWARD_TRANSITIVE"
 
 
+# Quarkus reads an embedded user's password and roles from these (plus _<USER>).
+EMBEDDED_USERS_ENV: Final = "QUARKUS_SECURITY_USERS_EMBEDDED_USERS"
+EMBEDDED_ROLES_ENV: Final = "QUARKUS_SECURITY_USERS_EMBEDDED_ROLES"
+
+
+def secure_registry_properties(cert_file: str, key_file: str, port: int) -> dict[str, str]:
+    """The Quarkus properties of the registry on HTTPS only with basic auth (no OIDC server),
+    Apicurio's roles enforced. The secure local stack runs these; the Kubernetes registry
+    (deploy/kubernetes/registry.yaml) sets the same as environment variables (a test keeps
+    them equal)."""
+    return {
+        "quarkus.http.ssl-port": str(port),
+        "quarkus.http.insecure-requests": "disabled",
+        "quarkus.http.ssl.certificate.files": cert_file,
+        "quarkus.http.ssl.certificate.key-files": key_file,
+        "quarkus.oidc.tenant-enabled": "false",
+        "quarkus.http.auth.basic": "true",
+        "apicurio.auth.role-based-authorization": "true",
+        "quarkus.security.users.embedded.enabled": "true",
+        "quarkus.security.users.embedded.plain-text": "true",
+    }
+
+
+def registry_role(principal: str) -> str:
+    """Apicurio's role of a principal: the admin registers schemas, every other reads."""
+    return "sr-admin" if principal == "admin" else "sr-readonly"
+
+
+def quarkus_env_name(prop: str) -> str:
+    """The environment variable Quarkus reads a property from (non-alphanumerics to ``_``,
+    upper case)."""
+    return "".join(c if c.isalnum() else "_" for c in prop).upper()
+
+
 class RegistryLocal:
     """One Apicurio Registry process on a free (or given) loopback port."""
 
@@ -111,17 +145,11 @@ class RegistryLocal:
         if self.security is None:
             return [f"-Dquarkus.http.port={self.port}"]
         pki = self.security.pki
-        return [
-            f"-Dquarkus.http.ssl-port={self.port}", "-Dquarkus.http.insecure-requests=disabled",
-            f"-Dquarkus.http.ssl.certificate.files={pki.cert_file}",
-            f"-Dquarkus.http.ssl.certificate.key-files={pki.key_file}",
-            "-Dquarkus.oidc.tenant-enabled=false", "-Dquarkus.http.auth.basic=true",
-            "-Dapicurio.auth.role-based-authorization=true",
-            "-Dquarkus.security.users.embedded.enabled=true",
-            "-Dquarkus.security.users.embedded.plain-text=true",
-            # A free plain port that nothing serves (insecure requests disabled).
-            f"-Dquarkus.http.port={free_ports(1)[0]}",
-        ]
+        properties = secure_registry_properties(str(pki.cert_file), str(pki.key_file),
+                                                self.port)
+        return [*(f"-D{name}={value}" for name, value in properties.items()),
+                # A free plain port that nothing serves (insecure requests disabled).
+                f"-Dquarkus.http.port={free_ports(1)[0]}"]
 
     def _environment(self) -> dict[str, str] | None:
         """The parent's environment plus the embedded users (secure only)."""
@@ -130,9 +158,8 @@ class RegistryLocal:
         env = dict(os.environ)
         for role in ROLES:
             key = role.upper()
-            env[f"QUARKUS_SECURITY_USERS_EMBEDDED_USERS_{key}"] = self.security.password(role)
-            env[f"QUARKUS_SECURITY_USERS_EMBEDDED_ROLES_{key}"] = (
-                "sr-admin" if role == "admin" else "sr-readonly")
+            env[f"{EMBEDDED_USERS_ENV}_{key}"] = self.security.password(role)
+            env[f"{EMBEDDED_ROLES_ENV}_{key}"] = registry_role(role)
         return env
 
     def _open(self, request: urllib.request.Request | str, timeout: float) -> Any:

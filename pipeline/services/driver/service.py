@@ -43,6 +43,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.adapters.kafka.inbox_consumer import InboxConsumer
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.transactional import FencedError
@@ -216,7 +217,10 @@ class DriverService:
             self.ready.set()
 
     async def _check_sinks(self) -> None:
-        """Give up a partition whose producer was fenced; rebuild one that failed otherwise."""
+        """Give up a partition whose producer was fenced; stop the driver when the broker
+        refused its writes (the principal lost an ACL: no rebuild can write either; the
+        transaction was not committed, so neither were its inbox offsets); rebuild one that
+        failed otherwise."""
         for partition, owned in list(self.owned.items()):
             task = owned.sink_task
             if task is None or not task.done():
@@ -225,12 +229,16 @@ class DriverService:
                 continue  # released by a rebalance meanwhile
             del self.owned[partition]
             error = owned.sink.failure
+            if not task.cancelled():
+                task.exception()   # retrieved: it is the failure, handled below
             await owned.release(grace_s=0)
             self._gc.release()
             if isinstance(error, FencedError):
                 log.warning("inbox partition %d given up: %s", partition, error)
                 self.metrics.fenced += 1
                 self._given_up.add(partition)
+            elif error is not None and _refused(error):
+                raise error   # the run loop shuts down; the CLI says it, with the principal
             else:
                 log.error("inbox partition %d failed (%s); rebuilding it", partition, error)
                 self.metrics.broker_failures += 1
@@ -281,3 +289,13 @@ class DriverService:
                                for o in owned_now), return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised handling, an authorization refusal."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if is_refusal(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

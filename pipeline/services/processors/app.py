@@ -24,6 +24,7 @@ duplicates after crashes).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -47,11 +48,12 @@ from pipeline.adapters.faust.transport import (
     release_records,
     use_batching_transport,
 )
+from pipeline.adapters.kafka.errors import kafka_error
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.codec.outputs import OutputCodecs
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import BrokerError, ConfigError
 from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
 from pipeline.services.processors.folding import (
@@ -215,6 +217,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
                            route, outputs=outputs,
                            max_record_bytes=app.conf.producer_max_request_size)
     processors.folder = folder
+    folder.book.on_refused = _stop_when_refused(app, settings)
 
     async def fold_sessions(stream: Any) -> None:
         # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
@@ -290,6 +293,24 @@ def freeze_survivors() -> None:
     small, bounded leak. Called once a tick, so full passes only see the last tick's objects.
     """
     gc.freeze()
+
+
+def _stop_when_refused(app: Any, settings: Settings) -> Any:
+    """What the worker does when the broker refuses an output (its principal lost an ACL
+    while it ran): says why, naming the principal, and crashes the app, so the worker stops
+    and exits non-zero. Its graceful stop commits only batches whose outputs and tables
+    were written: the refused ones are folded again by the next worker."""
+    stopping: list[Any] = []   # the crash's task, kept until it is done
+
+    def refused(exc: Exception) -> None:
+        if stopping:
+            return
+        error: BrokerError = kafka_error("writing the processors' outputs", exc)
+        log.critical("%s [as principal User:%s]: the worker stops; what it folded since its "
+                     "last commit is folded again after a restart", error,
+                     settings.sasl_username or "ANONYMOUS")
+        stopping.append(asyncio.ensure_future(app.crash(error)))
+    return refused
 
 
 @asynccontextmanager

@@ -29,6 +29,9 @@ Rules (each one keeps a kill -9 equal to a replay):
   partition's batches since its last persist are given up: never marked folded (so never
   committed until the worker restarts and folds them again), their sessions' cached
   states dropped (the tables are the truth again; their next records are reported as gaps).
+- *A refusal stops the worker.* When the broker refused an output (the principal lost an
+  ACL), the partition is given up as above and ``on_refused`` is told: no later batch
+  could be written either, so the worker stops (nothing given up is ever committed).
 
 Persists run one at a time; each takes the changes under the folder's lock (no batch is
 half folded then) as JSON copies, so the folds go on while it waits for acknowledgements.
@@ -45,6 +48,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.session_state import SessionState, SessionTables, Table
 
@@ -175,6 +179,8 @@ class ChangeBook:
         self._persisting = asyncio.Lock()
         self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
         self._writing: list[PartitionWrites] = []       # what the persist running holds
+        # Told when the broker refused an output (authorization): the worker stops.
+        self.on_refused: Callable[[Exception], None] | None = None
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
@@ -242,6 +248,8 @@ class ChangeBook:
             _quiet(writes.deliveries)
             async with self.lock:
                 self._give_up(writes, exc)
+            if self.on_refused is not None and is_refusal(exc):
+                self.on_refused(exc)
             return
         for sid in writes.sessions():
             self._taken.pop(sid, None)

@@ -133,8 +133,9 @@ class ProjectionFollow:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for key in (held_key(PROJECTION, self.worker), writer_key(PROJECTION, self.worker)):
-            await write_pointer_record(self.settings, key, None)
+        # both tombstones through one producer: a stop waits for one connection, not two
+        await write_pointer_records(self.settings, {
+            held_key(PROJECTION, self.worker): None, writer_key(PROJECTION, self.worker): None})
 
     async def refresh(self) -> None:
         """Read the pointer now (call it on every partition assignment, before folding)."""

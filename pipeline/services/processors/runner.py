@@ -8,6 +8,8 @@ from pathlib import Path
 
 import faust
 
+from pipeline.adapters.kafka.errors import is_refusal, kafka_error
+from pipeline.core.errors import DshError
 from pipeline.services.processors.worker import Processors
 
 
@@ -18,6 +20,8 @@ def run_worker(processors: Processors, *, loglevel: str = "WARNING",
 
     faust installs its own signal handlers: SIGTERM and SIGINT stop the worker gracefully
     (tables flushed, offsets committed, the group left, so another worker takes over).
+    A crash with one of our errors (a refused output, say) or a broker's refusal (a fetch
+    refused: the principal lost its Read ACL) is raised once the worker stopped.
     """
     # The CLI may have used asyncio.run() before (topic checks), which leaves no current
     # loop; faust's worker expects one.
@@ -37,4 +41,8 @@ def run_worker(processors: Processors, *, loglevel: str = "WARNING",
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     # faust logs a crash during start-up and then exits "normally": report it as a failure.
     crashed = worker.crash_reason or processors.app.crash_reason
+    if crashed is not None and is_refusal(crashed):   # e.g. faust's fetcher refused a Read
+        crashed = kafka_error("the processors worker stopped", crashed)
+    if isinstance(crashed, DshError):
+        raise crashed   # the CLI says it (with the principal) under its exit-code convention
     return 1 if crashed is not None and code == 0 else code

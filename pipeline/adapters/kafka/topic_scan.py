@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.options import (
     broker_errors,
     client_options,
@@ -79,25 +80,15 @@ class TopicScan:
         await self.stop()
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
-                                    auto_offset_reset="earliest",
-                                    **client_options(self._settings),
-                                    **scan_fetch_options(self._settings))
-        self._consumer = consumer
-        with broker_errors(f"scan {self.topic!r}"):
-            await consumer.start()
-            cluster = await consumer._client.fetch_all_metadata()  # see partitions_of
-            ids = cluster.partitions_for_topic(self.topic)
-            if not ids:
-                self.exists = False
-                return
-            parts = [TopicPartition(self.topic, p) for p in sorted(ids)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            starts = await consumer.beginning_offsets(parts)
-            self._ends = await consumer.end_offsets(parts)
-        self.total = sum(self._ends[tp] - starts[tp] for tp in parts)
-        self._ends = {tp: end for tp, end in self._ends.items() if end > starts[tp]}
+        started = await start_assigned(self._settings, [self.topic], what=f"scan {self.topic!r}",
+                                       **scan_fetch_options(self._settings))
+        self._consumer = started.consumer
+        if started.missing:
+            self.exists = False
+            return
+        starts, ends = started.starts, started.ends
+        self.total = sum(ends[tp] - starts[tp] for tp in ends)
+        self._ends = {tp: end for tp, end in ends.items() if end > starts[tp]}
 
     async def stop(self) -> None:
         if self._consumer is not None:

@@ -1,0 +1,74 @@
+"""A consumer assigned to every partition of some topics (no group, read committed): the start
+shared by the readers that read up to offsets taken when they start (``TopicScan``,
+``CompactedFollow``).
+
+The offsets are listed *before* the partitions are assigned. Once a partition is assigned
+and positioned, the client keeps a fetch parked at the broker for up to its fetch wait, and
+a broker answers one connection's requests in order: every offset lookup made after the
+assignment would wait behind that fetch (500 ms each with the client's default wait).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.adapters.kafka.options import broker_errors, client_options
+from pipeline.settings import Settings
+
+StartAt = Literal["beginning", "end"]
+
+
+@dataclass(slots=True)
+class AssignedTopics:
+    """A started consumer, assigned and positioned, with the offsets it started from."""
+
+    consumer: AIOKafkaConsumer
+    starts: dict[TopicPartition, int] = field(default_factory=dict)  # first offsets
+    ends: dict[TopicPartition, int] = field(default_factory=dict)    # last stable offsets
+    missing: list[str] = field(default_factory=list)  # topics that do not exist
+
+
+async def start_assigned(settings: Settings, topics: Sequence[str], *, what: str,
+                         start_at: StartAt = "beginning",
+                         resume: Mapping[tuple[str, int], int] | None = None,
+                         **options: Any) -> AssignedTopics:
+    """A consumer on every partition of ``topics``, positioned at each partition's first
+    offset (``start_at="beginning"``) or end, or where ``resume`` says ((topic, partition)
+    -> offset). ``options`` go to the client (fetch sizes and waits). Nothing is left open
+    when it fails or is cancelled. ``what`` names the read in errors."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
+                                auto_offset_reset="earliest", **client_options(settings),
+                                **options)
+    try:
+        with broker_errors(what):
+            await consumer.start()
+            return await _assign(consumer, topics, start_at, resume or {})
+    except BaseException:
+        await consumer.stop()
+        raise
+
+
+async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: StartAt,
+                  resume: Mapping[tuple[str, int], int]) -> AssignedTopics:
+    found = AssignedTopics(consumer)
+    # Fresh metadata of every topic: an unassigned consumer tracks none.
+    cluster = await consumer._client.fetch_all_metadata()
+    parts: list[TopicPartition] = []
+    for topic in topics:
+        ids = cluster.partitions_for_topic(topic)
+        if not ids:
+            found.missing.append(topic)
+        parts += [TopicPartition(topic, p) for p in sorted(ids or ())]
+    if not parts:
+        return found
+    found.starts = await consumer.beginning_offsets(parts)
+    found.ends = await consumer.end_offsets(parts)
+    consumer.assign(parts)
+    for tp in parts:
+        default = found.starts[tp] if start_at == "beginning" else found.ends[tp]
+        consumer.seek(tp, resume.get((tp.topic, tp.partition), default))
+    return found

@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from pipeline.adapters.kafka.admin import MAX_COMPACTION_LAG, OUTPUT_MAX_COMPACTION_LAG_MS
 from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.options import (
     broker_errors,
@@ -183,11 +184,13 @@ async def topic_exists(settings: Settings, topic: str) -> bool:
 async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool:
     """Create ``topic`` (settings' partitions and replication) unless it exists.
 
-    Returns True when this call created it. A compacted topic is for derived outputs and
-    control records; anything else is kept forever (``retention.ms=-1``).
+    Returns True when this call created it. A compacted topic is for derived outputs,
+    changelogs and control records, read from the beginning by whoever starts: compacted
+    within the outputs' lag, as the planned outputs are; anything else is kept forever
+    (``retention.ms=-1``).
     """
-    configs = ({"cleanup.policy": "compact"} if compact else
-               {"cleanup.policy": "delete", "retention.ms": "-1"})
+    configs = ({"cleanup.policy": "compact", MAX_COMPACTION_LAG: OUTPUT_MAX_COMPACTION_LAG_MS}
+               if compact else {"cleanup.policy": "delete", "retention.ms": "-1"})
     configs["max.message.bytes"] = str(settings.max_record_bytes)
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
     with broker_errors(f"connect to {settings.bootstrap_servers}"):
@@ -265,8 +268,10 @@ class BulkProducer:
                 await producer.stop()
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None,
-                   headers: Headers = ()) -> None:
-        """Queue one record (``value`` None: a tombstone); waits when too many are in flight."""
+                   headers: Headers = (), partition: int | None = None) -> None:
+        """Queue one record (``value`` None: a tombstone); waits when too many are in flight.
+        ``partition``: the one the producer's partitioner gives ``key``, when the caller
+        knows it already (it costs a murmur2 of the key per record otherwise)."""
         producer = self._producer
         if producer is None:
             raise BrokerError("BulkProducer used outside `async with`")
@@ -274,7 +279,8 @@ class BulkProducer:
             if topic not in self._known_topics:
                 await producer.client._wait_on_metadata(topic)
                 self._known_topics.add(topic)
-            partition = producer._partition(topic, None, key, value, key, value)
+            if partition is None:
+                partition = producer._partition(topic, None, key, value, key, value)
             where = (topic, partition)
             builder = self._batches.get(where)
             if builder is not None and builder.append(

@@ -140,9 +140,10 @@ def bench_dashboard(ctx: Context) -> list[Figure]:
 def _note(ctx: Context, history: History, serving: list[float], reads: tuple[int, int]
           ) -> str:
     cleaned = ("quick run: the outputs were not left to the log cleaner" if ctx.quick else
-               f"then {history.wait_s:.0f} s until the log cleaner had compacted the outputs "
-               f"(history older than max.compaction.lag.ms={OUTPUT_MAX_COMPACTION_LAG_MS}, "
-               "one live session appended per partition): fleet+usage went from "
+               f"then {history.wait_s:.0f} s left to the log cleaner (history older than "
+               f"max.compaction.lag.ms={OUTPUT_MAX_COMPACTION_LAG_MS}, one live session "
+               "appended per partition; the wait ends at about one record per key or after "
+               f"{CLEANER_WAIT_S:.0f} s more): fleet+usage went from "
                f"{history.before[0]:,} records ({history.before[1]:,} keys) to "
                f"{history.after[0]:,} ({history.after[1]:,} keys)")
     return (f"{history.events:,} events of {history.sessions:,} sessions "

@@ -36,6 +36,7 @@ class Figure:
     higher_is_better: bool = True
     goal: str = ""
     note: str = ""
+    met: bool | None = None  # whether the goal is met, where the benchmark can tell
 
     @property
     def median(self) -> float:

@@ -68,6 +68,7 @@ def bench_import(ctx: Context) -> list[Figure]:
             ctx.log(f"import run {run + 1}: {len(paths)} files, {len(mix):,} events")
             figure.ours.append(asyncio.run(import_rate(ctx.settings(), paths, len(mix))))
             figure.anchor_values.append(asyncio.run(ingest_ours(ctx.settings(), mix)))
+    figure.met = figure.median >= 30_000 and (figure.ratio or 0.0) >= 0.5
     figure.note = (f"{len(mix):,} events in {sessions} packed .jsonl files, 6 partitions; "
                    f"import: {default_workers()} worker processes read, check (ingest mode) "
                    "and encode the files, transactions of ~20,000 events")

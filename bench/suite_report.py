@@ -17,6 +17,8 @@ TITLES = {
     "replay": "Replay",
     "otel": "OTLP trace export (issue 18)",
     "scaleout": "Scale-out on a 3-broker cluster (issue 9)",
+    "import": "Import of dsh session files (issue 22)",
+    "dashboard": "Dashboard ready time against history (issue 22)",
 }
 
 NOT_MEASURED = """\
@@ -65,7 +67,7 @@ def _num(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
 
 
-def _row(figure: Figure) -> str:
+def _row(figure: Figure, *, judged: bool = True) -> str:
     runs = len(figure.ours)
     spread = (f"{_num(min(figure.ours))}-{_num(max(figure.ours))}" if runs > 1 else "1 run")
     if not figure.ours:
@@ -76,7 +78,17 @@ def _row(figure: Figure) -> str:
         anchor += " (not measured)"
     return (f"| {figure.name} | {_num(figure.median)} {figure.unit} | {spread} | {anchor} | "
             f"{_num(figure.anchor_median)} | {'-' if ratio is None else f'{ratio:.2f}'} | "
-            f"{figure.goal or '-'} |")
+            f"{_goal(figure, judged)} |")
+
+
+def _goal(figure: Figure, judged: bool) -> str:
+    """The goal, and whether this run met it (median against it) where that is known; a
+    --quick run's figures are not judged."""
+    if not figure.goal:
+        return "-"
+    if figure.met is None or not judged:
+        return figure.goal
+    return f"{figure.goal}: {'**met**' if figure.met else '**not met**'}"
 
 
 def render(results: dict[str, list[Figure]], failures: dict[str, str], *, command: str,
@@ -100,7 +112,7 @@ def render(results: dict[str, list[Figure]], failures: dict[str, str], *, comman
         lines += ["", f"## {TITLES.get(name, name)}", "",
                   "| Figure | Ours (median) | Spread | Anchor | Anchor (median) | Ratio | Goal |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [_row(figure) for figure in figures]
+        lines += [_row(figure, judged=not quick) for figure in figures]
         notes = dict.fromkeys(f.note for f in figures if f.note)
         lines += [""] + [f"- {note}" for note in notes]
     if failures:

@@ -11,7 +11,8 @@ from typing import Any
 from fanout_support import fanout_settings
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan
+from pipeline.adapters.kafka.compacted import CompactedFollow
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, topic_exists
 from pipeline.codec.outputs import OutputDecoder, default_output_codecs
 from pipeline.codec.records import SourcePosition, source_headers
 from pipeline.core.fleet import FleetStatus
@@ -117,3 +118,18 @@ async def _topic_split(settings: Settings, ends: dict[int, int]
                 assert value is not None and record.key is not None
                 below[record.key.decode()] = value
     return below, after
+
+
+async def test_a_reader_of_topics_not_created_yet_reports_them_and_creates_none(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    """The brokers auto-create a topic a metadata request names, unless told not to: the
+    readers start before the processors ever ran must leave the topics to their plan."""
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+    names = settings.topics
+    async with CompactedFollow(settings, [names.fleet, names.usage]) as follow:
+        assert follow.missing == [names.fleet, names.usage]
+        assert [batch async for batch in follow.snapshot()] == []
+    async with TopicScan(settings, names.session_events) as scan:
+        assert not scan.exists and scan.total == 0
+    for topic in (names.fleet, names.usage, names.session_events):
+        assert not await topic_exists(settings, topic)

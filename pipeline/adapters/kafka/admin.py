@@ -31,6 +31,11 @@ from pipeline.settings import Settings
 
 INFINITE: Final = "-1"
 MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+MAX_COMPACTION_LAG: Final = "max.compaction.lag.ms"
+# A record of a derived output is compacted at most this long after it was written: the
+# broker rolls an output's active segment once it is that old (at its next write), which the
+# cleaner never touches otherwise. See docs/operations.md, "Compacted outputs".
+OUTPUT_MAX_COMPACTION_LAG_MS: Final = "60000"
 ADMIN_TIMEOUT_MS: Final = 30_000
 METADATA_WAIT_S: Final = 10.0
 SERVICE_START_RETRY_S: Final = 120.0  # how long a starting service waits for the brokers
@@ -71,13 +76,16 @@ def plan_topics(settings: Settings) -> list[TopicSpec]:
     keep_forever = {"cleanup.policy": "delete", "retention.ms": INFINITE,
                     "retention.bytes": INFINITE, **size}
     compact = {"cleanup.policy": "compact", **size}
+    # Readers start from the outputs (snapshot, then live): what they read is one record
+    # per key plus what the cleaner has not compacted yet, and this bounds the latter.
+    output = {**compact, MAX_COMPACTION_LAG: OUTPUT_MAX_COMPACTION_LAG_MS}
     specs = [
         TopicSpec(names.session_events, parts, rf, dict(keep_forever), "source of truth"),
         TopicSpec(names.inbox, parts, rf, {"cleanup.policy": "delete", **size},
                   "co-partitioned with session-events"),
-        TopicSpec(names.derived_messages, parts, rf, dict(compact), "derived output"),
-        TopicSpec(names.usage, parts, rf, dict(compact), "derived output"),
-        TopicSpec(names.fleet, parts, rf, dict(compact), "derived output"),
+        TopicSpec(names.derived_messages, parts, rf, dict(output), "derived output"),
+        TopicSpec(names.usage, parts, rf, dict(output), "derived output"),
+        TopicSpec(names.fleet, parts, rf, dict(output), "derived output"),
         # Full texts of spilled tool results, in chunks keyed by content hash.
         TopicSpec(names.spill, parts, rf, dict(compact), "spilled content"),
     ]

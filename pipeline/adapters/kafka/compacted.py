@@ -32,8 +32,8 @@ from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.errors import broker_errors
-from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.kafka.topic_scan import scan_fetch_options
 from pipeline.core.errors import BrokerError
@@ -63,11 +63,7 @@ class CompactedFollow:
         self._stash: list[InboxRecord] = []
 
     async def __aenter__(self) -> CompactedFollow:
-        try:
-            await self.start()
-        except BaseException:  # a failed or cancelled start leaves no client open
-            await self.stop()
-            raise
+        await self.start()  # a failed or cancelled start leaves no client open
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -75,30 +71,13 @@ class CompactedFollow:
         await self.stop()
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
-                                    auto_offset_reset="earliest",
-                                    fetch_max_wait_ms=_FETCH_WAIT_MS,
-                                    **client_options(self._settings),
-                                    **scan_fetch_options(self._settings))
-        self._consumer = consumer
-        with broker_errors(f"follow {', '.join(self.topics)}"):
-            await consumer.start()
-            cluster = await consumer._client.fetch_all_metadata()  # see topic_scan
-            parts: list[TopicPartition] = []
-            for topic in self.topics:
-                ids = cluster.partitions_for_topic(topic)
-                if not ids:
-                    self.missing.append(topic)
-                parts += [TopicPartition(topic, p) for p in sorted(ids or ())]
-            if not parts:
-                return
-            consumer.assign(parts)
-            self.ends = await consumer.end_offsets(parts)
-            if self.live_only:
-                for tp, end in self.ends.items():
-                    consumer.seek(tp, self.resume.get((tp.topic, tp.partition), end))
-            else:
-                await consumer.seek_to_beginning(*parts)
+        started = await start_assigned(
+            self._settings, self.topics, what=f"follow {', '.join(self.topics)}",
+            start_at="end" if self.live_only else "beginning",
+            resume=self.resume if self.live_only else None,
+            fetch_max_wait_ms=_FETCH_WAIT_MS, **scan_fetch_options(self._settings))
+        self._consumer = started.consumer
+        self.missing, self.ends = started.missing, started.ends
 
     async def stop(self) -> None:
         if self._consumer is not None:

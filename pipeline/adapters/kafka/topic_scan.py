@@ -23,6 +23,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from pipeline.adapters.kafka.admin import MAX_COMPACTION_LAG, OUTPUT_MAX_COMPACTION_LAG_MS
+from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import (
     client_options,
@@ -79,25 +81,15 @@ class TopicScan:
         await self.stop()
 
     async def start(self) -> None:
-        consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
-                                    auto_offset_reset="earliest",
-                                    **client_options(self._settings),
-                                    **scan_fetch_options(self._settings))
-        self._consumer = consumer
-        with broker_errors(f"scan {self.topic!r}"):
-            await consumer.start()
-            cluster = await consumer._client.fetch_all_metadata()  # see partitions_of
-            ids = cluster.partitions_for_topic(self.topic)
-            if not ids:
-                self.exists = False
-                return
-            parts = [TopicPartition(self.topic, p) for p in sorted(ids)]
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            starts = await consumer.beginning_offsets(parts)
-            self._ends = await consumer.end_offsets(parts)
-        self.total = sum(self._ends[tp] - starts[tp] for tp in parts)
-        self._ends = {tp: end for tp, end in self._ends.items() if end > starts[tp]}
+        started = await start_assigned(self._settings, [self.topic], what=f"scan {self.topic!r}",
+                                       **scan_fetch_options(self._settings))
+        self._consumer = started.consumer
+        if started.missing:
+            self.exists = False
+            return
+        starts, ends = started.starts, started.ends
+        self.total = sum(ends[tp] - starts[tp] for tp in ends)
+        self._ends = {tp: end for tp, end in ends.items() if end > starts[tp]}
 
     async def stop(self) -> None:
         if self._consumer is not None:
@@ -192,11 +184,13 @@ async def topic_exists(settings: Settings, topic: str) -> bool:
 async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool:
     """Create ``topic`` (settings' partitions and replication) unless it exists.
 
-    Returns True when this call created it. A compacted topic is for derived outputs and
-    control records; anything else is kept forever (``retention.ms=-1``).
+    Returns True when this call created it. A compacted topic is for derived outputs,
+    changelogs and control records, read from the beginning by whoever starts: compacted
+    within the outputs' lag, as the planned outputs are; anything else is kept forever
+    (``retention.ms=-1``).
     """
-    configs = ({"cleanup.policy": "compact"} if compact else
-               {"cleanup.policy": "delete", "retention.ms": "-1"})
+    configs = ({"cleanup.policy": "compact", MAX_COMPACTION_LAG: OUTPUT_MAX_COMPACTION_LAG_MS}
+               if compact else {"cleanup.policy": "delete", "retention.ms": "-1"})
     configs["max.message.bytes"] = str(settings.max_record_bytes)
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
     with broker_errors(f"connect to {settings.bootstrap_servers}"):
@@ -274,8 +268,10 @@ class BulkProducer:
                 await producer.stop()
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None,
-                   headers: Headers = ()) -> None:
-        """Queue one record (``value`` None: a tombstone); waits when too many are in flight."""
+                   headers: Headers = (), partition: int | None = None) -> None:
+        """Queue one record (``value`` None: a tombstone); waits when too many are in flight.
+        ``partition``: the one the producer's partitioner gives ``key``, when the caller
+        knows it already (it costs a murmur2 of the key per record otherwise)."""
         producer = self._producer
         if producer is None:
             raise BrokerError("BulkProducer used outside `async with`")
@@ -283,7 +279,8 @@ class BulkProducer:
             if topic not in self._known_topics:
                 await producer.client._wait_on_metadata(topic)
                 self._known_topics.add(topic)
-            partition = producer._partition(topic, None, key, value, key, value)
+            if partition is None:
+                partition = producer._partition(topic, None, key, value, key, value)
             where = (topic, partition)
             builder = self._batches.get(where)
             if builder is not None and builder.append(

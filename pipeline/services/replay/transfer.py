@@ -22,6 +22,7 @@ writes its files, so export(import(x)) == x byte for byte for a file dsh wrote.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -140,25 +141,30 @@ class Importer:
         A group ends at ``batch_events`` events, and before a second file of a session
         already in it (that file is compared with what the first one published).
         """
-        last = await last_seqs(self.settings, self.settings.topics.session_events)
+        # What the topic holds is read while the first files are prepared.
+        holding = asyncio.ensure_future(last_seqs(self.settings,
+                                                  self.settings.topics.session_events))
         preparer = Preparer(topic=self.settings.topics.session_events,
                             partitions=self._partitions, encode=self.encode,
                             workers=self._workers, make_encoder=self._make_encoder)
         counts = _Counts(len(paths))
         group = _Group()
-        async for prepared in preparer.prepared(paths, session_id):
-            if group.has(prepared.session_id):
-                async for result in self._publish(group, last, counts):
-                    yield result
-                group = _Group()
-            group.files.append(prepared)
-            group.events += prepared.events
-            if group.events >= self.batch_events:
-                async for result in self._publish(group, last, counts):
-                    yield result
-                group = _Group()
-        async for result in self._publish(group, last, counts):
-            yield result
+        try:
+            async for prepared in preparer.prepared(paths, session_id):
+                if group.has(prepared.session_id):
+                    async for result in self._publish(group, await holding, counts):
+                        yield result
+                    group = _Group()
+                group.files.append(prepared)
+                group.events += prepared.events
+                if group.events >= self.batch_events:
+                    async for result in self._publish(group, await holding, counts):
+                        yield result
+                    group = _Group()
+            async for result in self._publish(group, await holding, counts):
+                yield result
+        finally:
+            holding.cancel()
 
     async def _publish(self, group: _Group, last: dict[str, int], counts: _Counts
                        ) -> AsyncIterator[ImportResult]:

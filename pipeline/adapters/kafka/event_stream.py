@@ -33,6 +33,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.partitioner import murmur2
 
+from pipeline.adapters.kafka.assigned import topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import Headers, headers_of
@@ -273,11 +274,11 @@ class EventStream:
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    """The topic's partitions, from fresh metadata (``partitions_for_topic`` only knows the
-    topics the client already tracks, which an unsubscribed consumer does not)."""
+    """The topic's partitions, from fresh metadata of that topic alone (``partitions_for_topic``
+    only knows the topics the client already tracks, which an unsubscribed consumer does not;
+    the whole cluster's metadata costs every topic's size at each session page opened)."""
     with broker_errors(f"read metadata of {topic!r}"):
-        cluster = await consumer._client.fetch_all_metadata()
-    ids = cluster.partitions_for_topic(topic)
+        ids = (await topic_partitions(consumer, [topic])).get(topic)
     if not ids:
         raise BrokerError(f"topic {topic!r} does not exist; run `dsh-pipeline broker` or "
                           "ensure the topics first")

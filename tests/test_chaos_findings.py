@@ -1,6 +1,6 @@
 """Defects the chaos campaign found, each reproduced deterministically (see docs/chaos.md).
 
-Marked ``xfail(strict=True)`` until fixed where they live: a fix makes the test pass, and the
+A defect not yet fixed is marked ``xfail(strict=True)``: its fix makes the test pass, and the
 strict mark then fails the run so that the mark is removed.
 """
 
@@ -9,12 +9,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
+from aiokafka import AIOKafkaConsumer
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.dlq import ERROR_MESSAGE
+from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.plain_producer import send_records
+from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.sessionfile import write_session_file
+from pipeline.core.inbox import FollowUp
 from pipeline.core.synth import synth_header, synth_session
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
@@ -32,12 +38,11 @@ def _open_turn_cut(seed: int) -> tuple[int, int]:
     return ends[0] + 5, ends[1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "two writers of one session: a driver assigned the partition repairs the open turn of a "
-    "session a shipper is still appending (services/driver/partition.py build_partition), and "
-    "the shipper then publishes seqs the repair used (docs/chaos.md, defects)"))
 async def test_a_shipped_session_with_an_open_turn_keeps_one_writer(
         kafka_bootstrap: str, topic_prefix: str, group_id: str, tmp_path: Path) -> None:
+    """A shipper follows a live dsh file whose last turn is open; a driver assigned the
+    session's partition meanwhile (a rebalance) must not repair that turn: the shipper's
+    next events would repeat the seqs of the repair. The session is the shipper's."""
     settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
                                  topic_prefix=topic_prefix, partitions=1, replication_factor=1,
                                  group_id_prefix=f"{topic_prefix}g-")
@@ -78,5 +83,60 @@ async def _run_driver_until_built(settings: Settings, group_id: str) -> None:
         await asyncio.wait_for(built(), WAIT_S)
         await asyncio.sleep(1.0)  # the repair's transaction commits within the linger
     finally:
+        stop.set()
+        await asyncio.wait_for(task, WAIT_S)
+
+
+async def test_an_inbox_command_for_a_shipped_session_is_dead_lettered_not_run(
+        kafka_bootstrap: str, topic_prefix: str, group_id: str, tmp_path: Path) -> None:
+    """The driver never writes a session published from a dsh file: a follow-up for it
+    goes to the inbox's dead-letter topic with the reason, and its log stays the file's."""
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
+                                 topic_prefix=topic_prefix, partitions=1, replication_factor=1,
+                                 group_id_prefix=f"{topic_prefix}g-")
+    await ensure_topics(settings)
+    session_id, seed = "shipped-idle", 42
+    events = synth_session(seed, _open_turn_cut(seed)[1])
+    write_session_file(tmp_path / f"{session_id}.jsonl", events,
+                       header={**synth_header(seed), "id": session_id})
+    serde = EventSerde()
+    async with Shipper(settings, tmp_path, serde.encode) as shipper:
+        assert await shipper.pass_once() == len(events)
+    command = FollowUp(session_id, "m-1", ({"type": "text", "text": "are you there?"},))
+    await send_records(settings, [OutRecord(settings.topics.inbox, session_id.encode(),
+                                            InboxCodec().encode(command))])
+    letters = await _run_driver_until_dead_letter(settings, group_id)
+    assert [key for key, _ in letters] == [session_id.encode()]
+    message = header_value(letters[0][1], ERROR_MESSAGE) or b""
+    assert b"session-not-driven" in message or b"does not drive it" in message, message
+    found = await read_sessions(settings, serde.decode, only=[session_id])
+    assert [logged.event for logged in found.events[session_id]] == events
+
+
+async def _run_driver_until_dead_letter(
+        settings: Settings, group_id: str) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    """Run a driver until the inbox's dead-letter topic holds a record; its records."""
+    ctx = driver_context(settings, group_id=group_id, tools=builtin_registry(), linger_ms=10)
+    service = DriverService(ctx, DriverConfig(linger_ms=10, shutdown_grace_s=2,
+                                              session_timeout_ms=6000))
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    consumer = AIOKafkaConsumer(settings.topics.dlq(settings.topics.inbox),
+                                **client_options(settings), group_id=None,
+                                isolation_level="read_committed",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        async def first() -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+            while True:
+                if task.done():
+                    task.result()
+                batch = await consumer.getmany(timeout_ms=500)
+                found = [(r.key, list(r.headers)) for rs in batch.values() for r in rs]
+                if found:
+                    return found
+        return await asyncio.wait_for(first(), WAIT_S)
+    finally:
+        await consumer.stop()
         stop.set()
         await asyncio.wait_for(task, WAIT_S)

@@ -56,7 +56,6 @@ class CampaignOptions:
     store: str = "memory://"
     toxiproxy: Path | None = None
     periodic_check_s: float = 120.0
-    ship_mid_turn: bool = False
 
 
 @dataclass(slots=True)
@@ -118,8 +117,7 @@ class Campaign:
         await sender.start()
         try:
             load = Load(direct, self.session_ids, self.options.seed)
-            ship = ShipLoad(self.fleet.ship_dir, self.options.seed,
-                            mid_turn=self.options.ship_mid_turn)
+            ship = ShipLoad(self.fleet.ship_dir, self.options.seed)
             ship.plan(SHIP_FILES)
             faults = Faults(self.fleet, sender, self.options.seed, self.progress)
             self.outcome.faults = faults
@@ -233,8 +231,7 @@ class Campaign:
         self.progress(f"sessions idle: {idle}")
 
     async def _wait_idle(self, budget_s: float) -> bool:
-        """Until the dashboard shows every campaign session, none in a turn (bounded; the
-        shipped files end wherever their synthetic stream was cut, often mid-turn)."""
+        """Until the dashboard shows every campaign session, none in a turn (bounded)."""
         wanted = set(self.session_ids)
         url = f"http://127.0.0.1:{self.fleet.services['dashboard'].port}/api/fleet"
         deadline = time.monotonic() + max(budget_s, 30.0)

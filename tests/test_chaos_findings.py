@@ -7,23 +7,30 @@ strict mark then fails the run so that the mark is removed.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.dlq import ERROR_MESSAGE
+from pipeline.adapters.kafka.dlq import ERROR_MESSAGE, ORIGINAL_OFFSET
+from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.adapters.kafka.records import OutRecord, header_value
+from pipeline.adapters.kafka.records import InboxRecord, OutRecord, header_value
+from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
+from pipeline.codec.records import event_headers
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.core.inbox import FollowUp
 from pipeline.core.synth import synth_header, synth_session
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
+from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.folding import SessionFolder
+from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.topic import read_sessions
 from pipeline.settings import Settings
@@ -140,3 +147,72 @@ async def _run_driver_until_dead_letter(
         await consumer.stop()
         stop.set()
         await asyncio.wait_for(task, WAIT_S)
+
+
+async def test_a_record_read_again_after_a_kill_is_not_dead_lettered_again(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A processors worker dead-letters a garbage record and is killed before its offset
+    commit; the next owner folds the partition again from the committed offset: the dead-
+    letter topic still holds one dead letter for the record (the repeats the campaign saw)."""
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
+                                 topic_prefix=topic_prefix, partitions=1, replication_factor=1,
+                                 group_id_prefix=f"{topic_prefix}g-")
+    await ensure_topics(settings)
+    topics, serde = settings.topics, EventSerde()
+    session = "dead-once"
+    events = synth_session(42, 30)
+    records = [OutRecord(topics.session_events, session.encode(), serde.encode(session, e),
+                         tuple(event_headers(e))) for e in events[:10]]
+    records.append(OutRecord(topics.session_events, b"garbage", b"\x00not avro"))
+    records += [OutRecord(topics.session_events, session.encode(), serde.encode(session, e),
+                          tuple(event_headers(e))) for e in events[10:]]
+    await send_records(settings, records)
+    found = await read_session_records(settings)
+    garbage = next(r for r in found if r.key == b"garbage")
+
+    async def fold_all(committed: int, tables: SessionTables) -> DeliveryCounters:
+        """A worker's fold of the partition from ``committed`` on ``tables`` (what its
+        changelogs hold), persisted."""
+        counters = DeliveryCounters()
+
+        async def send(out: OutRecord) -> object:
+            await send_records(settings, [out])
+            return None
+        folder = SessionFolder(tables, send, serde.decode, topics,
+                               f"{topic_prefix}by-model", counters,
+                               dead_lettered=partial(dead_lettered_offsets, settings,
+                                                     topics.session_events))
+        await folder.handle_batch([r for r in found if r.offset >= committed])
+        await folder.persist()
+        return counters
+
+    # dead-letters the garbage, then a kill -9 before any commit: nothing persisted
+    first = await fold_all(0, SessionTables({}, {}, {}))
+    tables = SessionTables({}, {}, {})
+    second = await fold_all(0, tables)   # the next owner, from the same committed offset
+    third = await fold_all(garbage.offset, tables)   # one after a commit below the garbage
+    assert (first.dead_letters, second.dead_letters, third.dead_letters) == (1, 0, 0)
+    assert (second.dead_letters_skipped, third.dead_letters_skipped) == (1, 1)
+    letters = await read_dead_letters(settings)
+    assert [header_value(h, ORIGINAL_OFFSET) for _k, h in letters] == [
+        str(garbage.offset).encode()]
+
+
+async def read_session_records(settings: Settings) -> list[InboxRecord]:
+    found: list[InboxRecord] = []
+    async with TopicScan(settings, settings.topics.session_events) as scan:
+        async for batch in scan.batches():
+            found += batch
+    return found
+
+
+async def read_dead_letters(settings: Settings) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    consumer = AIOKafkaConsumer(settings.topics.dlq(settings.topics.session_events),
+                                **client_options(settings), group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        batch = await consumer.getmany(timeout_ms=3000)
+        return [(r.key, list(r.headers)) for rs in batch.values() for r in rs]
+    finally:
+        await consumer.stop()

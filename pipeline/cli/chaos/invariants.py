@@ -18,7 +18,13 @@ from typing import Any, Final
 
 import aiohttp
 
-from pipeline.adapters.kafka.dlq import ERROR_CLASS, ERROR_MESSAGE, ORIGINAL_OFFSET, ORIGINAL_TOPIC
+from pipeline.adapters.kafka.dlq import (
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    ORIGINAL_OFFSET,
+    ORIGINAL_PARTITION,
+    ORIGINAL_TOPIC,
+)
 from pipeline.adapters.kafka.records import header_value
 from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, LagSample
@@ -245,11 +251,11 @@ async def _describe_derived(url: str, session_id: str, events: Sequence[Event],
 
 
 async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord]) -> Result:
-    """The dead-letter topics hold exactly the injected garbage, each with a reason."""
-    result = Result("dead-letter topics hold exactly the injected garbage, with reasons", True,
-                    "")
-    letters: Counter[tuple[str, int]] = Counter()
-    reasons: dict[tuple[str, int], str] = {}
+    """The dead-letter topics hold exactly the injected garbage, each once with a reason."""
+    result = Result("dead-letter topics hold exactly the injected garbage, once, with reasons",
+                    True, "")
+    letters: Counter[tuple[str, int, int]] = Counter()
+    reasons: dict[tuple[str, int, int], str] = {}
     topics = (settings.topics.inbox, settings.topics.session_events)
     for topic in topics:
         async with TopicScan(settings, settings.topics.dlq(topic)) as scan:
@@ -260,29 +266,30 @@ async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord
                     error = header_value(record.headers, ERROR_CLASS) or b""
                     message = header_value(record.headers, ERROR_MESSAGE) or b""
                     reasons[where] = f"{error.decode()}: {message.decode()[:80]}"
-    injected = {(g.topic, g.offset): g for g in garbage}
-    by_partition = {(g.topic, g.partition, g.offset) for g in garbage}
+    injected = {(g.topic, g.partition, g.offset) for g in garbage}
+    repeated = 0
     for where, count in letters.items():
+        name = f"{where[0]}[{where[1]}] offset {where[2]}"
         if where not in injected:
-            result.add(f"dead letter of {where[0]} offset {where[1]} was not injected "
-                       f"({reasons.get(where)})")
+            result.add(f"dead letter of {name} was not injected ({reasons.get(where)})")
         elif count > 1:
-            result.notes.append(f"{where[0]} offset {where[1]} dead-lettered {count} times")
+            repeated += 1
+            result.add(f"{name} dead-lettered {count} times")
         elif not reasons.get(where, "").strip(": "):
-            result.add(f"dead letter of {where[0]} offset {where[1]} has no reason")
-    for (topic, partition, offset) in sorted(by_partition):
-        if (topic, offset) not in letters:
-            result.add(f"garbage at {topic}[{partition}] offset {offset} has no dead letter")
+            result.add(f"dead letter of {name} has no reason")
+    for where in sorted(injected - letters.keys()):
+        result.add(f"garbage at {where[0]}[{where[1]}] offset {where[2]} has no dead letter")
     result.summary = (f"{len(garbage)} injected, {len(letters)} records dead-lettered, "
-                      f"{sum(letters.values())} dead letters ({len(result.notes)} records "
+                      f"{sum(letters.values())} dead letters ({repeated} records "
                       f"dead-lettered more than once)")
     return result
 
 
-def _dlq_origin(headers: Any) -> tuple[str, int]:
+def _dlq_origin(headers: Any) -> tuple[str, int, int]:
     topic = (header_value(headers, ORIGINAL_TOPIC) or b"").decode()
+    partition = int((header_value(headers, ORIGINAL_PARTITION) or b"-1").decode())
     offset = int((header_value(headers, ORIGINAL_OFFSET) or b"-1").decode())
-    return topic, offset
+    return topic, partition, offset
 
 
 async def wait_lag_zero(settings: Settings, budget_s: float = LAG_BUDGET_S

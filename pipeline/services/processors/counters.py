@@ -15,6 +15,7 @@ class DeliveryCounters:
     duplicates: int = 0
     gaps: int = 0
     dead_letters: int = 0
+    dead_letters_skipped: int = 0  # read again after a crash, dead-lettered before it
     invalid_events: int = 0
     usage_samples: int = 0
     usage_duplicates: int = 0

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from faust.types import TP
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.dlq import ERROR_MESSAGE, ORIGINAL_OFFSET
@@ -28,6 +29,7 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.synth import synth_header, synth_session
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
+from pipeline.services.processors.app import build_processors
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionTables
@@ -216,3 +218,29 @@ async def read_dead_letters(settings: Settings) -> list[tuple[bytes, list[tuple[
         return [(r.key, list(r.headers)) for rs in batch.values() for r in rs]
     finally:
         await consumer.stop()
+
+
+async def test_a_recovery_seek_of_a_partition_a_rebalance_added_does_not_crash_the_worker(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    """faust's table recovery reads the changelog offsets from the broker (slow while a broker
+    is down), then seeks every partition of its active set; a rebalance meanwhile adds a
+    partition to that set with no offset yet (faust's ``add_active``) and restarts the
+    recovery. The seek of that None reached aiokafka (``ValueError: Offset must be a positive
+    integer``) and crashed the worker (the campaign, seed 17). Here: the real recovery code
+    and consumer thread, the rebalance's addition made directly."""
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
+                                 topic_prefix=topic_prefix, partitions=1, replication_factor=1)
+    await ensure_topics(settings)
+    processors = build_processors(settings, EventSerde().decode)
+    app = processors.app
+    thread = app.consumer._thread   # the worker's consumer thread, started alone
+    await thread.start()
+    try:
+        recovery = app.tables.recovery
+        table = processors.tables.sessions
+        recovery.add_active(table, TP(table.changelog_topic.get_topic_name(), 0))
+        assert set(recovery.active_offsets.values()) == {None}   # as the rebalance left it
+        await recovery._seek_offsets(app.consumer, recovery.active_tps,
+                                     recovery.active_offsets, "active")
+    finally:
+        await thread.stop()

@@ -244,3 +244,28 @@ async def test_a_recovery_seek_of_a_partition_a_rebalance_added_does_not_crash_t
                                      recovery.active_offsets, "active")
     finally:
         await thread.stop()
+
+
+async def test_a_shipper_starts_and_ships_after_garbage_reached_the_session_topic(
+        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    """The shipper's checkpoint (the highest seq per session from the record headers) met a
+    garbage record without them (written straight into the topic; the processors dead-letter
+    it) and every later shipper stopped at start (the campaign, seed 11)."""
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
+                                 topic_prefix=topic_prefix, partitions=1, replication_factor=1,
+                                 group_id_prefix=f"{topic_prefix}g-")
+    await ensure_topics(settings)
+    await send_records(settings, [
+        OutRecord(settings.topics.session_events, b"garbage", b"\x00random bytes"),
+        OutRecord(settings.topics.session_events, None, b"no key, no headers")])
+    events = synth_session(42, _open_turn_cut(42)[1])
+    write_session_file(tmp_path / "after-garbage.jsonl", events,
+                       header={**synth_header(42), "id": "after-garbage"})
+    serde = EventSerde()
+    async with Shipper(settings, tmp_path, serde.encode) as shipper:
+        assert await shipper.pass_once() == len(events)
+    async with Shipper(settings, tmp_path, serde.encode) as again:   # a restart
+        assert again.next_seq["after-garbage"] == len(events)
+        assert await again.pass_once() == 0
+    found = await read_sessions(settings, serde.decode, only=["after-garbage"])
+    assert [logged.event for logged in found.events["after-garbage"]] == events

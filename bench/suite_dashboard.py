@@ -1,7 +1,7 @@
 """Dashboard ready time against a session topic that already holds history (issue 22).
 
 A fleet of ``FLEET_SESSIONS`` sessions whose history grows: for 100k, 1M and 10M events,
-each session has 100, 1,000 or 10,000 events of :func:`pipeline.core.synth.synth_session`
+each session has 100, 1,000 or 10,000 events of :func:`pipeline.testing.synth.synth_session`
 (turns, steps, tool calls, compactions, ~87% chunks), written interleaved as a live fleet
 writes them (rounds of ``ROUND_EVENTS`` events of every session). A real ``dsh-pipeline
 processors`` worker folds the history and publishes its outputs. Then the production state
@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import bench_processors
-from pipeline.core.synth import synth_session
 from suite_core import CHECKOUT, Context, Figure, load_average
 
 from pipeline.adapters.kafka.admin import OUTPUT_MAX_COMPACTION_LAG_MS, ensure_topics
@@ -48,6 +47,7 @@ from pipeline.adapters.kafka.topic_scan import BulkProducer
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.settings import Settings
+from pipeline.testing.synth import synth_session
 
 PARTITIONS = 3
 FLEET_SESSIONS = 1_000

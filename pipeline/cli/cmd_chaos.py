@@ -49,9 +49,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--toxiproxy", type=Path, default=None, metavar="PATH",
                         help="Toxiproxy server binary (default: the one `make toxiproxy` "
                              "installs in the cache)")
-    parser.add_argument("--ship-mid-turn", action="store_true",
-                        help="grow the shipped files anywhere, also mid-turn, as dsh writes a "
-                             "live session (default: by whole turns; see docs/chaos.md)")
     parser.add_argument("--report", type=Path, default=Path("CHAOS.md"), metavar="FILE",
                         help="where to write the report (CHAOS.md)")
     parser.add_argument("--workdir", type=Path, default=None, metavar="DIR",
@@ -74,8 +71,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = CampaignOptions(seed=seed, sessions=args.sessions, baseline_s=baseline_s,
                               fault_s=max(30.0, total_s - baseline_s), workdir=workdir,
-                              rate_per_s=args.rate, store=args.store, toxiproxy=args.toxiproxy,
-                              ship_mid_turn=args.ship_mid_turn)
+                              rate_per_s=args.rate, store=args.store, toxiproxy=args.toxiproxy)
     _progress(f"chaos: seed {seed}, {args.sessions} sessions, {args.minutes:g} min; "
               f"logs in {workdir}")
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -87,8 +83,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                f"--sessions {args.sessions} --rate {args.rate:g}")
     if args.store != "memory://":
         command += f" --store {shlex.quote(args.store)}"
-    if args.ship_mid_turn:
-        command += " --ship-mid-turn"
     write_report(outcome, args.report, command)
     write_raw(outcome, workdir)
     for result in [*outcome.results, *outcome.periodic]:

@@ -11,6 +11,11 @@ The processors' output records (``fleet``, ``usage``, ``derived-messages``) carr
 ``dsh.source.partition`` and ``dsh.source.offset``: the session-topic position of the last
 event folded into the value (:func:`source_headers`). A reader that starts from an output
 follows the session's events from the offset after it, so nothing is seen twice or missed.
+
+A session's writer is recorded in its log: the seq-0 record of a session published from a dsh
+session file (``import``, ``ship``) carries ``dsh.writer: dsh-file`` (:data:`HEADER_WRITER`).
+Its events come from dsh, so the driver never writes to it (no crash repair, no turn). A
+session whose seq-0 record has no writer header was started by the driver, its one writer.
 Headers are ``(str, bytes)`` pairs, the shape aiokafka produces and consumes.
 """
 
@@ -29,6 +34,8 @@ HEADER_SCHEMA: Final = "dsh.schema"
 HEADER_TRACEPARENT: Final = "traceparent"
 HEADER_SOURCE_PARTITION: Final = "dsh.source.partition"
 HEADER_SOURCE_OFFSET: Final = "dsh.source.offset"
+HEADER_WRITER: Final = "dsh.writer"
+WRITER_DSH_FILE: Final = b"dsh-file"
 
 Headers = list[tuple[str, bytes]]
 

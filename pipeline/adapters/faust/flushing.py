@@ -10,6 +10,9 @@ Rules:
   asks for it), so that small batches' writes share produce requests.
 - :class:`DirectTopic` hands a write to the running producer without faust's per-write
   start-up guard.
+- The producer is idempotent (``enable_idempotence``, acks from all in-sync replicas): a
+  produce request retried after its response was lost (a connection reset) is written once.
+  Without it, a dead letter (whose topic keeps every record) was written twice.
 
 Why (faust's flush gives up after 0.1 s; the measurements): docs/decisions/processors-transport.md.
 """
@@ -41,6 +44,9 @@ class FlushingProducer(AIOKafkaProducer):
         super().__init__(*args, **kwargs)
         self._unacknowledged: set[asyncio.Future[Any]] = set()
         self.linger_ms = max(self.linger_ms, MIN_LINGER_MS)   # read by the aiokafka producer
+
+    def _settings_extra(self) -> Any:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
     def send_soon(self, fut: Any) -> None:
         self._unacknowledged.add(fut)

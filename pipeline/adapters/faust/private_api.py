@@ -59,6 +59,7 @@ OVERRIDDEN: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
     (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", ("transport",)),
     (faust_aiokafka.AIOKafkaConsumerThread, "seek_wait", ("partitions",)),
     (faust_aiokafka.Producer, "send_soon", ("fut",)),
+    (faust_aiokafka.Producer, "_settings_extra", ()),
     (faust.Topic, "_get_producer", ()),
     (aiokafka_fetcher.Fetcher, "fetched_records", ("partitions", "timeout", "max_records")),
     (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),

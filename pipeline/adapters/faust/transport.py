@@ -35,6 +35,9 @@ The contract, for batched partitions:
    agent reports each batch it takes (:func:`mark_received`).
 8. *Every offset is accepted at the hand-over:* faust's read offset is cleared for batched
    partitions (a seek back re-delivers what the folds skip as duplicates by seq).
+9. *A recovery seek skips a partition without an offset* (:meth:`BatchingConsumer.seek_wait`):
+   one a rebalance added while the recovery awaited the broker; the restarted recovery
+   seeks it.
 
 Private names of faust and aiokafka are reached through :mod:`.private_api` only, which is
 checked when the transport is installed (:func:`use_batching_transport`).
@@ -242,6 +245,21 @@ class BatchingConsumer(AIOKafkaConsumer):
             self.seek_pending = False
             resume, self._resume_after_seek = self._resume_after_seek, set()
             super().resume_partitions(resume & set(self.assignment()))
+
+    async def seek_wait(self, partitions: Any) -> None:
+        """Seek changelog partitions for faust's table recovery, those with an offset only.
+
+        The recovery seeks every partition of its active (or standby) set to the offset it
+        read for it from the broker; a rebalance while it awaited the broker refills that
+        set, with no offset (None) for a partition it adds, and restarts the recovery, which
+        seeks that partition then. aiokafka refuses a None offset (``ValueError: Offset must
+        be a positive integer``), which crashed the worker (rule 9)."""
+        sought = {tp: offset for tp, offset in partitions.items() if offset is not None}
+        if len(sought) < len(partitions):
+            log.info("recovery seek of %d partitions without an offset left to the restarted "
+                     "recovery (a rebalance came meanwhile)", len(partitions) - len(sought))
+        if sought:
+            await super().seek_wait(sought)
 
     def resume_partitions(self, tps: Any) -> None:
         if self.seek_pending:   # rule 5

@@ -5,6 +5,9 @@ partition p of the session topic holds every event of every session the driver n
 "End" is the last stable offset at the time of the call (``end_offsets`` answers with the
 LSO under read_committed), taken *after* the new owner fenced the old one, so no open
 transaction of a previous owner can still commit below it.
+
+The writer mark of each session's seq-0 record is read too (``dsh.writer``, see
+``codec/records.py``): a session published from a dsh file is not the driver's to write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
+from pipeline.adapters.kafka.records import header_value
+from pipeline.codec.records import HEADER_WRITER
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
 from pipeline.settings import Settings
@@ -35,6 +40,7 @@ class PartitionContents:
     events: dict[str, list[Event]] = field(default_factory=dict)
     undecodable: list[tuple[int, str]] = field(default_factory=list)  # (offset, reason)
     records: int = 0
+    writers: dict[str, str] = field(default_factory=dict)  # session id -> its marked writer
 
 
 async def read_session_partition(settings: Settings, topic: str, partition: int,
@@ -114,3 +120,7 @@ def _decode_into(contents: PartitionContents, record: Any, decode: Decoder) -> N
             (record.offset, f"record key {key!r} differs from the event's session {session_id!r}"))
         return
     contents.events.setdefault(session_id, []).append(event)
+    if event.seq == 0:
+        writer = header_value(record.headers or (), HEADER_WRITER)
+        if writer is not None:
+            contents.writers[session_id] = writer.decode("utf-8", "replace")

@@ -6,7 +6,7 @@
   can show progress and an ETA. :meth:`TopicScan.client_batches` yields the client's own
   records instead (no copy: about 40% of a scan's CPU), typed by :class:`ScanRecord`.
 - :func:`last_seqs` is the shipper's checkpoint: the highest ``dsh.seq`` per session key,
-  from headers only (nothing is decoded).
+  from headers only (nothing is decoded; records without them are no events, passed over).
 - :func:`ensure_topic` creates one topic (e.g. a versioned projection) if it is missing.
 - :class:`BulkProducer` sends many records fast (idempotent, acks=all, batched), for
   rebuilding a projection; it is not transactional.
@@ -153,17 +153,21 @@ def _record(raw: Any) -> InboxRecord:  # the client's ConsumerRecord
 async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:
     """Session id -> the highest seq on ``topic`` (from the ``dsh.seq`` headers only).
 
-    A record without a readable key or seq header is a :class:`CodecError`: the checkpoint
-    would otherwise be silently wrong.
+    A record without a key or a ``dsh.seq`` header is no session event (every writer of
+    events sets both): garbage written straight into the topic, which the processors
+    dead-letter. It is passed over, else one such record would stop every later shipper
+    and import at start.
     """
     found: dict[str, int] = {}
     async with TopicScan(settings, topic) as scan:
         async for batch in scan.batches():
             for record in batch:
-                seq = read_headers(record.headers).seq
+                try:
+                    seq = read_headers(record.headers).seq
+                except CodecError:
+                    continue
                 if record.key is None or seq is None:
-                    raise CodecError(f"{topic}[{record.partition}]@{record.offset}: a session "
-                                     "event without a key or a dsh.seq header")
+                    continue
                 session_id = record.key.decode("utf-8", "replace")
                 if seq > found.get(session_id, -1):
                     found[session_id] = seq

@@ -76,8 +76,9 @@ def _processors(s: Settings) -> list[AclRule]:
                 "write derived messages (and replayed versions .vN)", prefixed=True),
         AclRule("processors", "topic", t.usage, WRITE, "write usage records"),
         AclRule("processors", "topic", t.fleet, WRITE, "write fleet status"),
-        AclRule("processors", "topic", t.dlq(t.session_events), WRITE,
-                "dead-letter events that break a rule"),
+        AclRule("processors", "topic", t.dlq(t.session_events), READ_WRITE,
+                "dead-letter events that break a rule (read: a record read again after a "
+                "crash is not dead-lettered twice)"),
         AclRule("processors", "topic", f"{t.prefix}projection-versions", ("Create", *READ_WRITE),
                 "follow the active projection version (created by whoever needs it first); "
                 "acknowledge a handover"),

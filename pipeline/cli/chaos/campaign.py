@@ -26,6 +26,7 @@ from typing import Final
 import aiohttp
 
 from pipeline.adapters.chaos.sender import Sender
+from pipeline.adapters.kafka.topic_scan import last_seqs
 from pipeline.cli.chaos import invariants as inv
 from pipeline.cli.chaos.bounded import run_bounded
 from pipeline.cli.chaos.faults import FaultPlan, Faults
@@ -56,7 +57,6 @@ class CampaignOptions:
     store: str = "memory://"
     toxiproxy: Path | None = None
     periodic_check_s: float = 120.0
-    ship_mid_turn: bool = False
 
 
 @dataclass(slots=True)
@@ -118,8 +118,7 @@ class Campaign:
         await sender.start()
         try:
             load = Load(direct, self.session_ids, self.options.seed)
-            ship = ShipLoad(self.fleet.ship_dir, self.options.seed,
-                            mid_turn=self.options.ship_mid_turn)
+            ship = ShipLoad(self.fleet.ship_dir, self.options.seed)
             ship.plan(SHIP_FILES)
             faults = Faults(self.fleet, sender, self.options.seed, self.progress)
             self.outcome.faults = faults
@@ -226,15 +225,32 @@ class Campaign:
         direct = fleet.direct
         assert direct is not None
         result, took = await inv.wait_lag_zero(direct)
+        shipped = await self._wait_shipped(ship, IDLE_BUDGET_S)
+        self.progress(f"shipped files whole on the topic: {shipped}")
         self.outcome.lag_zero_s = took
         self.outcome.results.append(result)
         self.progress(f"lag: {result.summary}; waiting for every session to be idle ...")
         idle = await self._wait_idle(IDLE_BUDGET_S - (time.monotonic() - settled) + 60)
         self.progress(f"sessions idle: {idle}")
 
+    async def _wait_shipped(self, ship: ShipLoad, budget_s: float) -> bool:
+        """Until the topic holds the last seq of every whole shipped file (bounded): the
+        shipper, restarted by the supervisor after a fault, may still be catching up."""
+        direct = self.fleet.direct
+        assert direct is not None
+        wanted = {sid: len(events) - 1 for sid, events in ship.files.items()}
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(DshError, TimeoutError):
+                found = await asyncio.wait_for(
+                    last_seqs(direct, direct.topics.session_events), 60)
+                if all(found.get(sid, -1) >= last for sid, last in wanted.items()):
+                    return True
+            await asyncio.sleep(2.0)
+        return False
+
     async def _wait_idle(self, budget_s: float) -> bool:
-        """Until the dashboard shows every campaign session, none in a turn (bounded; the
-        shipped files end wherever their synthetic stream was cut, often mid-turn)."""
+        """Until the dashboard shows every campaign session, none in a turn (bounded)."""
         wanted = set(self.session_ids)
         url = f"http://127.0.0.1:{self.fleet.services['dashboard'].port}/api/fleet"
         deadline = time.monotonic() + max(budget_s, 30.0)

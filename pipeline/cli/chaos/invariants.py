@@ -18,7 +18,13 @@ from typing import Any, Final
 
 import aiohttp
 
-from pipeline.adapters.kafka.dlq import ERROR_CLASS, ERROR_MESSAGE, ORIGINAL_OFFSET, ORIGINAL_TOPIC
+from pipeline.adapters.kafka.dlq import (
+    ERROR_CLASS,
+    ERROR_MESSAGE,
+    ORIGINAL_OFFSET,
+    ORIGINAL_PARTITION,
+    ORIGINAL_TOPIC,
+)
 from pipeline.adapters.kafka.records import header_value
 from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, LagSample
@@ -59,7 +65,8 @@ def events_of(found: TopicSessions, session_id: str) -> list[Event]:
 
 
 def check_logs(found: TopicSessions, sessions: Sequence[str], *, final: bool) -> Result:
-    """Strict-valid, no gap or duplicate, and (``final``) no open turn."""
+    """Strict-valid, no gap or duplicate, and (``final``) no open turn and no session
+    without events (during the faults a session's first commands may still be queued)."""
     result = Result("session logs strict-valid, no gap, duplicate or open turn", True, "")
     now_ms = int(time.time() * 1000)
     events = 0
@@ -67,7 +74,8 @@ def check_logs(found: TopicSessions, sessions: Sequence[str], *, final: bool) ->
         logged = found.events.get(session_id, [])
         events += len(logged)
         if not logged:
-            result.add(f"session {session_id}: no events on the topic")
+            if final:
+                result.add(f"session {session_id}: no events on the topic")
             continue
         report = check_session(session_id, logged, now_ms=now_ms,
                                open_turn_max_age_ms=0 if final else 3_600_000)
@@ -245,11 +253,14 @@ async def _describe_derived(url: str, session_id: str, events: Sequence[Event],
 
 
 async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord]) -> Result:
-    """The dead-letter topics hold exactly the injected garbage, each with a reason."""
-    result = Result("dead-letter topics hold exactly the injected garbage, with reasons", True,
-                    "")
-    letters: Counter[tuple[str, int]] = Counter()
-    reasons: dict[tuple[str, int], str] = {}
+    """The dead-letter topics hold exactly the injected garbage, each once with a reason.
+
+    A repeat in the inbox's dead-letter topic is noted, not counted: the driver's open
+    takeover race (docs/chaos.md, defects)."""
+    result = Result("dead-letter topics hold exactly the injected garbage, once, with reasons",
+                    True, "")
+    letters: Counter[tuple[str, int, int]] = Counter()
+    reasons: dict[tuple[str, int, int], str] = {}
     topics = (settings.topics.inbox, settings.topics.session_events)
     for topic in topics:
         async with TopicScan(settings, settings.topics.dlq(topic)) as scan:
@@ -260,29 +271,34 @@ async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord
                     error = header_value(record.headers, ERROR_CLASS) or b""
                     message = header_value(record.headers, ERROR_MESSAGE) or b""
                     reasons[where] = f"{error.decode()}: {message.decode()[:80]}"
-    injected = {(g.topic, g.offset): g for g in garbage}
-    by_partition = {(g.topic, g.partition, g.offset) for g in garbage}
+    injected = {(g.topic, g.partition, g.offset) for g in garbage}
+    repeated = 0
     for where, count in letters.items():
+        name = f"{where[0]}[{where[1]}] offset {where[2]}"
         if where not in injected:
-            result.add(f"dead letter of {where[0]} offset {where[1]} was not injected "
-                       f"({reasons.get(where)})")
+            result.add(f"dead letter of {name} was not injected ({reasons.get(where)})")
         elif count > 1:
-            result.notes.append(f"{where[0]} offset {where[1]} dead-lettered {count} times")
+            repeated += 1
+            if where[0] == settings.topics.inbox:   # open: docs/chaos.md, defects
+                result.notes.append(f"{name} dead-lettered {count} times (the driver's "
+                                    "takeover race, not counted)")
+            else:
+                result.add(f"{name} dead-lettered {count} times")
         elif not reasons.get(where, "").strip(": "):
-            result.add(f"dead letter of {where[0]} offset {where[1]} has no reason")
-    for (topic, partition, offset) in sorted(by_partition):
-        if (topic, offset) not in letters:
-            result.add(f"garbage at {topic}[{partition}] offset {offset} has no dead letter")
+            result.add(f"dead letter of {name} has no reason")
+    for where in sorted(injected - letters.keys()):
+        result.add(f"garbage at {where[0]}[{where[1]}] offset {where[2]} has no dead letter")
     result.summary = (f"{len(garbage)} injected, {len(letters)} records dead-lettered, "
-                      f"{sum(letters.values())} dead letters ({len(result.notes)} records "
+                      f"{sum(letters.values())} dead letters ({repeated} records "
                       f"dead-lettered more than once)")
     return result
 
 
-def _dlq_origin(headers: Any) -> tuple[str, int]:
+def _dlq_origin(headers: Any) -> tuple[str, int, int]:
     topic = (header_value(headers, ORIGINAL_TOPIC) or b"").decode()
+    partition = int((header_value(headers, ORIGINAL_PARTITION) or b"-1").decode())
     offset = int((header_value(headers, ORIGINAL_OFFSET) or b"-1").decode())
-    return topic, offset
+    return topic, partition, offset
 
 
 async def wait_lag_zero(settings: Settings, budget_s: float = LAG_BUDGET_S

@@ -115,20 +115,18 @@ class Load:
 
 @dataclass(slots=True)
 class ShipLoad:
-    """Grows synthetic session files in the shipper's directory.
+    """Grows synthetic session files in the shipper's directory, as dsh writes live sessions.
 
-    By default a file grows by whole turns, so no shipped session shows an open turn on the
-    topic; ``mid_turn`` cuts anywhere, as dsh writes a live session (then a driver that takes
-    the partition over repairs the open turn while the shipper keeps appending: two writers
-    of one session, see docs/chaos.md).
+    A file grows by slices cut anywhere, also mid-turn: the shipper then publishes an open
+    turn that its next pass continues, and a driver assigned the partition meanwhile must
+    leave it alone (the session is the shipper's). Every file ends with a whole turn, so the
+    final checks see no open turn.
     """
 
     directory: Path
     seed: int
-    mid_turn: bool = False
     files: dict[str, list[Event]] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)  # session -> events on disk
-    cuts: dict[str, list[int]] = field(default_factory=dict)  # lengths ending a turn
 
     def plan(self, count: int) -> None:
         rng = random.Random(self.seed)
@@ -136,10 +134,7 @@ class ShipLoad:
             seed = self.seed * 1000 + n
             events = synth_session(seed, rng.randint(*SHIP_FILE_EVENTS))
             session_id = f"ship-{self.seed}-{n:03d}"
-            self.cuts[session_id] = _turn_ends(events)
-            if not self.mid_turn:
-                events = events[: self.cuts[session_id][-1]]
-            self.files[session_id] = events
+            self.files[session_id] = events[: _turn_ends(events)[-1]]
             self.written[session_id] = 0
 
     def grow(self, rng: random.Random) -> bool:
@@ -150,8 +145,6 @@ class ShipLoad:
         session_id = rng.choice(pending)
         events = self.files[session_id]
         upto = min(len(events), self.written[session_id] + rng.randint(20, 200))
-        if not self.mid_turn:  # the next whole turn at or after that length
-            upto = next(c for c in self.cuts[session_id] if c >= upto)
         header = {**synth_header(self.seed), "id": session_id}
         write_session_file(self.directory / f"{session_id}.jsonl", events[:upto],
                            header=header, packed=rng.random() < 0.5)

@@ -7,6 +7,11 @@ partition of the session topic read_committed up to its end, rebuild each sessio
 (``runner.recover()``), then continue pending inbox work. Inbox commands are then
 dispatched to the session's runner; each session's turns run in one task, off the poll loop.
 
+One writer per session: a session whose seq-0 record is marked as published from a dsh file
+(``dsh.writer``, by ``import`` or ``ship``) is written by dsh through its shipper. The driver
+holds no runner for it: it never repairs its open turn (the shipper will append that turn's
+next events) and dead-letters inbox commands for it (rule ``session-not-driven``).
+
 Idempotency after a crash or takeover: every message command (followup, steer, inject)
 enters the log as an ``agent/inbox/spliced`` record carrying its message id, and every
 configure as a ``dsh-pipeline/config`` record carrying its id; a re-delivered command whose id
@@ -104,6 +109,7 @@ class SessionSlot:
     awaiting: dict[str, int] = field(default_factory=dict)  # message id -> inbox offset
     task: asyncio.Task[None] | None = None
     failure: str | None = None
+    writer: str | None = None  # another writer's mark: the driver never writes the session
 
     @property
     def driving(self) -> bool:
@@ -176,6 +182,13 @@ class OwnedPartition:
         self.sessions[session_id] = slot
         return slot
 
+    def adopt_written_elsewhere(self, session_id: str, writer: str) -> SessionSlot:
+        """A slot, without runner, for a session another writer owns (its log not rebuilt)."""
+        slot = SessionSlot(session_id, SessionLog(session_id, mode=self.ctx.rebuild_mode), None,
+                           writer=writer)
+        self.sessions[session_id] = slot
+        return slot
+
     def _on_logged(self, session_id: str, message_id: str) -> None:
         slot = self.sessions.get(session_id)
         if slot is None:
@@ -214,6 +227,12 @@ class OwnedPartition:
         slot = self.sessions.get(command.session_id)
         if slot is None:
             slot = self.adopt(command.session_id, [])
+        if slot.writer is not None:
+            self._dead_letter(record, EventError(
+                f"session {command.session_id!r} is written by {slot.writer!r} (its events are "
+                "published from a dsh session file): the driver does not drive it",
+                rule="session-not-driven"))
+            return
         if slot.failure is not None or slot.runner is None:
             self._dead_letter(record, EventError(
                 f"session {command.session_id!r} cannot take commands: {slot.failure}",
@@ -375,7 +394,11 @@ async def build_partition(ctx: PartitionContext, partition: int,
             log.error("session topic partition %d offset %d is undecodable: %s", partition,
                       offset, reason)
         for session_id, events in contents.events.items():
-            owned.adopt(session_id, events)
+            writer = contents.writers.get(session_id)
+            if writer is None:
+                owned.adopt(session_id, events)
+            else:
+                owned.adopt_written_elsewhere(session_id, writer)
         ctx.metrics.sessions_rebuilt += len(contents.events)
         owned.start_sink()
         await _recover_sessions(owned)

@@ -48,6 +48,7 @@ from pipeline.adapters.faust.transport import (
     release_records,
     use_batching_transport,
 )
+from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.errors import kafka_error
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
@@ -215,7 +216,9 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
                            processors.options.usage_topic(settings), processors.counters,
                            route, outputs=outputs,
-                           max_record_bytes=app.conf.producer_max_request_size)
+                           max_record_bytes=app.conf.producer_max_request_size,
+                           dead_lettered=partial(dead_lettered_offsets, settings,
+                                                 settings.topics.session_events))
     processors.folder = folder
     folder.book.on_refused = _stop_when_refused(app, settings)
 

@@ -23,6 +23,8 @@ class DeliveryCounters:
     duplicates: int = _counted("Events seen again (a seq already folded) and ignored")
     gaps: int = _counted("Seq gaps found (reported, the session waits)")
     dead_letters: int = _counted("Records sent to the dead-letter topic")
+    dead_letters_skipped: int = _counted(
+        "Records read again after a crash that were dead-lettered before it")
     invalid_events: int = _counted("Events the fold refused (a rule broken)")
     usage_samples: int = _counted("Usage samples produced from step ends")
     usage_duplicates: int = _counted("Usage samples seen again and ignored")

@@ -46,6 +46,8 @@ failed provider attempt, or of a stream cut by a crash and closed by crash repai
 by no message.) Cursors are also cached in memory (``SessionTables.chunks``) together with
 the decoded states; both run ahead of the tables until the next persist (the HTTP views read
 them, :meth:`SessionFolder.current`) and are dropped on every rebalance.
+
+A record is dead-lettered once, also when read again after a crash (:mod:`.dead_letters`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
@@ -78,6 +80,7 @@ from pipeline.core.events import SURFACE_TYPES, Event, dumps_json
 from pipeline.core.usage import session_record
 from pipeline.core.validation import projected_message
 from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.dead_letters import DeadLetterBook, DeadLettered
 from pipeline.services.processors.persisting import BatchDone, ChangeBook
 from pipeline.services.processors.session_state import (
     RECORD_FIXED_BYTES,
@@ -164,7 +167,8 @@ class SessionFolder:
                  usage_topic: str, counters: DeliveryCounters,
                  route: DerivedRoute | None = None, *,
                  outputs: OutputCodecs | None = None,
-                 max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+                 max_record_bytes: int = MAX_RECORD_BYTES,
+                 dead_lettered: DeadLettered | None = None) -> None:
         self.tables = tables
         # Avro encoders of the output topics (single-object encoding unless given ones
         # with registry ids); the internal usage-by-model topic stays JSON.
@@ -179,6 +183,7 @@ class SessionFolder:
         self.states: dict[str, SessionState] = {}  # decoded, as folded so far; see forget()
         self.deliveries: list[Awaitable[object]] = []  # this batch's unacknowledged outputs
         self.book = ChangeBook(counters, self._drop_sessions)
+        self.dead_letters = DeadLetterBook(dead_lettered)
 
     async def persist(self) -> None:
         """Write what the folds changed to the tables (see :mod:`.persisting`)."""
@@ -192,6 +197,7 @@ class SessionFolder:
             self.tables.chunks.clear()
             self.states.clear()
             self.deliveries.clear()
+            self.dead_letters.forget()
         if dropped:
             log.info("%d folded batches not persisted before the rebalance: their "
                      "partitions' owners fold them again from the committed offset", dropped)
@@ -220,6 +226,7 @@ class SessionFolder:
         if not records:
             return
         first = records[0]
+        self.dead_letters.folding(first.partition, first.offset)
         if self.route is not None:
             await self.route.gate(first.partition, first.offset)
         async with self.book.lock:
@@ -324,11 +331,16 @@ class SessionFolder:
         await self._dead_letter(record, error)
 
     async def _dead_letter(self, record: ConsumedRecord, error: Exception) -> None:
+        if await self.dead_letters.already(record.partition, record.offset):
+            self.counters.dead_letters_skipped += 1
+            return
         self.counters.dead_letters += 1
         if not isinstance(error, SequenceError):
             log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
                         record.offset, type(error).__name__, error)
-        await self._send(dead_letter(_inbox_record(record), error, self.max_record_bytes))
+        letter = dead_letter(_inbox_record(record), error, self.max_record_bytes)
+        await self._send(replace(letter, partition=record.partition))
+        await self.dead_letters.add(record.partition, record.offset)
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:

@@ -101,9 +101,13 @@ class Shipper:
         if not self.root.is_dir():
             raise SessionFileError(f"{self.root}: not a directory", path=str(self.root))
         await self.producer.start()  # fences an earlier shipper before reading the checkpoint
-        self._partitions = await self.producer.partition_count(
-            self.settings.topics.session_events)
-        found = await last_seqs(self.settings, self.settings.topics.session_events)
+        try:
+            self._partitions = await self.producer.partition_count(
+                self.settings.topics.session_events)
+            found = await last_seqs(self.settings, self.settings.topics.session_events)
+        except BaseException:
+            await self.producer.close()
+            raise
         self.next_seq = {sid: seq + 1 for sid, seq in found.items()}
         return self
 

@@ -4,7 +4,8 @@ A dsh file's header line (``{"type":"session","version":0,"id",...}``) is not an
 has no record of its own: it travels as the ``dsh.session-header`` record header (compact
 JSON) of the session's seq-0 record, which is how ``export`` gives back the very file that
 was imported. A session started by the driver has no such header; export then writes the
-minimal one.
+minimal one. The seq-0 record also carries ``dsh.writer: dsh-file``: the session's events
+come from a dsh file, so its importer or shipper is its one writer (``codec/records.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from typing import Final
 
 from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord, header_value
 from pipeline.adapters.kafka.topic_scan import TopicScan
-from pipeline.codec.records import event_headers, record_key, session_id_of_key
+from pipeline.codec.records import (
+    HEADER_WRITER,
+    WRITER_DSH_FILE,
+    event_headers,
+    record_key,
+    session_id_of_key,
+)
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue, dumps_json
 from pipeline.core.lossless import LosslessJsonError, loads_lossless
@@ -45,7 +52,8 @@ def session_header_of(headers: Headers) -> dict[str, JsonValue] | None:
 def event_records(topic: str, session_id: str, events: Iterable[Event], encode: Encoder,
                   header: dict[str, JsonValue] | None = None, *,
                   partition: int | None = None) -> list[OutRecord]:
-    """Records for ``events``; the seq-0 record carries ``header`` (the file's header line).
+    """Records for ``events`` of a dsh file; the seq-0 record carries ``header`` (the file's
+    header line) and the writer mark (the driver leaves the session alone).
     An event's envelope key order travels in the event itself (``Event.key_order``).
     ``partition``: the session's partition when the caller knows it (batched sends), else
     the default partitioner's choice (the same one)."""
@@ -53,8 +61,10 @@ def event_records(topic: str, session_id: str, events: Iterable[Event], encode: 
     out: list[OutRecord] = []
     for event in events:
         headers = event_headers(event)
-        if event.seq == 0 and header is not None:
-            headers.append((SESSION_HEADER, dumps_json(header).encode("utf-8")))
+        if event.seq == 0:
+            headers.append((HEADER_WRITER, WRITER_DSH_FILE))
+            if header is not None:
+                headers.append((SESSION_HEADER, dumps_json(header).encode("utf-8")))
         out.append(OutRecord(topic, key, encode(session_id, event), tuple(headers), partition))
     return out
 

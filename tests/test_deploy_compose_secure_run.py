@@ -8,16 +8,21 @@ addresses moved to free loopback ports and their mount paths to a temporary fold
 formats with the SCRAM users (Kafka's own storage tool); Kafka starts from exactly that file;
 the generated ``create-acls.sh`` runs Kafka's own ``kafka-acls``; then each service's
 principal (its compose environment plus its env file) is allowed what its role needs and
-refused the rest.
+refused the rest. Apicurio starts with the registry service's environment and its generated
+users file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -36,6 +41,7 @@ from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.localstack.artifacts import DEPLOY_DIR, Artifacts
 from pipeline.adapters.localstack.compose import KAFKA_MOUNT, SECRETS_MOUNT, write_compose_secrets
 from pipeline.adapters.localstack.process import ChildProcess, find_java, free_ports
+from pipeline.adapters.localstack.registry import APICURIO_MIN_JAVA, CCOMPAT_PATH
 from pipeline.adapters.localstack.security import read_env_file
 from pipeline.cli.cmd_certs import certificate_hosts
 from pipeline.settings import Secret, Settings
@@ -200,3 +206,78 @@ def test_the_host_listener_takes_scram_logins_over_tls(broker: ComposeBroker) ->
     assert asyncio.run(_answers(broker.settings("dashboard", host=True)))
     wrong = broker.settings("dashboard", host=True)
     assert not asyncio.run(_answers(replace(wrong, sasl_password=Secret("not-the-password"))))
+
+
+# --- the registry, started with the registry service's environment ------------------------
+
+class ComposeRegistry:
+    """Apicurio started with the compose registry's environment (its port and mount moved)."""
+
+    def __init__(self, folder: Path, services: dict[str, Any]) -> None:
+        self.folder = folder
+        self.port, plain, management = free_ports(3)
+        env = service_env(services["registry"])
+        self.env = {k: v.replace(SECRETS_MOUNT, str(folder / "secrets" / "registry"))
+                    for k, v in env.items()}
+        self.env |= {"QUARKUS_HTTP_SSL_PORT": str(self.port), "QUARKUS_HTTP_PORT": str(plain),
+                     "QUARKUS_HTTP_HOST": "127.0.0.1", "QUARKUS_MANAGEMENT_HOST": "127.0.0.1",
+                     "QUARKUS_MANAGEMENT_PORT": str(management), "PATH": os.environ["PATH"]}
+        self.process: ChildProcess | None = None
+
+    def start(self) -> None:
+        jar = Artifacts.default().require_apicurio()
+        argv = [find_java(APICURIO_MIN_JAVA), "-Xmx384m", "-XX:+UseSerialGC",
+                f"-Djava.io.tmpdir={self.folder}", "-jar", str(jar)]
+        self.process = ChildProcess("compose registry", argv, self.folder / "registry.log",
+                                    jar.parent, env=self.env)
+        deadline = time.monotonic() + READY_BUDGET_S
+        while self.status("GET", "/subjects", "dashboard") != 200:
+            assert self.process.alive(), self.process.log_tail()
+            assert time.monotonic() < deadline, self.process.log_tail()
+            time.sleep(1)
+
+    def status(self, method: str, path: str, principal: str | None,
+               body: bytes | None = None) -> int:
+        """The HTTP status of one request over TLS (trusting the compose CA) as ``principal``
+        (its password from its env file), or unauthenticated; 0 when nothing answers."""
+        request = urllib.request.Request(
+            f"https://127.0.0.1:{self.port}{CCOMPAT_PATH}{path}", data=body, method=method,
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        if principal is not None:
+            env = read_env_file(self.folder / "secrets" / principal / "dsh.env")
+            token = f"{principal}:{env['DSH_REGISTRY_PASSWORD']}".encode()
+            request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+        context = ssl.create_default_context(cafile=str(self.folder / "secrets" / "kafka" /
+                                                        "ca.pem"))
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+        except (urllib.error.URLError, OSError):
+            return 0
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(broker: ComposeBroker) -> Iterator[ComposeRegistry]:
+    if not Artifacts.default().apicurio_ready():
+        pytest.skip("Apicurio is not in the cache (dsh-pipeline broker --fetch-only)")
+    started = ComposeRegistry(broker.folder, broker.services)
+    try:
+        started.start()
+        yield started
+    finally:
+        started.stop()
+
+
+def test_registry_serves_https_with_the_generated_users(registry: ComposeRegistry) -> None:
+    schema = json.dumps({"schema": json.dumps({"type": "string"})}).encode()
+    path = f"/subjects/compose-{uuid.uuid4().hex}-value/versions"
+    assert registry.status("GET", "/subjects", None) == 401
+    assert registry.status("POST", path, "driver", schema) == 403
+    assert registry.status("POST", path, "admin", schema) == 200
+    assert registry.status("GET", path, "processors") == 200

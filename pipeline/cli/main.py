@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_avro",
     "pipeline.cli.cmd_broker",
+    "pipeline.cli.cmd_certs",
     "pipeline.cli.cmd_topics",
     "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_config",
@@ -61,6 +62,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("pipeline.cli.cmd_avro", "print the events of an Avro container file as JSONL"),
     "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "
                                           "foreground"),
+    "certs": ("pipeline.cli.cmd_certs", "write a secure deployment's CA, certificates and "
+                                        "per-role credentials"),
     "topics": ("pipeline.cli.cmd_topics", "create and check the project's topics (and register "
                                           "schemas)"),
     "demo": ("pipeline.cli.cmd_demo", "run the whole pipeline on a local stack and check it"),

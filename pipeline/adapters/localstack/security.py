@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pipeline.adapters.localstack.tls import Pki, make_pki
+from pipeline.adapters.localstack.tls import DEFAULT_HOSTS, Pki, make_pki
 
 ROLES: Final = ("driver", "processors", "dashboard", "ingest", "replay", "otel", "admin")
 BROKER: Final = "broker"
@@ -50,10 +50,11 @@ class SecureSetup:
     controller_password: str
 
     @classmethod
-    def create(cls, folder: Path) -> SecureSetup:
+    def create(cls, folder: Path, hosts: Sequence[str] = DEFAULT_HOSTS) -> SecureSetup:
+        """A new CA, a server certificate valid for ``hosts``, and fresh passwords."""
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
-        pki = make_pki(folder / "tls")
+        pki = make_pki(folder / "tls", hosts)
         passwords = {name: secrets.token_urlsafe(18) for name in (*ROLES, BROKER)}
         return cls(folder, pki, passwords, secrets.token_urlsafe(18))
 
@@ -80,8 +81,10 @@ class SecureSetup:
             args += ["--add-scram", f"{MECHANISM}=[name={name},password={password}]"]
         return args
 
-    def server_properties(self) -> str:
-        """The security lines of a node's ``server.properties`` (after the listener lines)."""
+    def server_properties(self, ca_path: str | None = None) -> str:
+        """The security lines of a node's ``server.properties`` (after the listener lines);
+        ``ca_path``: where the broker finds the CA file, when not where it was written (a
+        container's mount)."""
         broker = self.passwords[BROKER]
         controller = self.controller_password
         return "\n".join([
@@ -100,7 +103,7 @@ class SecureSetup:
             "ssl.keystore.key=" + _properties_text(self.pki.key_file.read_text()),
             "ssl.keystore.certificate.chain=" + _properties_text(self.pki.cert_file.read_text()),
             "ssl.truststore.type=PEM",
-            f"ssl.truststore.location={self.pki.ca_file}",
+            f"ssl.truststore.location={ca_path or self.pki.ca_file}",
             f"authorizer.class.name={AUTHORIZER}",
             "super.users=" + ";".join(f"User:{u}" for u in SUPER_USERS),
             "allow.everyone.if.no.acl.found=false",
@@ -119,7 +122,8 @@ class SecureSetup:
         ])
 
     # -- client side --------------------------------------------------------------------------
-    def client_env(self, role: str, bootstrap: str, registry_url: str = "") -> dict[str, str]:
+    def client_env(self, role: str, bootstrap: str, registry_url: str = "",
+                   ca_path: str | None = None) -> dict[str, str]:
         """The ``DSH_*`` settings of ``role``'s principal (secrets included: never print)."""
         env = {
             "DSH_BOOTSTRAP_SERVERS": bootstrap,
@@ -127,7 +131,7 @@ class SecureSetup:
             "DSH_SASL_MECHANISM": MECHANISM,
             "DSH_SASL_USERNAME": role,
             "DSH_SASL_PASSWORD": self.passwords[role],
-            "DSH_SSL_CAFILE": str(self.pki.ca_file),
+            "DSH_SSL_CAFILE": ca_path or str(self.pki.ca_file),
         }
         if registry_url:
             env |= {"DSH_REGISTRY_URL": registry_url, "DSH_REGISTRY_USERNAME": role,
@@ -146,7 +150,7 @@ class SecureSetup:
         _write_private(self.admin_properties, self.java_client_properties("admin"))
         return written
 
-    def java_client_properties(self, principal: str) -> str:
+    def java_client_properties(self, principal: str, ca_path: str | None = None) -> str:
         """Java client settings of ``principal`` (for Kafka's own command-line tools)."""
         return "\n".join([
             "security.protocol=SASL_SSL",
@@ -154,7 +158,7 @@ class SecureSetup:
             f"sasl.jaas.config={SCRAM_MODULE} required username=\"{principal}\" "
             f"password=\"{self.passwords[principal]}\";",
             "ssl.truststore.type=PEM",
-            f"ssl.truststore.location={self.pki.ca_file}",
+            f"ssl.truststore.location={ca_path or self.pki.ca_file}",
         ]) + "\n"
 
 

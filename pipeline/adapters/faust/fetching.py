@@ -4,12 +4,15 @@ Rules it keeps (the measurements behind each: docs/decisions/processors-transpor
 
 - The broker's fetch long-poll is ``BatchingTransport.fetch_max_wait_ms`` and a fetch is
   answered once ``fetch_min_bytes`` are ready; the session topic is read committed only.
+  These are aiokafka's public consumer options: the worker consumer is built with faust's
+  options plus these (:func:`worker_consumer_options`), and records are taken with
+  aiokafka's public ``getmany``.
 - Every move of a partition's position while records are handed out is recorded as a span
   ``(partition, start, end)`` (:attr:`ShortPollConsumerThread.moves`): the hand-out is
   synchronous once records are buffered, so the span is exactly what the batch covers,
   transaction markers and aborted records included.
-- aiokafka is never asked for the records of an empty partition set
-  (:class:`AskedPartitions`): it would hand out those of paused partitions.
+- aiokafka is asked for the partitions active at the moment of each hand-out, never for
+  an empty set (:func:`_asked`): it would hand out those of paused partitions.
 - A fetch wait re-checks the active set every ``RESUME_POLL_S`` and the fetch routine
   looks for a fetch to send every ``FETCH_ROUTINE_POLL_S``; fetched records nobody takes
   hold the broker's next fetch for at most ``PREFETCH_BACKOFF_S``.
@@ -23,7 +26,15 @@ import asyncio
 import time
 from typing import Any, Final
 
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+import aiokafka
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from faust.exceptions import ImproperlyConfigured
+from faust.transport.drivers.aiokafka import (
+    AIOKafkaConsumerThread,
+    credentials_to_aiokafka_auth,
+    ensure_aiokafka_TP,
+    server_list,
+)
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 
 from pipeline.adapters.faust import private_api
@@ -45,52 +56,99 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         # Every position move (partition, start, end) since the consumer last took them:
         # the spans of the records handed out, and of drains that handed out none.
         self.moves: list[tuple[Any, int, int]] = []
+        self.worker_consumer: Any = None   # the aiokafka consumer, once built
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any,
                              timeout: float | None = None, max_records: int | None = None
                              ) -> Any:
-        """faust's fetch, recording the position of each partition right before and right
-        after aiokafka hands its records out."""
+        """faust's fetch through aiokafka's public ``getmany``, asking for the partitions
+        active at that moment only, and recording the position of each partition right
+        before and right after aiokafka hands its records out."""
         if not self.consumer.flow_active:
             return {}
         fetcher = private_api.fetcher_of(consumer)
-        if private_api.fetching_closed(consumer, fetcher):
+        if private_api.fetcher_closed(fetcher):
             raise AIOKafkaConsumer.consumer_stopped_errors[0]()
-        with private_api.fetch_context(fetcher):
-            deadline = time.monotonic() + (timeout or 0.0)
-            while True:
-                await private_api.wait_for_reassignment(fetcher)
-                before = private_api.positions(fetcher)
-                records = await fetcher.fetched_records(active_partitions, timeout=0,
-                                                        max_records=max_records)
-                self.moves += _moves(before, private_api.positions(fetcher))
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            await private_api.wait_for_reassignment(fetcher)
+            asked = _asked(active_partitions, consumer)
+            if asked is not None:
+                before = private_api.positions(fetcher, asked)
+                records = await consumer.getmany(*asked, timeout_ms=0,
+                                                 max_records=max_records)
+                self.moves += _moves(before, private_api.positions(fetcher, asked))
                 if records:
                     return records
-                # In slices: a partition faust resumes meanwhile may have records buffered
-                # already, and nothing else wakes this wait for them.
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return {}
-                await _wait_for_fetch(fetcher, min(left, RESUME_POLL_S))
-                if private_api.fetcher_closed(fetcher):
-                    return {}
+            # In slices: a partition faust resumes meanwhile may have records buffered
+            # already, and nothing else wakes this wait for them.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {}
+            await _wait_for_fetch(fetcher, min(left, RESUME_POLL_S))
+            if private_api.fetcher_closed(fetcher):
+                return {}
 
     async def on_start(self) -> None:
         await super().on_start()
         # faust never takes the fetched records of its own active tables' changelogs; a
         # short hold of the next fetch costs nothing but the stall.
-        private_api.set_prefetch_backoff(private_api.aiokafka_consumer(self),
-                                         PREFETCH_BACKOFF_S)
+        if self.worker_consumer is not None:
+            private_api.set_prefetch_backoff(self.worker_consumer, PREFETCH_BACKOFF_S)
 
     def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        # read_committed: the session topic is written in the drivers' transactions, and an
-        # aborted one (a fenced zombie, a crash mid-batch) must never be folded.
-        private_api.configure_fetch(consumer, max_wait_ms=transport.fetch_max_wait_ms,
-                                    min_bytes=transport.fetch_min_bytes,
-                                    routine_poll_s=FETCH_ROUTINE_POLL_S,
-                                    isolation_level="read_committed")
-        return consumer
+        """faust's worker consumer, built with the fetch options faust passes none of
+        (aiokafka's public constructor options, :func:`worker_consumer_options`)."""
+        self.worker_consumer = aiokafka.AIOKafkaConsumer(
+            **worker_consumer_options(self.app, transport))
+        return self.worker_consumer
+
+
+def worker_consumer_options(app: Any, transport: Any) -> dict[str, Any]:
+    """The options faust 0.15.3 builds its worker consumer with
+    (``AIOKafkaConsumerThread._create_worker_consumer``), with the transport's fetch options
+    and read_committed: the session topic is written in the drivers' transactions, and an
+    aborted one (a fenced zombie, a crash mid-batch) must never be folded."""
+    conf = app.conf
+    if conf.broker_session_timeout > conf.broker_request_timeout:
+        raise ImproperlyConfigured(
+            f"Setting broker_session_timeout={conf.broker_session_timeout} cannot be greater "
+            f"than broker_request_timeout={conf.broker_request_timeout}")
+    # Table recovery maps changelog partitions through faust's assignor.
+    assignor = (app.assignor if conf.table_standby_replicas > 0 or app.tables.changelog_topics
+                else RoundRobinPartitionAssignor)
+    return {
+        "client_id": conf.broker_client_id, "group_id": conf.id,
+        "group_instance_id": conf.consumer_group_instance_id,
+        "bootstrap_servers": server_list(transport.url, transport.default_port),
+        "partition_assignment_strategy": [assignor], "enable_auto_commit": False,
+        "auto_offset_reset": conf.consumer_auto_offset_reset,
+        "max_poll_records": conf.broker_max_poll_records,
+        "max_poll_interval_ms": int((conf.broker_max_poll_interval or 0) * 1000.0),
+        "max_partition_fetch_bytes": conf.consumer_max_fetch_size,
+        "request_timeout_ms": int(conf.broker_request_timeout * 1000.0),
+        "check_crcs": conf.broker_check_crcs,
+        "session_timeout_ms": int(conf.broker_session_timeout * 1000.0),
+        "rebalance_timeout_ms": int(conf.broker_rebalance_timeout * 1000.0),
+        "heartbeat_interval_ms": int(conf.broker_heartbeat_interval * 1000.0),
+        "metadata_max_age_ms": conf.consumer_metadata_max_age_ms,
+        "connections_max_idle_ms": conf.consumer_connections_max_idle_ms,
+        **credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
+        # What faust passes none of (its fetch wait is a fixed 1,500 ms):
+        "fetch_max_wait_ms": transport.fetch_max_wait_ms,
+        "fetch_min_bytes": transport.fetch_min_bytes,
+        "consumer_timeout_ms": int(FETCH_ROUTINE_POLL_S * 1000),
+        "isolation_level": "read_committed",
+    }
+
+
+def _asked(active: Any, consumer: Any) -> list[Any] | None:
+    """The partitions to ask aiokafka for: those active now (None: none are; asked for
+    none, aiokafka would hand out every assigned partition's records, paused ones too)."""
+    if active is None:   # faust's client-only mode: every assigned partition
+        active = consumer.assignment()
+    asked = [ensure_aiokafka_TP(tp) for tp in active]
+    return asked or None
 
 
 def _moves(before: dict[Any, int | None], after: dict[Any, int | None]
@@ -115,26 +173,3 @@ async def _wait_for_fetch(fetcher: Any, timeout: float) -> bool:
         return False
     waiter.result()   # raises what the fetch routine failed with (authorization, ...)
     return True
-
-
-class AskedPartitions:
-    """The consumer's live set of active partitions as aiokafka is asked for it: never
-    empty to aiokafka's eyes (given an empty set, aiokafka hands out the records of every
-    assigned partition, paused ones included, and faust drops them)."""
-
-    __slots__ = ("_live",)
-
-    def __init__(self, live: Any) -> None:
-        self._live = live
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __contains__(self, tp: object) -> bool:
-        return tp in self._live
-
-    def __iter__(self) -> Any:
-        return iter(list(self._live))
-
-    def __len__(self) -> int:
-        return len(self._live)

@@ -16,6 +16,12 @@ Rules it keeps (the measurements behind each: docs/decisions/processors-transpor
 - A fetch wait re-checks the active set every ``RESUME_POLL_S`` and the fetch routine
   looks for a fetch to send every ``FETCH_ROUTINE_POLL_S``; fetched records nobody takes
   hold the broker's next fetch for at most ``PREFETCH_BACKOFF_S``.
+- Two paces (:class:`FetchPace`): the busy one above while records arrive, the idle one
+  once none arrived for ``IDLE_AFTER_S``: a long-poll of ``IDLE_FETCH_MAX_WAIT_MS``
+  answered by the first byte (so the first record after a lull is fetched at once), and
+  slower re-checks. New records switch back to the busy pace before aiokafka sends its next
+  fetch: aiokafka holds a broker's next fetch while fetched records wait untaken (up to
+  ``PREFETCH_BACKOFF_S``), and the switch is made when they are taken or first seen.
 
 Private names of faust and aiokafka are reached through :mod:`.private_api` only.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 import aiokafka
@@ -42,6 +49,36 @@ from pipeline.adapters.faust import private_api
 PREFETCH_BACKOFF_S: Final = 0.005   # aiokafka: 0.1 s, not a consumer option
 RESUME_POLL_S: Final = 0.005
 FETCH_ROUTINE_POLL_S: Final = 0.01   # aiokafka: consumer_timeout_ms, 0.2 s
+# The idle pace: no new records for IDLE_AFTER_S.
+IDLE_AFTER_S: Final = 0.1
+IDLE_FETCH_MAX_WAIT_MS: Final = 500
+IDLE_RESUME_POLL_S: Final = 0.05
+IDLE_FETCH_ROUTINE_POLL_S: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPace:
+    """How the consumer thread fetches: the broker's long-poll and minimum answer size, how
+    often aiokafka's fetch routine looks for a fetch to send, and how often a fetch wait
+    re-checks the active partitions."""
+
+    max_wait_ms: int
+    min_bytes: int
+    routine_poll_s: float
+    resume_poll_s: float
+
+
+def busy_pace(transport: Any) -> FetchPace:
+    """The transport's fetch options (short polls: see the module doc)."""
+    return FetchPace(transport.fetch_max_wait_ms, transport.fetch_min_bytes,
+                     FETCH_ROUTINE_POLL_S, RESUME_POLL_S)
+
+
+def idle_pace(transport: Any) -> FetchPace:
+    """Long polls answered by the first byte: the first record after a lull is fetched at
+    once, and an idle worker is not woken 200 times a second."""
+    return FetchPace(max(IDLE_FETCH_MAX_WAIT_MS, transport.fetch_max_wait_ms), 1,
+                     IDLE_FETCH_ROUTINE_POLL_S, IDLE_RESUME_POLL_S)
 
 
 class ShortPollConsumerThread(AIOKafkaConsumerThread):
@@ -57,6 +94,9 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
         # the spans of the records handed out, and of drains that handed out none.
         self.moves: list[tuple[Any, int, int]] = []
         self.worker_consumer: Any = None   # the aiokafka consumer, once built
+        self._paces = (busy_pace(self.transport), idle_pace(self.transport))
+        self.pace = self._paces[0]   # the consumer is built with the busy pace
+        self._new_records_at = time.monotonic()
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any,
                              timeout: float | None = None, max_records: int | None = None
@@ -79,15 +119,33 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
                                                  max_records=max_records)
                 self.moves += _moves(before, private_api.positions(fetcher, asked))
                 if records:
+                    self._new_records(fetcher)
                     return records
             # In slices: a partition faust resumes meanwhile may have records buffered
             # already, and nothing else wakes this wait for them.
             left = deadline - time.monotonic()
             if left <= 0:
                 return {}
-            await _wait_for_fetch(fetcher, min(left, RESUME_POLL_S))
+            self._set_pace(fetcher, idle=time.monotonic() - self._new_records_at
+                           > IDLE_AFTER_S)
+            if await _wait_for_fetch(fetcher, min(left, self.pace.resume_poll_s)):
+                self._new_records(fetcher)
             if private_api.fetcher_closed(fetcher):
                 return {}
+
+    def _new_records(self, fetcher: Any) -> None:
+        """Records arrived: the busy pace, set before aiokafka's fetch routine sends its
+        next fetch (it holds it while fetched records wait untaken, see the module doc)."""
+        self._new_records_at = time.monotonic()
+        self._set_pace(fetcher, idle=False)
+
+    def _set_pace(self, fetcher: Any, *, idle: bool) -> None:
+        pace = self._paces[idle]
+        if pace is not self.pace:
+            self.pace = pace
+            private_api.set_fetch_pace(fetcher, max_wait_ms=pace.max_wait_ms,
+                                       min_bytes=pace.min_bytes,
+                                       routine_poll_s=pace.routine_poll_s)
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -135,9 +193,9 @@ def worker_consumer_options(app: Any, transport: Any) -> dict[str, Any]:
         "connections_max_idle_ms": conf.consumer_connections_max_idle_ms,
         **credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
         # What faust passes none of (its fetch wait is a fixed 1,500 ms):
-        "fetch_max_wait_ms": transport.fetch_max_wait_ms,
-        "fetch_min_bytes": transport.fetch_min_bytes,
-        "consumer_timeout_ms": int(FETCH_ROUTINE_POLL_S * 1000),
+        "fetch_max_wait_ms": busy_pace(transport).max_wait_ms,
+        "fetch_min_bytes": busy_pace(transport).min_bytes,
+        "consumer_timeout_ms": int(busy_pace(transport).routine_poll_s * 1000),
         "isolation_level": "read_committed",
     }
 

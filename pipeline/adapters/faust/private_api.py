@@ -99,6 +99,11 @@ ATTRIBUTES: Final[tuple[tuple[type, str], ...]] = (
     (aiokafka_fetcher.Fetcher, "_closed"),
     # Not a consumer option (AIOKafkaConsumer does not pass it to its Fetcher).
     (aiokafka_fetcher.Fetcher, "_prefetch_backoff"),
+    # The fetch options of a running consumer (the idle pace): aiokafka takes them only
+    # in its constructor, and its fetcher reads these for every fetch it sends.
+    (aiokafka_fetcher.Fetcher, "_fetch_max_wait_ms"),
+    (aiokafka_fetcher.Fetcher, "_fetch_min_bytes"),
+    (aiokafka_fetcher.Fetcher, "_fetcher_timeout"),
 )
 
 # Public members of private objects, read through the functions below.
@@ -217,6 +222,15 @@ def forget_acks_below(consumer: Any, tp: Any, committed: int) -> None:
 def set_prefetch_backoff(consumer: Any, seconds: float) -> None:
     """How long aiokafka holds a broker's next fetch while fetched records wait untaken."""
     consumer._fetcher._prefetch_backoff = seconds
+
+
+def set_fetch_pace(fetcher: Any, *, max_wait_ms: int, min_bytes: int,
+                   routine_poll_s: float) -> None:
+    """The fetch options of the next fetches aiokafka sends (and how often its fetch
+    routine looks for one to send)."""
+    fetcher._fetch_max_wait_ms = max_wait_ms
+    fetcher._fetch_min_bytes = min_bytes
+    fetcher._fetcher_timeout = routine_poll_s
 
 
 def fetcher_of(consumer: Any) -> Any:

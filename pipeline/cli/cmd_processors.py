@@ -56,7 +56,9 @@ def register(subparsers: Any) -> None:
     add_duration(parser, "--session-timeout", default=10.0,
                  help="how long before a dead worker's partitions move to the others")
     add_duration(parser, "--fetch-max-wait", default=0.005, ms=True, dest="fetch_max_wait_ms",
-                 help="longest a fetch waits at the broker for new records (1ms..1500ms)")
+                 help="longest a fetch waits at the broker for new records while records "
+                      "arrive (1ms..1500ms; after 0.1s without any, a fetch waits up to "
+                      "500ms, answered by the first record)")
     parser.add_argument("--fetch-max-wait-ms", type=int, dest="fetch_max_wait_ms",
                         help=argparse.SUPPRESS)
     parser.add_argument("--fetch-min-bytes", type=int, default=8192,

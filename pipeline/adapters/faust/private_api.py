@@ -22,7 +22,6 @@ import functools
 import inspect
 import sys
 from collections.abc import Iterable, MutableMapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,52 +38,75 @@ import faust.transport.producer as faust_producer
 SUPPORTED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
 
 # (class, method, parameter names after self) of every private (or non-API) method the
-# transport overrides; a change of any of them changes what the override is called with.
+# transport overrides or calls; a change of any of them changes what it is called with.
+# Each line says why no public API does it.
 OVERRIDDEN: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
+    # faust builds its consumer thread here only; no setting names the thread class.
     (faust_aiokafka.Consumer, "_new_consumer_thread", ()),
+    # Where fetched records become messages: no hook regroups a fetch into batches.
     (faust_consumer.Consumer, "_wait_next_records", ("timeout",)),
-    (faust_consumer.Consumer, "_getmany", ("active_partitions", "timeout")),
+    # faust's hand-over loop (public name, internal use): clears the read offset per batch.
     (faust_consumer.Consumer, "getmany", ("timeout",)),
+    # faust's recovery seek (public name, internal use): no hook runs after it.
     (faust_consumer.Consumer, "perform_seek", ()),
+    # faust's gap bookkeeping has no switch; batches would rebuild its tree per batch.
     (faust_consumer.Consumer, "_add_gap", ("tp", "offset_from", "offset_to")),
+    # faust's commit entry (public name, internal use): no before-commit hook exists.
     (faust_consumer.Consumer, "force_commit", ("topics", "start_new_transaction")),
+    # faust's rebalance handlers (public names, internal use): app.on_partitions_assigned
+    # is a signal sent after table recovery started, too late (docs/decisions).
     (faust_consumer.Consumer, "on_partitions_assigned", ("assigned", "generation_id")),
     (faust_consumer.Consumer, "on_partitions_revoked", ("revoked",)),
+    # What faust commits per partition: no public policy for it.
     (faust_consumer.Consumer, "_new_offset", ("tp",)),
+    # Whether the broker took a commit: faust's public commit() hides it.
     (faust_aiokafka.Consumer, "_commit", ("offsets",)),
     (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
+    # How a record becomes a faust message: no factory setting.
     (faust_consumer.Consumer, "_to_message", ("tp", "record")),
+    # faust's fetch, run on its consumer thread: no hook around aiokafka's getmany.
     (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records",
      ("consumer", "active_partitions", "timeout", "max_records")),
+    # faust passes no fetch options to aiokafka: the consumer is built here with them.
     (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", ("transport",)),
+    # faust's seek on its consumer thread (public name): aiokafka's seek must run there.
     (faust_aiokafka.AIOKafkaConsumerThread, "seek_wait", ("partitions",)),
+    # Every buffered table write (public name, internal use): no producer hook sees them.
     (faust_aiokafka.Producer, "send_soon", ("fut",)),
+    # The producer's settings: faust has no option for idempotence (acks=all, no duplicates
+    # on a retried send).
     (faust_aiokafka.Producer, "_settings_extra", ()),
+    # faust's per-write producer lookup: no setting skips its start-up guard.
     (faust.Topic, "_get_producer", ()),
-    (aiokafka_fetcher.Fetcher, "fetched_records", ("partitions", "timeout", "max_records")),
+    # A wait for newly buffered records that is not a hand-out: aiokafka's public getmany
+    # waits *inside* the hand-out, where a concurrent seek would fake a batch's span.
     (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),
 )
 
 # (class, attribute) of every private attribute the transport reads or writes: each must be
-# assigned as ``self.<attribute>`` somewhere in the class or its bases.
+# assigned as ``self.<attribute>`` somewhere in the class or its bases. Why each is needed:
 ATTRIBUTES: Final[tuple[tuple[type, str], ...]] = (
+    # faust drops messages below it; it is set inside its hand-over loop, no API clears it.
     (faust_consumer.Consumer, "_read_offset"),
+    # faust's own committed offsets (what it seeked to, what it commits from); aiokafka's
+    # committed() asks the broker, which does not know faust's refused-commit overwrite.
     (faust_consumer.Consumer, "_committed_offset"),
+    # Acks faust's Cython iterator records for batched partitions: no API drops them.
     (faust_consumer.Consumer, "_acked"),
     (faust_consumer.Consumer, "_acked_index"),
-    (faust_consumer.Consumer, "_commit_every"),
-    (faust_consumer.ThreadDelegateConsumer, "_thread"),
-    (faust_aiokafka.AIOKafkaConsumerThread, "_consumer"),
+    # aiokafka's fetcher: positions, reassignment and the fetch waiter are only there.
     (aiokafka_consumer_module.AIOKafkaConsumer, "_fetcher"),
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_closed"),
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetch_max_wait_ms"),
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetch_min_bytes"),
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_consumer_timeout"),
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_isolation_level"),
+    # The subscription state: positions read synchronously (public position() awaits).
     (aiokafka_fetcher.Fetcher, "_subscriptions"),
+    # Whether a fetch wait ended because the fetcher closed: no public flag.
     (aiokafka_fetcher.Fetcher, "_closed"),
+    # Not a consumer option (AIOKafkaConsumer does not pass it to its Fetcher).
     (aiokafka_fetcher.Fetcher, "_prefetch_backoff"),
-    (aiokafka_subscriptions.TopicPartitionState, "_position"),
+    # The fetch options of a running consumer (the idle pace): aiokafka takes them only
+    # in its constructor, and its fetcher reads these for every fetch it sends.
+    (aiokafka_fetcher.Fetcher, "_fetch_max_wait_ms"),
+    (aiokafka_fetcher.Fetcher, "_fetch_min_bytes"),
+    (aiokafka_fetcher.Fetcher, "_fetcher_timeout"),
 )
 
 # Public members of private objects, read through the functions below.
@@ -92,9 +114,9 @@ MEMBERS: Final[tuple[tuple[type, str], ...]] = (
     (aiokafka_subscriptions.SubscriptionState, "subscription"),
     (aiokafka_subscriptions.SubscriptionState, "reassignment_in_progress"),
     (aiokafka_subscriptions.SubscriptionState, "wait_for_assignment"),
-    (aiokafka_subscriptions.SubscriptionState, "fetch_context"),
-    (aiokafka_subscriptions.Assignment, "tps"),
     (aiokafka_subscriptions.Assignment, "state_value"),
+    (aiokafka_subscriptions.TopicPartitionState, "has_valid_position"),
+    (aiokafka_subscriptions.TopicPartitionState, "position"),
     (faust_producer.Producer, "flush"),
 )
 
@@ -198,54 +220,28 @@ def forget_acks_below(consumer: Any, tp: Any, committed: int) -> None:
         consumer._acked_index[tp].difference_update(done)
 
 
-def commit_from_timer_only(consumer: Any) -> None:
-    """Turn off faust's commit every ``broker_commit_every`` acks (it runs inside the loop
-    that hands records to the agents); the commit timer goes on."""
-    consumer._commit_every = None
-
-
-def consumer_thread(consumer: Any) -> Any:
-    """faust's consumer thread (a :class:`.fetching.ShortPollConsumerThread`)."""
-    return consumer._thread
-
-
 # aiokafka's consumer and fetcher ------------------------------------------------------
-
-def aiokafka_consumer(thread: Any) -> Any:
-    """The aiokafka consumer of faust's consumer thread."""
-    return thread._consumer
-
-
-def configure_fetch(consumer: Any, *, max_wait_ms: int, min_bytes: int,
-                    routine_poll_s: float, isolation_level: str) -> None:
-    """Fetch options of an aiokafka consumer not started yet (faust passes none of them;
-    the fetcher that ``start()`` creates reads them)."""
-    consumer._fetch_max_wait_ms = max_wait_ms
-    consumer._fetch_min_bytes = min_bytes
-    consumer._consumer_timeout = routine_poll_s
-    consumer._isolation_level = isolation_level
-
 
 def set_prefetch_backoff(consumer: Any, seconds: float) -> None:
     """How long aiokafka holds a broker's next fetch while fetched records wait untaken."""
     consumer._fetcher._prefetch_backoff = seconds
 
 
+def set_fetch_pace(fetcher: Any, *, max_wait_ms: int, min_bytes: int,
+                   routine_poll_s: float) -> None:
+    """The fetch options of the next fetches aiokafka sends (and how often its fetch
+    routine looks for one to send)."""
+    fetcher._fetch_max_wait_ms = max_wait_ms
+    fetcher._fetch_min_bytes = min_bytes
+    fetcher._fetcher_timeout = routine_poll_s
+
+
 def fetcher_of(consumer: Any) -> Any:
     return consumer._fetcher
 
 
-def fetching_closed(consumer: Any, fetcher: Any) -> bool:
-    return bool(consumer._closed or fetcher._closed)
-
-
 def fetcher_closed(fetcher: Any) -> bool:
     return bool(fetcher._closed)
-
-
-def fetch_context(fetcher: Any) -> AbstractContextManager[Any]:
-    context: AbstractContextManager[Any] = fetcher._subscriptions.fetch_context()
-    return context
 
 
 async def wait_for_reassignment(fetcher: Any) -> None:
@@ -255,13 +251,18 @@ async def wait_for_reassignment(fetcher: Any) -> None:
         await subscriptions.wait_for_assignment()
 
 
-def positions(fetcher: Any) -> dict[Any, int | None]:
-    """aiokafka's position of every assigned partition (None: not yet known)."""
+def positions(fetcher: Any, tps: Iterable[Any]) -> dict[Any, int | None]:
+    """aiokafka's position of each of ``tps`` that is assigned (None: not yet known)."""
     subscription = fetcher._subscriptions.subscription
     assignment = subscription.assignment if subscription is not None else None
     if assignment is None:
         return {}
-    return {tp: assignment.state_value(tp)._position for tp in assignment.tps}
+    found: dict[Any, int | None] = {}
+    for tp in tps:
+        state = assignment.state_value(tp)
+        if state is not None:
+            found[tp] = state.position if state.has_valid_position else None
+    return found
 
 
 def fetch_waiter(fetcher: Any) -> Any:

@@ -22,7 +22,8 @@ The contract, for batched partitions:
    (:class:`.flushing.FlushingProducer`: every buffered write acknowledged, or it raises)
    and only then are those spans flushed. faust's acks and gap bookkeeping play no part.
 3. *A refused commit changes nothing:* the committed offsets stay the broker's.
-4. *Commits come from faust's commit timer only,* never from the hand-over loop.
+4. *Commits come from faust's commit timer only,* never from the hand-over loop (faust's
+   ``broker_commit_every`` is set past reach).
 5. *No batch before the seek.* On assignment the batched partitions are paused before
    faust's chain starts; one faust resumes before its recovery seek to the committed
    offsets is done is resumed once it is done (also when the seek fails); a partition with
@@ -59,7 +60,7 @@ from faust.types.tuples import ConsumerMessage
 from pipeline.adapters.faust import private_api
 from pipeline.adapters.faust.commit_rule import Span, commit_offset
 from pipeline.adapters.faust.delivery import DeliveryLedger
-from pipeline.adapters.faust.fetching import AskedPartitions, ShortPollConsumerThread
+from pipeline.adapters.faust.fetching import ShortPollConsumerThread
 from pipeline.adapters.faust.flushing import FlushingProducer
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,9 @@ BEFORE_COMMIT: Final = "before commit"   # and before partitions are revoked
 ON_REBALANCE: Final = "on rebalance"     # revoke (after the persist), assignment (first)
 BEFORE_ASSIGNMENT: Final = "before assignment"
 
+# faust's ``broker_commit_every`` (acks between commits from the hand-over loop): never.
+COMMIT_EVERY_ACKS_NEVER: Final = 2**62
+
 
 def persist_before_commit(app: Any, name: str, persist: Hook) -> None:
     """Run ``persist`` before every commit and before partitions are revoked: the folds
@@ -172,6 +176,8 @@ class BatchingConsumer(AIOKafkaConsumer):
     """faust's aiokafka consumer, delivering batched topics one batch per partition fetch
     (the contract: the module doc)."""
 
+    poll_thread: ShortPollConsumerThread   # built by faust's constructor
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._spans: dict[Any, set[Span]] = {}   # per batched partition, see commit_rule
@@ -182,14 +188,15 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._resume_after_seek: set[Any] = set()
         self.hooks: dict[str, dict[str, Hook]] = {
             moment: {} for moment in (BEFORE_COMMIT, ON_REBALANCE, BEFORE_ASSIGNMENT)}
-        private_api.commit_from_timer_only(self)
 
     @property
     def _batched(self) -> frozenset[str]:
         return cast(BatchingTransport, self.transport).batched_topics
 
     def _new_consumer_thread(self) -> Any:
-        return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+        # faust keeps it too; this reference spares reading faust's private one.
+        self.poll_thread = ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+        return self.poll_thread
 
     async def _wait_next_records(self, timeout: float) -> tuple[Any, Any]:
         records, active_partitions = await super()._wait_next_records(timeout)
@@ -207,7 +214,7 @@ class BatchingConsumer(AIOKafkaConsumer):
     def _take_moves(self, records: Any) -> dict[Any, tuple[int | None, int | None]]:
         """The spans of this fetch's batches, by partition; the moves without records are
         recorded as spans with nothing to do."""
-        thread = cast(ShortPollConsumerThread, private_api.consumer_thread(self))
+        thread = self.poll_thread
         moves, thread.moves = thread.moves, []
         spans: dict[Any, tuple[int | None, int | None]] = {}
         for tp, start, end in moves:
@@ -226,10 +233,6 @@ class BatchingConsumer(AIOKafkaConsumer):
                 private_api.clear_read_offset(self, tp)   # rule 8
             yield tp, message
 
-    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
-        partitions = None if active_partitions is None else AskedPartitions(active_partitions)
-        return await super()._getmany(cast(Any, partitions), timeout)
-
     async def perform_seek(self) -> None:
         """Seek to the committed offsets, and a batched partition without one to its
         beginning; then resume the batched partitions held back meanwhile (rule 5)."""
@@ -239,7 +242,7 @@ class BatchingConsumer(AIOKafkaConsumer):
             uncommitted = [tp for tp in self.assignment()
                            if tp.topic in self._batched and not committed[tp]]
             if uncommitted:
-                thread = private_api.consumer_thread(self)
+                thread = self.poll_thread
                 await thread.seek_to_beginning(*map(ensure_aiokafka_TP, uncommitted))
         finally:   # also when the seek failed or timed out: never paused for good
             self.seek_pending = False
@@ -282,7 +285,7 @@ class BatchingConsumer(AIOKafkaConsumer):
         start = message.span[0] if message.span[0] is not None else message.records[0].offset
         rewind = self._ledger.taken(message.topic, message.tp, message.offset,
                                     message.delivery, start)
-        thread = private_api.consumer_thread(self)
+        thread = self.poll_thread
         for tp, start in rewind.items():
             log.warning("records of %s[%d] from offset %d were fetched but never reached "
                         "the agent; fetching them again", tp.topic, tp.partition, start)
@@ -422,5 +425,8 @@ def use_batching_transport(app: Any, batched_topics: Iterable[str], *,
     if getattr(app, "_transport", None) is not None:
         raise RuntimeError("the faust transport already exists: install batching first")
     private_api.require_supported_faust()
+    # Rule 4: faust's commit every ``broker_commit_every`` acks runs inside the hand-over
+    # loop; set past reach, only its commit timer commits.
+    app.conf.broker_commit_every = COMMIT_EVERY_ACKS_NEVER
     app.transport = BatchingTransport(app.conf.broker_consumer, app, batched_topics,
                                       fetch_max_wait_ms, fetch_min_bytes)

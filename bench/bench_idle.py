@@ -22,16 +22,13 @@ import time
 import uuid
 from pathlib import Path
 
+from processes import cpu_seconds, stop
+
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.settings import Settings
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -69,12 +66,7 @@ def idle_share(argv: list[str], env: dict[str, str], settle_s: float, seconds: f
         used, took = cpu_seconds(proc.pid) - before, time.monotonic() - started
         return 100.0 * used / took
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def measure(bootstrap: str, seconds: float, settle_s: float) -> dict[str, float]:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from processes import cpu_seconds
 from processors_support import (
     Worker,
     committed_and_ends,
@@ -83,11 +83,6 @@ async def publish(settings: Settings, sessions: dict[str, list[Event]]) -> int:
         await send_records(settings, records[start:start + 5000])
     return len(records)
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> str:

@@ -42,6 +42,7 @@ from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer
+from processes import cpu_seconds, stop
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
@@ -82,17 +83,8 @@ def process(argv: list[str], env: dict[str, str], ready: str) -> Iterator[tuple[
             raise RuntimeError(f"{argv[0]} exited early ({proc.wait()})")
         yield line.strip(), proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_ready(url: str, timeout_s: float = 120.0) -> None:

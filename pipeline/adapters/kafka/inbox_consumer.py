@@ -108,21 +108,13 @@ class InboxConsumer:
             self._consumer.seek(tp, offset)
 
     async def committed(self, partition: int) -> tuple[int | None, str]:
-        """The group's committed offset of ``partition`` (None if none) and its metadata."""
-        tp = TopicPartition(self.topic, partition)
-        admin = AIOKafkaAdminClient(**self._options)
-        try:
-            with broker_errors(f"reading the committed offset of {self.topic}[{partition}] "
-                               f"for group {self.group_id!r} failed"):
-                await admin.start()
-                found = await admin.list_consumer_group_offsets(self.group_id,
-                                                                partitions=[tp])
-        finally:
-            await admin.close()
-        entry = found.get(tp)
-        if entry is None or entry.offset < 0:
-            return None, ""
-        return int(entry.offset), entry.metadata or ""
+        """The group's committed offset of ``partition`` (None if none) and its metadata.
+
+        Raises :class:`BrokerError` when the group coordinator cannot answer (see
+        :func:`read_committed`): the caller tries again, it never starts over.
+        """
+        return await read_committed(self._options, self.group_id,
+                                    TopicPartition(self.topic, partition))
 
     def _tps(self, partitions: set[int] | None) -> list[Any]:
         assigned = self._consumer.assignment()
@@ -134,3 +126,34 @@ class InboxConsumer:
         """Leave the group (no offsets are committed here). Never raises."""
         with quietly(f"leaving group {self.group_id!r}", log):
             await asyncio.wait_for(self._consumer.stop(), timeout_s)
+
+
+async def read_committed(options: dict[str, Any], group_id: str, tp: Any, *,
+                         coordinator_id: int | None = None) -> tuple[int | None, str]:
+    """``group_id``'s committed offset of ``tp`` (None if it has none) and its metadata.
+
+    The group coordinator answers every partition asked for, with offset -1 when the group
+    has none. An answer without the partition carries a group-level error instead (the
+    coordinator moved, is still loading the group's offsets, or refuses the principal;
+    aiokafka's admin client drops that error): it raises :class:`BrokerError`, because
+    reading it as "no committed offset" would make a new owner start over from the earliest
+    offset without the commit's metadata (dead letters and cancels already applied).
+    ``coordinator_id`` asks that node instead of looking the coordinator up.
+    """
+    where = f"the committed offset of {tp.topic}[{tp.partition}] for group {group_id!r}"
+    admin = AIOKafkaAdminClient(**options)
+    try:
+        with broker_errors(f"reading {where} failed"):
+            await admin.start()
+            found = await admin.list_consumer_group_offsets(
+                group_id, group_coordinator_id=coordinator_id, partitions=[tp])
+    finally:
+        await admin.close()
+    entry = found.get(tp)
+    if entry is None:
+        raise BrokerError(f"reading {where} failed: the group coordinator answered with a "
+                          "group-level error (coordinator moving, loading its offsets, or "
+                          "not authorized); try again")
+    if entry.offset < 0:
+        return None, ""
+    return int(entry.offset), entry.metadata or ""

@@ -253,10 +253,7 @@ async def _describe_derived(url: str, session_id: str, events: Sequence[Event],
 
 
 async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord]) -> Result:
-    """The dead-letter topics hold exactly the injected garbage, each once with a reason.
-
-    A repeat in the inbox's dead-letter topic is noted, not counted: the driver's open
-    takeover race (docs/chaos.md, defects)."""
+    """The dead-letter topics hold exactly the injected garbage, each once with a reason."""
     result = Result("dead-letter topics hold exactly the injected garbage, once, with reasons",
                     True, "")
     letters: Counter[tuple[str, int, int]] = Counter()
@@ -279,11 +276,7 @@ async def check_dead_letters(settings: Settings, garbage: Sequence[GarbageRecord
             result.add(f"dead letter of {name} was not injected ({reasons.get(where)})")
         elif count > 1:
             repeated += 1
-            if where[0] == settings.topics.inbox:   # open: docs/chaos.md, defects
-                result.notes.append(f"{name} dead-lettered {count} times (the driver's "
-                                    "takeover race, not counted)")
-            else:
-                result.add(f"{name} dead-lettered {count} times")
+            result.add(f"{name} dead-lettered {count} times")
         elif not reasons.get(where, "").strip(": "):
             result.add(f"dead letter of {name} has no reason")
     for where in sorted(injected - letters.keys()):

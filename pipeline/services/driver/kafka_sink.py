@@ -83,6 +83,10 @@ class InboxOffsets:
     A dead-lettered record leaves nothing in the log either: its offset, when beyond the
     commit point, travels in the same metadata (``"dead":[offsets]``) with its dead letter,
     so the next owner does not dead-letter it a second time (:meth:`already_dead_lettered`).
+
+    What the metadata found at assignment names is carried into every commit until its record
+    comes again (an offset not yet seen, an id not yet met): a commit of this owner before it
+    reaches them must not forget them for the owner after it.
     """
 
     committed: int
@@ -93,6 +97,10 @@ class InboxOffsets:
     dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
     last_seen: int = -1
     metadata: str = ""
+    carried_applied: set[str] = field(init=False)  # applied_before ids not met again yet
+
+    def __post_init__(self) -> None:
+        self.carried_applied = set(self.applied_before)
 
     def seen(self, offset: int) -> bool:
         return offset < self.committed or offset <= self.last_seen
@@ -108,6 +116,7 @@ class InboxOffsets:
     def applied_control(self, offset: int, message_id: str) -> None:
         """A cancel/configure at ``offset`` took effect (or was found applied already)."""
         self.controls[offset] = message_id
+        self.carried_applied.discard(message_id)
 
     def already_applied(self, message_id: str) -> bool:
         return message_id in self.applied_before
@@ -130,8 +139,10 @@ class InboxOffsets:
         for offset in [o for o in self.controls if o < point]:
             del self.controls[offset]
         self.dead_lettered = {o for o in self.dead_lettered if o >= point}
-        applied = [i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
-        dead = sorted(o for o in self.dead_lettered if self.pending.get(o))
+        applied = sorted(self.carried_applied) + [
+            i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
+        dead = sorted({o for o in self.dead_lettered if self.pending.get(o)}
+                      | {o for o in self.dead_before if o > self.last_seen and o >= point})
         metadata = _commit_metadata(applied, dead)
         if point > self.committed or metadata != self.metadata:
             self.committed = max(point, self.committed)

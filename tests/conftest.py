@@ -131,6 +131,17 @@ def registry_url(_local_services: _LocalServices) -> str:
     return external.rstrip("/") if external else _local_services.registry_url()
 
 
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaLocal]:
+    """A 3-node cluster of the module's own (the tests that use it kill and restart nodes)."""
+    kafka = KafkaLocal(Artifacts.default().require_kafka(), nodes=3, heap_mb=384)
+    try:
+        kafka.start(budget_s=300)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
 @pytest.fixture(scope="session")
 def secure_stack() -> Iterator[object]:
     """A secure Kafka + registry of its own (tests/secure_support.py), started on first use."""

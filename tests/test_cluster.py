@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -23,16 +21,6 @@ PARTITIONS = 3
 BATCHES = 12
 BATCH_SIZE = 100
 KILL_AFTER_BATCH = 4
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[KafkaLocal]:
-    kafka = KafkaLocal(Artifacts.default().require_kafka(), nodes=3, heap_mb=384)
-    try:
-        kafka.start(budget_s=300)
-        yield kafka
-    finally:
-        kafka.stop()
 
 
 async def _create_topic(bootstrap: str) -> int:

@@ -12,7 +12,6 @@ applied), dead-lettering records again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -20,7 +19,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from pipeline.adapters.kafka.inbox_consumer import read_committed
-from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.core.errors import BrokerError
 
@@ -29,16 +27,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 TOPIC = "committed-read.inbox"
 GROUP = "committed-read-driver"
 METADATA = '{"dead":[5]}'
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[KafkaLocal]:
-    kafka = KafkaLocal(Artifacts.default().require_kafka(), nodes=3, heap_mb=384)
-    try:
-        kafka.start(budget_s=300)
-        yield kafka
-    finally:
-        kafka.stop()
 
 
 async def _commit(bootstrap: str, tp: TopicPartition, offset: int) -> int:

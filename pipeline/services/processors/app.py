@@ -28,12 +28,14 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import faust
 
@@ -313,7 +315,23 @@ def _stop_when_refused(app: Any, settings: Settings) -> Any:
                      "last commit is folded again after a restart", error,
                      settings.sasl_username or "ANONYMOUS")
         stopping.append(asyncio.ensure_future(app.crash(error)))
+        _exit_unless_stopped_within(REFUSED_STOP_BUDGET_S)
     return refused
+
+
+# faust's stop after a crash can wait for ever on its consumer; a refused worker must still
+# exit. Exiting without that stop is a kill -9: nothing uncommitted was acknowledged.
+REFUSED_STOP_BUDGET_S: Final = 30.0
+
+
+def _exit_unless_stopped_within(budget_s: float) -> None:
+    def give_up() -> None:
+        log.critical("the worker's stop did not finish within %.0fs: exiting now", budget_s)
+        logging.shutdown()
+        os._exit(1)
+    timer = threading.Timer(budget_s, give_up)
+    timer.daemon = True
+    timer.start()
 
 
 @asynccontextmanager

@@ -20,8 +20,10 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.session_reader import read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.adapters.llm.scripted import ScriptedProvider, tool_loop_script
@@ -118,10 +120,30 @@ class KafkaHarness:
                                   on_logged=lambda _session, _message: None, linger_ms=5)
 
     async def durable(self, session_id: str) -> list[Event]:
+        # A commit returns once the coordinator logged it; the partition's commit marker, and so
+        # what read_committed readers see, follows shortly after: wait for it (LSO == end).
+        await self._transactions_settled()
         contents = await read_session_partition(self.settings, self.settings.topics.session_events,
                                                 PARTITION, self.serde.decode, timeout_s=60)
         assert contents.undecodable == []
         return contents.events.get(session_id, [])
+
+    async def _transactions_settled(self, timeout_s: float = 30.0) -> None:
+        tp = TopicPartition(self.settings.topics.session_events, PARTITION)
+        committed = AIOKafkaConsumer(**client_options(self.settings),
+                                     isolation_level="read_committed")
+        uncommitted = AIOKafkaConsumer(**client_options(self.settings))
+        await committed.start()
+        await uncommitted.start()
+        try:
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while ((await committed.end_offsets([tp]))[tp]
+                   < (await uncommitted.end_offsets([tp]))[tp]):
+                assert asyncio.get_running_loop().time() < deadline, "a transaction stays open"
+                await asyncio.sleep(0.05)
+        finally:
+            await committed.stop()
+            await uncommitted.stop()
 
 
 class TestMemorySink(EventSinkContract):

@@ -36,6 +36,9 @@ from pipeline.adapters.localstack.registry import registry_role
 from pipeline.adapters.localstack.security import ROLES, SecureSetup
 from pipeline.settings import Settings
 
+# Inside the broker container: the folder the apache/kafka image reads its server.properties
+# from (its "file input" convention). A container path, nothing to do with a checkout's
+# surroundings; the product never reads a folder beside the repository.
 KAFKA_MOUNT: Final = "/mnt/shared/config"
 SECRETS_MOUNT: Final = "/etc/dsh-secrets"
 KAFKA_ACLS_TOOL: Final = "/opt/kafka/bin/kafka-acls.sh"

@@ -84,3 +84,20 @@ def test_records_already_on_their_way_again_are_not_fetched_a_third_time() -> No
     ledger.handed_over("t", 1, 80, 61)
     after = ledger.handed_over("t", 1, 95, 81)         # starts past the lost records
     assert ledger.taken("t", 1, 95, after, 81) == {1: 61}
+
+
+def test_a_partition_whose_batch_failed_folds_nothing_until_read_again() -> None:
+    """A batch failed: its partition is held (later batches would be gaps) until it is
+    read again from its committed offset; the first batch starting there releases it."""
+    ledger = DeliveryLedger()
+    ledger.hold(0)
+    assert not ledger.admits(0, 0)                    # where it is read from is not known yet
+    assert not ledger.admits(0, 200)
+    assert ledger.admits(1, 200)                      # other partitions go on
+    ledger.fetch_again_from(0, 120)                   # its committed offset
+    assert not ledger.admits(0, 200)                  # fetched before the seek took effect
+    assert ledger.admits(0, 120)                      # the records read again
+    assert ledger.admits(0, 200)
+    ledger.hold(0)
+    ledger.forget()                                   # a rebalance reads it again anyway
+    assert ledger.admits(0, 300)

@@ -5,17 +5,21 @@ rebalance chain replaced by a recorder: the real one runs on the broker in
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
 from faust.types import TP
 
+from pipeline.adapters.faust import transport
 from pipeline.adapters.faust.transport import (
     RecordBatch,
     awaiting_recovery_seek,
     before_assignment,
+    fetch_again,
     forget_on_rebalance,
     persist_before_commit,
 )
@@ -126,3 +130,61 @@ async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
     with pytest.raises(RuntimeError):
         await consumer.perform_seek()
     assert active() == {session_tp, other_tp}   # a failed seek never leaves one paused
+
+
+async def test_a_failed_batch_is_read_again_from_the_committed_offset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 10: after a failed batch nothing of its partition is folded until it is read
+    again from its committed offset (never below its first offset); the failures in a row
+    are counted until one of its batches is folded; a rebalance meanwhile cancels the
+    seek (the new assignment reads every partition from its committed offset)."""
+    monkeypatch.setattr(transport, "FETCH_AGAIN_DELAY_S", 0.0)
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    app, consumer = processors.app, processors.app.consumer
+    session_tp = TP(processors.settings.topics.session_events, 2)
+    seeks: list[dict[Any, int]] = []
+    first = {session_tp: 0}
+
+    async def earliest(*tps: Any) -> dict[Any, int]:
+        return {tp: first[tp] for tp in tps}
+
+    async def seek_wait(offsets: dict[Any, int]) -> None:
+        seeks.append(dict(offsets))
+
+    monkeypatch.setattr(consumer, "assignment", lambda: {session_tp})
+    monkeypatch.setattr(consumer, "earliest_offsets", earliest)
+    monkeypatch.setattr(consumer, "_new_consumer_thread", lambda: None)
+    consumer.poll_thread = SimpleNamespace(seek_wait=seek_wait)
+    consumer._committed_offset[session_tp] = 604
+
+    def batch(start: int, end: int) -> Any:
+        message = SimpleNamespace(tp=session_tp, topic=session_tp.topic, offset=end - 1,
+                                  span=(start, end), records=[],
+                                  generation_id=app.consumer_generation_id)
+        message.delivery = consumer._ledger.handed_over(session_tp.topic, session_tp,
+                                                        end - 1, start)
+        return message
+
+    assert fetch_again(app, session_tp.topic, 5) == 0          # not this worker's
+    assert fetch_again(app, session_tp.topic, 2) == 1
+    later = batch(700, 720)
+    assert not consumer.record_received(later)                  # would be a gap
+    await asyncio.gather(*consumer._seeks)
+    assert seeks == [{ensure_aiokafka_TP(session_tp): 604}]
+    assert not consumer.record_received(batch(720, 740))        # fetched before the seek
+    again = batch(604, 720)
+    assert consumer.record_received(again)                      # the records read again
+    assert fetch_again(app, session_tp.topic, 2) == 2           # failed again: in a row
+    await asyncio.gather(*consumer._seeks)
+    assert consumer.record_received(batch(604, 720))
+    consumer.record_folded(again)
+    first[session_tp] = 650                                     # retention passed the commit
+    assert fetch_again(app, session_tp.topic, 2) == 1           # the count starts again
+    await asyncio.gather(*consumer._seeks)
+    assert seeks[-1] == {ensure_aiokafka_TP(session_tp): 650}
+
+    monkeypatch.setattr(transport, "FETCH_AGAIN_DELAY_S", 0.05)
+    fetch_again(app, session_tp.topic, 2)
+    app.consumer_generation_id += 1                             # a rebalance came
+    await asyncio.gather(*consumer._seeks)
+    assert len(seeks) == 3

@@ -11,8 +11,10 @@ Rules:
   handed over after it): fetched a third time they would be folded twice.
 - Until the records fetched again arrive, the partition's batches already on their way are
   not folded (:meth:`DeliveryLedger.admits`): folded now they would be gaps.
-- A batch whose folding failed was taken: it stays uncommitted and is not fetched again
-  until the worker restarts (a poison batch is never retried forever).
+- A batch whose folding failed was taken: the folds gave up their partition's batches since
+  their last persist, so the partition is read again from its committed offset
+  (:meth:`DeliveryLedger.hold` until that offset is known, then
+  :meth:`DeliveryLedger.fetch_again_from`); the service decides how often before it stops.
 - A rebalance forgets everything: every partition is read again from its committed offset.
 """
 
@@ -75,6 +77,16 @@ class DeliveryLedger:
             del self._refetching[partition]   # the records fetched again have arrived
             return True
         return False
+
+    def hold(self, partition: Any) -> None:
+        """Fold no batch of ``partition`` until :meth:`fetch_again_from` says where its
+        records come again from (a batch of it failed: later ones would be gaps)."""
+        self._refetching[partition] = -1
+
+    def fetch_again_from(self, partition: Any, offset: int) -> None:
+        """``partition`` is read again from ``offset`` (its committed offset): batches
+        starting after it are not folded until one starting there is taken."""
+        self._refetching[partition] = offset
 
     def forget(self) -> None:
         """A rebalance: every partition is fetched again from its committed offset."""

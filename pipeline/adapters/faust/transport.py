@@ -39,6 +39,9 @@ The contract, for batched partitions:
 9. *A recovery seek skips a partition without an offset* (:meth:`BatchingConsumer.seek_wait`):
    one a rebalance added while the recovery awaited the broker; the restarted recovery
    seeks it.
+10. *A failed batch is fetched again* (:func:`fetch_again`): its partition is read again from
+    its committed offset, after a delay that doubles with each failure in a row (what the
+    tables hold comes again and is skipped by seq); nothing of it is folded meanwhile.
 
 Private names of faust and aiokafka are reached through :mod:`.private_api` only, which is
 checked when the transport is installed (:func:`use_batching_transport`).
@@ -55,7 +58,7 @@ from typing import Any, Final, cast
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
-from faust.types.tuples import ConsumerMessage
+from faust.types.tuples import TP, ConsumerMessage
 
 from pipeline.adapters.faust import private_api
 from pipeline.adapters.faust.commit_rule import Span, commit_offset
@@ -64,6 +67,10 @@ from pipeline.adapters.faust.fetching import ShortPollConsumerThread
 from pipeline.adapters.faust.flushing import FlushingProducer
 
 log = logging.getLogger(__name__)
+
+# Rule 10: the delay before a failed partition is read again, doubled per failure in a row.
+FETCH_AGAIN_DELAY_S: Final = 0.5
+FETCH_AGAIN_DELAY_MAX_S: Final = 10.0
 
 
 class RecordBatch:
@@ -159,6 +166,17 @@ def _add_hook(app: Any, moment: str, name: str, hook: Hook) -> None:
         consumer.hooks[moment][name] = hook
 
 
+def fetch_again(app: Any, topic: str, partition: int) -> int:
+    """The folds gave up ``topic[partition]``'s batches since their last persist (folding or
+    persisting one failed): read the partition again from its committed offset (rule 10).
+    Returns the number of failures of the partition in a row (reset when one of its batches
+    is folded); 0 when it is not this worker's (any more), or the topic is not batched."""
+    consumer = app.consumer
+    if not isinstance(consumer, BatchingConsumer):
+        return 0
+    return consumer.fetch_again(TP(topic, partition))
+
+
 def awaiting_recovery_seek(app: Any) -> bool:
     """Whether the batched partitions assigned last wait for recovery's seek (*Records
     fetched before the seek*): not consumed yet."""
@@ -184,6 +202,7 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._ledger = DeliveryLedger()
         self._seeks: set[asyncio.Future[Any]] = set()
         self._refused: dict[Any, int | None] = {}   # see _commit_offsets
+        self._failures: dict[Any, int] = {}   # failed batches in a row, per partition (rule 10)
         self.seek_pending = False   # see rule 5 in the module doc
         self._resume_after_seek: set[Any] = set()
         self.hooks: dict[str, dict[str, Hook]] = {
@@ -299,9 +318,45 @@ class BatchingConsumer(AIOKafkaConsumer):
         committed once the commit's flush is done (two deliveries of the same records, both
         folded, cover the union of their spans)."""
         if message.generation_id == self.app.consumer_generation_id:
+            self._failures.pop(message.tp, None)
             start, end = message.span
             self._spans.setdefault(message.tp, set()).add(
                 Span(start, end, outputs_acknowledged=True, state_written=True))
+
+    def fetch_again(self, tp: Any) -> int:
+        """Rule 10 (see :func:`fetch_again`)."""
+        if tp.topic not in self._batched or tp not in self.assignment():
+            return 0
+        failures = self._failures[tp] = self._failures.get(tp, 0) + 1
+        self._ledger.hold(tp)
+        delay = min(FETCH_AGAIN_DELAY_S * 2 ** (failures - 1), FETCH_AGAIN_DELAY_MAX_S)
+        self._seeks.add(asyncio.ensure_future(
+            self._read_again(tp, self.app.consumer_generation_id, delay)))
+        return failures
+
+    async def _read_again(self, tp: Any, generation: int, delay: float) -> None:
+        """Seek ``tp`` to its committed offset (its first offset when it has none) after
+        ``delay``; tried again until it is done or the partition is reassigned (a rebalance
+        reads every partition again from its committed offset anyway)."""
+        while True:
+            await asyncio.sleep(delay)
+            if generation != self.app.consumer_generation_id:
+                return
+            try:
+                # Not below the first offset (retention may have deleted past the commit:
+                # the ledger waits for a batch starting at or before this offset).
+                first = (await self.earliest_offsets(tp))[tp]
+                offset = max(private_api.committed_offsets(self).get(tp) or 0, first)
+                self._ledger.fetch_again_from(tp, offset)
+                await self.poll_thread.seek_wait({ensure_aiokafka_TP(tp): offset})
+            except Exception as exc:   # the broker may be the reason the batch failed
+                log.warning("reading %s[%d] again failed (%s: %s); trying again", tp.topic,
+                            tp.partition, type(exc).__name__, exc)
+                delay = FETCH_AGAIN_DELAY_MAX_S
+                continue
+            log.warning("%s[%d] is read again from offset %d (a batch of it failed)",
+                        tp.topic, tp.partition, offset)
+            return
 
     async def _persist(self) -> None:
         for name, persist in list(self.hooks[BEFORE_COMMIT].items()):

@@ -24,18 +24,14 @@ duplicates after crashes).
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import logging
-import os
 import socket
-import threading
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 import faust
 
@@ -51,14 +47,19 @@ from pipeline.adapters.faust.transport import (
     use_batching_transport,
 )
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
-from pipeline.adapters.kafka.errors import kafka_error
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.codec.outputs import OutputCodecs
-from pipeline.core.errors import BrokerError, ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
+from pipeline.services.processors.failures import (
+    WorkerStop,
+    fold_again,
+    folding_again_on_failure,
+    stop_when_refused,
+)
 from pipeline.services.processors.folding import (
     Decoder,
     SessionFolder,
@@ -178,8 +179,9 @@ def build_processors(settings: Settings, decode: Decoder,
                                        list(out.headers) or None)   # the delivery
 
     follow = _wire_projection_follow(processors)
-    _wire_sessions(processors, decode, send, follow, outputs)
-    _wire_usage(processors, send, sizes, outputs)
+    stop = WorkerStop(processors.app)
+    _wire_sessions(processors, decode, send, follow, outputs, stop)
+    _wire_usage(processors, send, sizes, outputs, stop)
     register_views(processors)   # after the tables exist
     return processors
 
@@ -212,7 +214,8 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
 
 
 def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
-                   route: ProjectionFollow, outputs: OutputCodecs | None) -> None:
+                   route: ProjectionFollow, outputs: OutputCodecs | None,
+                   stop: WorkerStop) -> None:
     app, settings = processors.app, processors.settings
     source = app.topic(settings.topics.session_events, key_type=bytes, value_type=bytes)
     folder = SessionFolder(processors.tables, send, decode, settings.topics,
@@ -222,7 +225,8 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
                            dead_lettered=partial(dead_lettered_offsets, settings,
                                                  settings.topics.session_events))
     processors.folder = folder
-    folder.book.on_refused = _stop_when_refused(app, settings)
+    folder.book.on_refused = stop_when_refused(stop, settings)
+    folder.book.on_given_up = given_up = fold_again(stop, source.get_topic_name())
 
     async def fold_sessions(stream: Any) -> None:
         # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
@@ -235,7 +239,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
         async for event in stream.events():
             if not mark_received(app, event.message):
                 continue   # its records come again (transport: fetched again)
-            async with _holding_back_on_failure(processors, event):
+            async with folding_again_on_failure(event, processors.counters, given_up):
                 await folder.handle_batch(records_of(event.message),
                                           partial(mark_folded, app, event))
             release_records(event.message)
@@ -251,7 +255,7 @@ async def _reread_pointer(follow: ProjectionFollow) -> None:
 
 
 def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
-                outputs: OutputCodecs | None) -> None:
+                outputs: OutputCodecs | None, stop: WorkerStop) -> None:
     app, settings, options = processors.app, processors.settings, processors.options
     name = options.usage_topic(settings)
     by_model = app.topic(name, key_type=bytes, value_type=bytes, internal=True,
@@ -262,12 +266,13 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
                                  settled=lambda: not processors.recovery()["in_recovery"],
                                  outputs=outputs)
     processors.aggregator = aggregator
+    given_up = fold_again(stop, name)
 
     async def fold_usage(stream: Any) -> None:
         async for event in stream.events():
             if not mark_received(app, event.message):
                 continue   # its records come again (transport: fetched again)
-            async with _holding_back_on_failure(processors, event):
+            async with folding_again_on_failure(event, processors.counters, given_up):
                 values = [json.loads(r.value) for r in records_of(event.message)]
                 await aggregator.handle_batch(event.message.partition, values)
                 mark_folded(app, event)
@@ -298,61 +303,3 @@ def freeze_survivors() -> None:
     small, bounded leak. Called once a tick, so full passes only see the last tick's objects.
     """
     gc.freeze()
-
-
-def _stop_when_refused(app: Any, settings: Settings) -> Any:
-    """What the worker does when the broker refuses an output (its principal lost an ACL
-    while it ran): says why, naming the principal, and crashes the app, so the worker stops
-    and exits non-zero. Its graceful stop commits only batches whose outputs and tables
-    were written: the refused ones are folded again by the next worker."""
-    stopping: list[Any] = []   # the crash's task, kept until it is done
-
-    def refused(exc: Exception) -> None:
-        if stopping:
-            return
-        error: BrokerError = kafka_error("writing the processors' outputs", exc)
-        log.critical("%s [as principal User:%s]: the worker stops; what it folded since its "
-                     "last commit is folded again after a restart", error,
-                     settings.sasl_username or "ANONYMOUS")
-        stopping.append(asyncio.ensure_future(app.crash(error)))
-        _exit_unless_stopped_within(REFUSED_STOP_BUDGET_S)
-    return refused
-
-
-# faust's stop after a crash can wait for ever on its consumer; a refused worker must still
-# exit. Exiting without that stop is a kill -9: nothing uncommitted was acknowledged.
-REFUSED_STOP_BUDGET_S: Final = 30.0
-
-
-def _exit_unless_stopped_within(budget_s: float) -> None:
-    def give_up() -> None:
-        log.critical("the worker's stop did not finish within %.0fs: exiting now", budget_s)
-        logging.shutdown()
-        os._exit(1)
-    timer = threading.Timer(budget_s, give_up)
-    timer.daemon = True
-    timer.start()
-
-
-@asynccontextmanager
-async def _holding_back_on_failure(processors: Processors, event: Any) -> AsyncIterator[None]:
-    """An exception while folding a batch leaves the batch uncommitted, for good.
-
-    faust acks the event an agent raised on (and restarts the agent): it is marked acked
-    without telling the consumer instead, and never marked folded, so the commit of its
-    partition stops before it (:func:`pipeline.adapters.faust.commit_rule.commit_offset`); it
-    was received, so it is not fetched again (no retry loop on a poison batch), and a restart
-    folds it again. The session folds give up the partition's batches folded since its last
-    persist with it (:mod:`.persisting`: the cached states may hold half of it). Later
-    batches go on; their sessions report the records held back as gaps until then.
-    """
-    try:
-        yield
-    except Exception:
-        event.message.acked = True
-        processors.counters.failed_batches += 1
-        log.exception("folding %s[%d] up to offset %d failed; its offsets stay uncommitted "
-                      "until the worker restarts", event.message.topic, event.message.partition,
-                      event.message.offset)
-        raise
-

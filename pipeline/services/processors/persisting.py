@@ -26,9 +26,10 @@ Rules (each one keeps a kill -9 equal to a replay):
   it): after a crash a session holds all of it or none, and redelivery from the committed
   offset skips what it holds.
 - *A partition fails alone.* When an output of a partition was not acknowledged, that
-  partition's batches since its last persist are given up: never marked folded (so never
-  committed until the worker restarts and folds them again), their sessions' cached
-  states dropped (the tables are the truth again; their next records are reported as gaps).
+  partition's batches since its last persist are given up: never marked folded (so not
+  committed), their sessions' cached states dropped (the tables are the truth again), and
+  ``on_given_up`` is told: the worker reads the partition again from its committed offset
+  and folds them again (:mod:`.failures`).
 - *A refusal stops the worker.* When the broker refused an output (the principal lost an
   ACL), the partition is given up as above and ``on_refused`` is told: no later batch
   could be written either, so the worker stops (nothing given up is ever committed).
@@ -181,6 +182,9 @@ class ChangeBook:
         self._writing: list[PartitionWrites] = []       # what the persist running holds
         # Told when the broker refused an output (authorization): the worker stops.
         self.on_refused: Callable[[Exception], None] | None = None
+        # Told (partition, error) when a partition's batches were given up otherwise: its
+        # records are read again from the committed offset and folded again.
+        self.on_given_up: Callable[[int, Exception], None] | None = None
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
@@ -250,6 +254,8 @@ class ChangeBook:
                 self._give_up(writes, exc)
             if self.on_refused is not None and is_refusal(exc):
                 self.on_refused(exc)
+            elif self.on_given_up is not None:
+                self.on_given_up(writes.partition, exc)
             return
         for sid in writes.sessions():
             self._taken.pop(sid, None)
@@ -263,8 +269,8 @@ class ChangeBook:
         count = len(writes.batches) + (len(later.batches) if later else 0)
         self.drop_sessions(writes.sessions() | self.give_up_partition(writes.partition))
         self.counters.failed_batches += len(writes.batches)   # and the later ones, above
-        log.error("partition %d: %d folded batches given up (%s: %s); their offsets stay "
-                  "uncommitted until the worker restarts", writes.partition, count,
+        log.error("partition %d: %d folded batches given up (%s: %s); they are folded "
+                  "again from the committed offset", writes.partition, count,
                   type(error).__name__, error)
 
     def give_up_partition(self, partition: int) -> set[str]:

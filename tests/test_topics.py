@@ -12,6 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from pipeline.adapters.kafka.admin import ensure_topics, plan_topics, topic_configs
 from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.metrics.consumer_lag import leaders_ready
 from pipeline.core.errors import BrokerError, ConfigError
 from pipeline.settings import Secret, Settings
 
@@ -145,3 +146,19 @@ def test_client_options_refuse_bad_security_settings(changes: dict[str, str],
                                                      needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         client_options(replace(Settings(), **changes))  # type: ignore[arg-type]
+
+
+async def test_leaders_ready_reads_its_topic_alone_and_never_creates_it(
+        settings: Settings) -> None:
+    """A created topic has every partition's leader; a missing one is not ready, and the
+    question does not create it (broker-side auto-creation)."""
+    await ensure_topics(settings)
+    assert await leaders_ready(settings, settings.topics.session_events)
+    missing = settings.topic_prefix + "never-created"
+    assert not await leaders_ready(settings, missing)
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        assert missing not in await admin.list_topics()
+    finally:
+        await admin.close()

@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from pipeline.adapters.kafka.assigned import topic_leaders
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.settings import Settings
@@ -104,7 +105,8 @@ class ConsumerLagProbe:
 
 
 async def leaders_ready(settings: Settings, topic: str) -> bool:
-    """True once ``topic`` exists and every partition has a leader.
+    """True once ``topic`` exists and every partition has a leader (from metadata of that
+    topic alone, :func:`~pipeline.adapters.kafka.assigned.topic_leaders`).
 
     A reader started right after the topic was created would otherwise log an error per
     retry (aiokafka's offset lookups fail with NotLeaderForPartition until the election).
@@ -114,9 +116,7 @@ async def leaders_ready(settings: Settings, topic: str) -> bool:
     try:
         with broker_errors(f"read metadata of {topic!r}"):
             await consumer.start()
-            cluster = await consumer._client.fetch_all_metadata()
-        ids = cluster.partitions_for_topic(topic)
-        return bool(ids) and all(
-            (cluster.leader_for_partition(TopicPartition(topic, p)) or -1) >= 0 for p in ids)
+            leaders = (await topic_leaders(consumer, [topic])).get(topic, {})
+        return bool(leaders) and all(leader >= 0 for leader in leaders.values())
     finally:
         await consumer.stop()

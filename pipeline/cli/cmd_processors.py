@@ -99,7 +99,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
     asyncio.run(ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S))
-    asyncio.run(ensure_internal_topics(settings, options))
+    asyncio.run(ensure_internal_topics(settings, options, retry_for_s=SERVICE_START_RETRY_S))
     decode, outputs = EventSerde().decode, None
     if args.registry:
         # Open for the worker's lifetime: an unknown schema id is fetched once, then cached.

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from functools import partial
+from typing import Any, Final, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -40,6 +41,7 @@ ADMIN_TIMEOUT_MS: Final = 30_000
 METADATA_WAIT_S: Final = 10.0
 SERVICE_START_RETRY_S: Final = 120.0  # how long a starting service waits for the brokers
 
+_Result = TypeVar("_Result")
 log = logging.getLogger(__name__)
 
 
@@ -106,11 +108,19 @@ async def ensure_topics(settings: Settings, *, retry_for_s: float = 0.0) -> Ensu
     retriable error: a node restarting, a controller moving) is tried again with backoff, as
     a service starting beside a cluster needs; a refusal (a mismatched topic, an ACL) never.
     """
+    return await retrying_transient(partial(_ensure_topics_once, settings), retry_for_s)
+
+
+async def retrying_transient(call: Callable[[], Awaitable[_Result]], retry_for_s: float
+                             ) -> _Result:
+    """``call()``, tried again with backoff for ``retry_for_s`` while it raises a transient
+    :class:`BrokerError` (a node restarting, a controller moving); any other error, or one
+    past the budget, is raised."""
     deadline = time.monotonic() + retry_for_s
     delay_s = 0.5
     while True:
         try:
-            return await _ensure_topics_once(settings)
+            return await call()
         except BrokerError as exc:
             if not is_transient(exc) or time.monotonic() + delay_s > deadline:
                 raise

@@ -46,6 +46,7 @@ from pipeline.adapters.faust.transport import (
     release_records,
     use_batching_transport,
 )
+from pipeline.adapters.kafka.admin import retrying_transient
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
@@ -92,7 +93,8 @@ def faust_broker_options(settings: Settings) -> dict[str, Any]:
     return result
 
 
-async def ensure_internal_topics(settings: Settings, options: ProcessorsOptions) -> None:
+async def ensure_internal_topics(settings: Settings, options: ProcessorsOptions, *,
+                                 retry_for_s: float = 0.0) -> None:
     """Create the usage-by-model topic and the tables' changelogs before the worker starts,
     and wait until the metadata shows them.
 
@@ -102,12 +104,14 @@ async def ensure_internal_topics(settings: Settings, options: ProcessorsOptions)
     and a table whose changelog shows 0 partitions crashes its agent (faust's
     ``PartitionsMismatch``, seen on the 3-node cluster). The usage topic is kept like the
     session topic (no retention), changelogs are compacted as faust makes them; an existing
-    topic is left as it is.
+    topic is left as it is. ``retry_for_s``: as :func:`ensure_topics` (a node restarting).
     """
-    await ensure_topic(settings, options.usage_topic(settings), compact=False)
-    for table in (*SESSION_TABLES, USAGE_TABLE):
-        await ensure_topic(settings, f"{options.app_id(settings)}-{table}-changelog",
-                           compact=True)
+    topics = [(options.usage_topic(settings), False),
+              *((f"{options.app_id(settings)}-{table}-changelog", True)
+                for table in (*SESSION_TABLES, USAGE_TABLE))]
+    for topic, compact in topics:
+        await retrying_transient(partial(ensure_topic, settings, topic, compact=compact),
+                                 retry_for_s)
 
 
 def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:

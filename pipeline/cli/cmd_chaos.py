@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from pipeline.adapters.localstack.artifacts import default_cache_dir
 from pipeline.cli.chaos.campaign import Campaign, CampaignOptions, derive_seed
+from pipeline.cli.chaos.fleet import DEFAULT_STORE
 from pipeline.cli.chaos.report import write_raw, write_report
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
@@ -44,8 +45,9 @@ def register(subparsers: Any) -> None:
                         help="agent sessions receiving inbox commands (200)")
     parser.add_argument("--rate", type=float, default=4.0, metavar="R",
                         help="inbox commands per second after each session's first two (4)")
-    parser.add_argument("--store", default="memory://",
-                        help="processors table store: memory:// (default) or rocksdb://")
+    parser.add_argument("--store", default=DEFAULT_STORE,
+                        help="processors table store: rocksdb:// (the shipped one) or "
+                             "memory://")
     parser.add_argument("--toxiproxy", type=Path, default=None, metavar="PATH",
                         help="Toxiproxy server binary (default: the one `make toxiproxy` "
                              "installs in the cache)")
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         signal.signal(signal.SIGTERM, previous)
     command = (f"dsh-pipeline chaos --minutes {args.minutes:g} --seed {seed} "
                f"--sessions {args.sessions} --rate {args.rate:g}")
-    if args.store != "memory://":
+    if args.store != DEFAULT_STORE:
         command += f" --store {shlex.quote(args.store)}"
     write_report(outcome, args.report, command)
     write_raw(outcome, workdir)

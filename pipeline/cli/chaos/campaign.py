@@ -30,7 +30,7 @@ from pipeline.adapters.kafka.topic_scan import last_seqs
 from pipeline.cli.chaos import invariants as inv
 from pipeline.cli.chaos.bounded import run_bounded
 from pipeline.cli.chaos.faults import FaultPlan, Faults
-from pipeline.cli.chaos.fleet import Fleet, FleetOptions
+from pipeline.cli.chaos.fleet import DEFAULT_STORE, Fleet, FleetOptions
 from pipeline.cli.chaos.load import Load, ShipLoad
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import DshError
@@ -54,7 +54,7 @@ class CampaignOptions:
     fault_s: float
     workdir: Path
     rate_per_s: float = 4.0
-    store: str = "memory://"
+    store: str = DEFAULT_STORE
     toxiproxy: Path | None = None
     periodic_check_s: float = 120.0
 

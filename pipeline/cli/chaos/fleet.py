@@ -58,11 +58,14 @@ class Service:
         return self.process is not None and self.process.alive()
 
 
+# The processors' store of the shipped configuration (compose, Kubernetes).
+DEFAULT_STORE: Final = "rocksdb://"
+
 @dataclass(slots=True)
 class FleetOptions:
     workdir: Path
     seed: int
-    store: str = "memory://"
+    store: str = DEFAULT_STORE
     toxiproxy: Path | None = None
     partitions: int = 6
     stall_s: float = 8.0

@@ -5,9 +5,13 @@ an upgrade that removes or changes one fails here, naming it."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.consumer.subscription_state import SubscriptionState
 
 from pipeline.adapters.faust import private_api
 
@@ -107,3 +111,20 @@ def test_services_get_faust_s_kafka_transport_only_through_the_adapter() -> None
                      if isinstance(node, ast.Import) else [])
             assert not any(name.startswith(("faust.transport", "aiokafka", "mode"))
                            for name in names), module
+
+
+async def test_waiting_for_a_reassignment_is_bounded() -> None:
+    """A group that never finishes rejoining (a worker stopping after a crash) cannot hold
+    the consumer thread's fetch call past its timeout."""
+    subscriptions = SubscriptionState()
+    subscriptions.subscribe({"t"})
+    fetcher = SimpleNamespace(_subscriptions=subscriptions)
+    assert not await private_api.wait_for_reassignment(fetcher, 0.0)    # the first one
+    subscriptions.assign_from_subscribed({TopicPartition("t", 0)})
+    assert await private_api.wait_for_reassignment(fetcher, 0.0)        # none in progress
+    subscriptions.begin_reassignment()
+    assert not await private_api.wait_for_reassignment(fetcher, 0.05)
+    waiting = asyncio.ensure_future(private_api.wait_for_reassignment(fetcher, 5.0))
+    await asyncio.sleep(0.01)
+    subscriptions.assign_from_subscribed({TopicPartition("t", 1)})
+    assert await waiting

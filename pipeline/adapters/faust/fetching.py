@@ -111,7 +111,10 @@ class ShortPollConsumerThread(AIOKafkaConsumerThread):
             raise AIOKafkaConsumer.consumer_stopped_errors[0]()
         deadline = time.monotonic() + (timeout or 0.0)
         while True:
-            await private_api.wait_for_reassignment(fetcher)
+            # Bounded like the rest of the call: a group that never finishes rejoining (a
+            # worker stopping after a crash) must not hold the thread's stop for ever.
+            if not await private_api.wait_for_reassignment(fetcher, deadline - time.monotonic()):
+                return {}
             asked = _asked(active_partitions, consumer)
             if asked is not None:
                 before = private_api.positions(fetcher, asked)

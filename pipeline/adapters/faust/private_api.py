@@ -18,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import sys
@@ -244,11 +245,19 @@ def fetcher_closed(fetcher: Any) -> bool:
     return bool(fetcher._closed)
 
 
-async def wait_for_reassignment(fetcher: Any) -> None:
-    """Until a reassignment in progress (if any) is done."""
+async def wait_for_reassignment(fetcher: Any, timeout: float) -> bool:
+    """Until a reassignment in progress (if any) is done (True), for at most ``timeout``
+    seconds (False: still in progress). Raises what aborted it (a fatal group error)."""
     subscriptions = fetcher._subscriptions
-    if subscriptions.reassignment_in_progress:
-        await subscriptions.wait_for_assignment()
+    if not subscriptions.reassignment_in_progress:
+        return True
+    waiter = subscriptions.wait_for_assignment()
+    done, _ = await asyncio.wait([waiter], timeout=max(timeout, 0.0))
+    if not done:
+        waiter.cancel()   # aiokafka resolves only the waiters not done yet
+        return False
+    waiter.result()
+    return True
 
 
 def positions(fetcher: Any, tps: Iterable[Any]) -> dict[Any, int | None]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.adapters.chaos.toxiproxy import Toxiproxy
 from pipeline.adapters.localstack.kafka import KafkaLocal, NodeSpec
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
+from pipeline.adapters.localstack.process import free_ports
 
 
 class ProxiedKafka(KafkaLocal):
@@ -43,12 +43,6 @@ class ProxiedKafka(KafkaLocal):
             self.proxy_ports[node.node_id] = self._toxiproxy.proxy(
                 self.proxy_name(node.node_id), self.client_ports[node.node_id])
         super().launch()
-
-    def restart(self, node_id: int) -> None:
-        """Start a node again (after :meth:`kill9`) on its existing storage."""
-        [node] = [n for n in self.nodes if n.node_id == node_id]
-        self._procs[node_id] = ChildProcess(
-            f"kafka node {node_id}", self._server_argv(node), node.log_path, node.home)
 
     def _render(self, node: NodeSpec) -> str:
         text = super()._render(node)

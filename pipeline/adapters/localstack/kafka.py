@@ -165,6 +165,12 @@ class KafkaLocal:
         """SIGKILL one node (failure tests)."""
         self._procs[node_id].kill9()
 
+    def restart(self, node_id: int) -> None:
+        """Start a node again (after :meth:`kill9`) on its existing storage, same ports."""
+        [node] = [n for n in self.nodes if n.node_id == node_id]
+        self._procs[node_id] = ChildProcess(
+            f"kafka node {node_id}", self._server_argv(node), node.log_path, node.home)
+
     def alive(self, node_id: int) -> bool:
         proc = self._procs.get(node_id)
         return proc is not None and proc.alive()

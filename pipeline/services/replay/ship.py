@@ -12,6 +12,12 @@ again.
 
 A file whose first event seq is past the topic's next seq, or with a bad line, is reported and
 its events from there on are held back (publishing past a hole would make a gap).
+
+Following, a pass that fails on the broker (a node restarting, a connection cut: the producer
+of a failed transaction is not used again) starts over as a restart would: a new producer
+fences the old one (aborting its open transaction), the checkpoint is read again from the
+topic, and every file is read again; the delay doubles from 1 s to 30 s while it keeps
+failing. A refusal (an ACL) or being fenced by another shipper of the directory stops it.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.adapters.kafka.errors import is_fencing, is_refusal
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import last_seqs
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.sessionfile import FileProblem, SessionFile, scan_session_file
-from pipeline.core.errors import SessionFileError
+from pipeline.core.errors import BrokerError, SessionFileError
 from pipeline.core.events import Event, JsonValue
 from pipeline.services.replay.prepare import session_id_for
 from pipeline.services.replay.topic import Encoder, event_records
@@ -39,6 +46,8 @@ from pipeline.settings import Settings
 Progress = Callable[[str], None]
 NewEvents = tuple[str, list[Event], dict[str, JsonValue] | None]
 SUFFIXES = (".jsonl", ".jsonl.zstd")
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 
 def session_files(root: Path) -> Iterator[Path]:
@@ -92,14 +101,23 @@ class Shipper:
         self._seen: dict[Path, _Seen] = {}
         self._reported: set[str] = set()
         self._partitions = 0
+        self._ready = False   # started, checkpoint read; False after a broker failure
         digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
-        self.producer = PartitionProducer(
-            settings, group_id=f"{settings.group_id_prefix}{settings.topic_prefix}ship-{digest}",
-            partition=0)
+        self._group_id = f"{settings.group_id_prefix}{settings.topic_prefix}ship-{digest}"
+        self.producer = self._new_producer()
+
+    def _new_producer(self) -> PartitionProducer:
+        return PartitionProducer(self.settings, group_id=self._group_id, partition=0)
 
     async def __aenter__(self) -> Shipper:
         if not self.root.is_dir():
             raise SessionFileError(f"{self.root}: not a directory", path=str(self.root))
+        await self._start()
+        return self
+
+    async def _start(self) -> None:
+        """Fence an earlier shipper (or this one's failed producer), then read the
+        checkpoint; every file is read again at the next pass."""
         await self.producer.start()  # fences an earlier shipper before reading the checkpoint
         try:
             self._partitions = await self.producer.partition_count(
@@ -109,16 +127,31 @@ class Shipper:
             await self.producer.close()
             raise
         self.next_seq = {sid: seq + 1 for sid, seq in found.items()}
-        return self
+        self._seen.clear()
+        self._ready = True
 
     async def __aexit__(self, *exc: object) -> None:
         await self.producer.close()
 
     async def run(self, *, follow: bool = False, interval_s: float = 1.0) -> ShipStats:
-        """One pass over the tree, or (``follow``) passes every ``interval_s`` until cancelled."""
+        """One pass over the tree, or (``follow``) passes every ``interval_s`` until cancelled
+        (a broker failure then starts over, see the module doc)."""
+        delay_s = RETRY_FIRST_S
         while True:
             started, before = time.monotonic(), self.stats.published
-            await self.pass_once()
+            try:
+                if not self._ready:
+                    await self._start_over()
+                await self.pass_once()
+            except BrokerError as exc:
+                if not follow or is_refusal(exc) or is_fencing(exc):
+                    raise
+                self._ready = False
+                self.progress(f"{exc}; starting over from the topic in {delay_s:.0f} s")
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+                continue
+            delay_s = RETRY_FIRST_S
             shipped = self.stats.published - before
             if shipped or not follow:
                 rate = shipped / max(time.monotonic() - started, 1e-6)
@@ -128,6 +161,12 @@ class Shipper:
             if not follow:
                 return self.stats
             await asyncio.sleep(interval_s)
+
+    async def _start_over(self) -> None:
+        """A new producer (the failed one is not used again) and checkpoint."""
+        await self.producer.close()
+        self.producer = self._new_producer()
+        await self._start()
 
     async def pass_once(self) -> int:
         """Publish what is new in every changed file; returns the number of events shipped.

@@ -1,0 +1,89 @@
+"""A following shipper outlives a broker restart: the pass that fails on the broker starts
+over from the topic (a new producer, the checkpoint read again), and every event of the
+files is on the topic exactly once (:mod:`pipeline.services.replay.ship`). Its own one-node
+broker, killed with ``kill -9`` and restarted on the same storage and port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.localstack.artifacts import Artifacts
+from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.codec.avro import EventSerde
+from pipeline.codec.sessionfile import write_session_file
+from pipeline.services.replay.ship import Shipper
+from pipeline.services.replay.topic import read_sessions
+from pipeline.settings import Settings
+from pipeline.testing.synth import synth_header, synth_session
+
+pytestmark = pytest.mark.cluster   # a broker of its own, killed and restarted
+
+WAIT_S = 180.0
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[KafkaLocal]:
+    kafka = KafkaLocal(Artifacts.default().require_kafka(), tmp_path / "kafka", heap_mb=384)
+    try:
+        kafka.start(budget_s=300)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+async def _until(what: str, check: Callable[[], bool], task: asyncio.Task[object]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if task.done():
+            task.result()
+            raise AssertionError(f"the shipper stopped before {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_following_shipper_starts_over_after_the_broker_restarts(
+        own_broker: KafkaLocal, tmp_path: Path) -> None:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    settings = Settings.from_env({}, bootstrap_servers=own_broker.bootstrap, topic_prefix=prefix,
+                                 partitions=1, replication_factor=1,
+                                 group_id_prefix=f"{prefix}g-")
+    await ensure_topics(settings)
+    files = tmp_path / "files"
+    files.mkdir()
+    sessions = {f"ship-{seed}": synth_session(seed, 120) for seed in (3, 4)}
+    (first, first_events), (second, second_events) = sessions.items()
+    write_session_file(files / f"{first}.jsonl", first_events,
+                       header={**synth_header(3), "id": first})
+    lines: list[str] = []
+    serde = EventSerde()
+    node = own_broker.nodes[0].node_id
+    async with Shipper(settings, files, serde.encode, progress=lines.append) as shipper:
+        task: asyncio.Task[object] = asyncio.create_task(
+            shipper.run(follow=True, interval_s=0.2))
+        try:
+            await _until("the first file is shipped",
+                         lambda: shipper.stats.published == len(first_events), task)
+            own_broker.kill9(node)
+            write_session_file(files / f"{second}.jsonl", second_events,
+                               header={**synth_header(4), "id": second})
+            await _until("a pass fails on the broker",
+                         lambda: any("starting over" in line for line in lines), task)
+            own_broker.restart(node)
+            await asyncio.to_thread(own_broker.wait_ready, 120)
+            await _until("the second file is shipped",
+                         lambda: second in shipper.next_seq
+                         and shipper.next_seq[second] == len(second_events), task)
+            assert not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    found = await read_sessions(settings, serde.decode, only=list(sessions))
+    for session_id, events in sessions.items():
+        assert [logged.event for logged in found.events[session_id]] == events, session_id

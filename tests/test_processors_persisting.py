@@ -232,3 +232,41 @@ async def test_a_commits_worth_of_batches_is_marked_in_order_or_not_at_all(
     assert marked == ([] if last_output_fails else list(range(len(parts))))
     assert harness.counters.failed_batches == (len(parts) if last_output_fails else 0)
     assert (harness.tables.sessions == {}) is last_output_fails
+
+
+async def test_session_records_are_written_only_after_their_nodes_are_acknowledged() -> None:
+    """The tables' changelogs are separate topics: a kill -9 can keep a session record and
+    lose the nodes it names (seen in the chaos campaign: messages missing for good, the
+    record's seqs skipped as duplicates by every later owner). So the persist waits for
+    the node writes before it writes a record; a lost write writes no record, marks no
+    batch folded and stops the worker."""
+    harness = Harness()
+    (sid, events), = sessions(24, 1).items()
+    marked: list[str] = []
+    seen_at_flush: list[tuple[int, bool]] = []
+
+    async def flush() -> None:
+        seen_at_flush.append((len(harness.tables.nodes), sid in harness.tables.sessions))
+
+    harness.folder.book.flush_tables = flush
+    await harness.folder.handle_batch([harness.record(sid, e) for e in events],
+                                      lambda: marked.append("folded"))
+    await harness.folder.persist()
+    assert seen_at_flush and seen_at_flush[0][0] > 0            # the nodes were written...
+    assert seen_at_flush[0][1] is False                         # ...the record not yet
+    assert harness.messages(sid) == list(derive_messages(events)) and marked == ["folded"]
+
+    lost: list[str] = []
+    (other, other_events) = list(sessions(25, 2).items())[1]     # another session id
+    assert other != sid
+
+    async def failing_flush() -> None:
+        raise RuntimeError("a changelog write expired")
+
+    harness.folder.book.flush_tables = failing_flush
+    harness.folder.book.on_lost_write = lambda exc: lost.append(str(exc))
+    await harness.folder.handle_batch([harness.record(other, e) for e in other_events],
+                                      lambda: marked.append("lost"))
+    await harness.folder.persist()
+    assert lost == ["a changelog write expired"]
+    assert other not in harness.tables.sessions and marked == ["folded"]

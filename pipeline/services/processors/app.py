@@ -60,6 +60,7 @@ from pipeline.services.processors.failures import (
     fold_again,
     folding_again_on_failure,
     stop_when_refused,
+    stop_when_write_lost,
 )
 from pipeline.services.processors.folding import (
     Decoder,
@@ -230,6 +231,8 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
                                                  settings.topics.session_events))
     processors.folder = folder
     folder.book.on_refused = stop_when_refused(stop, settings)
+    folder.book.on_lost_write = stop_when_write_lost(stop)
+    folder.book.flush_tables = lambda: app.producer.flush()
     folder.book.on_given_up = given_up = fold_again(stop, source.get_topic_name())
 
     async def fold_sessions(stream: Any) -> None:

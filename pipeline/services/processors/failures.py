@@ -15,6 +15,10 @@ Rules:
   ever; a supervisor restarts the worker, which folds from the committed offsets).
 - The broker refusing an output (an ACL lost while the worker ran) stops the worker at
   once, naming its principal (:func:`stop_when_refused`).
+- A table write that was not acknowledged stops the worker at once
+  (:func:`stop_when_write_lost`): its tables are ahead of their changelogs, and only a
+  restart (tables restored from the changelogs, folds from the committed offsets) makes
+  them agree again.
 - A stopping worker exits within :data:`STOP_BUDGET_S` even when faust's stop after the
   crash hangs on its consumer: exiting without that stop is a kill -9, which loses nothing
   acknowledged (nothing uncommitted was acknowledged).
@@ -79,6 +83,18 @@ def stop_when_refused(stop: WorkerStop, settings: Settings) -> Callable[[Excepti
                      settings.sasl_username or "ANONYMOUS")
         stop(error)
     return refused
+
+
+def stop_when_write_lost(stop: WorkerStop) -> Callable[[Exception], None]:
+    """What the worker does when a table write was not acknowledged: says so and stops."""
+    def lost(exc: Exception) -> None:
+        if stop.stopping:
+            return
+        log.critical("a table write was not acknowledged (%s: %s): the worker stops; its "
+                     "next start restores the tables from their changelogs",
+                     type(exc).__name__, exc)
+        stop(exc)
+    return lost
 
 
 def fold_again(stop: WorkerStop, topic: str) -> Callable[[int, Exception], None]:

@@ -16,9 +16,10 @@ event that breaks a surface rule, is dead-lettered and processing goes on. So is
 after which the session's table records could exceed the producer's record limit
 (:meth:`SessionFolder._refuse_oversize`): its session stops there, like at a broken rule.
 
-**Crash consistency.** Table writes reach their changelogs in the order they were made, a
-kill -9 loses a suffix of them, and a batch's offsets are committed only after its table
-writes were made and the producer flushed. Everything the batches decide for one session
+**Crash consistency.** The tables' changelogs are separate topics, so a kill -9 can lose
+any of the table writes not yet acknowledged; a batch's offsets are committed only after
+its table writes were made and acknowledged, and a session's record only after the nodes it
+names (:mod:`.persisting`). Everything the batches decide for one session
 (next seq, surface slots, usage, fleet status) is ONE record of the ``sessions`` table,
 written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
 all of the session's events since the previous commit or none, and redelivery from the

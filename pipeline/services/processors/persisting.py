@@ -18,9 +18,18 @@ Rules (each one keeps a kill -9 equal to a replay):
   (:func:`pipeline.adapters.faust.transport.mark_folded`: outputs acknowledged, state
   written) only after its partition's records are written; the commit that follows flushes
   them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
-- *Nodes before records, and only live ones.* The ``nodes`` records (one per live surface
-  node's message) are written by the persist too, before the session records; a node both
-  appended and taken off the surface between two persists is never written, nor deleted.
+- *Nodes acknowledged before records, and only live ones.* The ``nodes`` records (one per
+  live surface node's message) are written by the persist too, and the session records only
+  once every node write is acknowledged (``flush_tables``): the tables' changelogs are
+  different topics, each partition with its own leader, so a kill -9 can lose any subset of
+  writes still unacknowledged, not only a suffix. A record that survives a crash finds the
+  nodes it names; nodes without their record are written again by the refold (the same
+  keys and values). A node both appended and taken off the surface between two persists is
+  never written, nor deleted.
+- *A lost table write stops the worker.* When ``flush_tables`` raises (a table write was
+  not acknowledged), the tables this worker holds are ahead of their changelogs: nothing of
+  the persist is marked folded and ``on_lost_write`` is told, so the worker stops and its
+  next start restores the tables from the changelogs.
 - *One record per session.* Everything the batches decided for a session since the last
   persist is one ``sessions`` record (or one ``chunk_marks`` cursor when only chunks moved
   it): after a crash a session holds all of it or none, and redelivery from the committed
@@ -101,14 +110,19 @@ class PartitionWrites:
     def sessions(self) -> set[str]:
         return set(self.records) | set(self.marks)
 
-    async def write(self, tables: SessionTables) -> None:
-        """Write the records, a slice at a time (a commit writes every session a few
-        seconds of folds touched: in one go that stalled the folds and fetches for ms)."""
-        # The nodes first: a record that survives a crash finds the nodes it names.
-        items: list[tuple[Table, str, Any]] = [
-            *((tables.nodes, key, node) for key, node in self.nodes.items()),
+    async def write_nodes(self, tables: SessionTables) -> None:
+        """Write the node records (acknowledged before :meth:`write_records`)."""
+        await self._write([(tables.nodes, key, node) for key, node in self.nodes.items()])
+
+    async def write_records(self, tables: SessionTables) -> None:
+        """Write the session records and chunk cursors."""
+        await self._write([
             *((tables.sessions, sid, record) for sid, record in self.records.items()),
-            *((tables.chunk_marks, sid, cursor) for sid, cursor in self.marks.items())]
+            *((tables.chunk_marks, sid, cursor) for sid, cursor in self.marks.items())])
+
+    async def _write(self, items: list[tuple[Table, str, Any]]) -> None:
+        """Write ``items``, a slice at a time (a commit writes every session a few seconds
+        of folds touched: in one go that stalled the folds and fetches for ms)."""
         for start in range(0, len(items), WRITE_SLICE):
             if start:
                 await asyncio.sleep(0)
@@ -117,6 +131,10 @@ class PartitionWrites:
                 _write(part)
             else:
                 self.context.run(_write, part)
+
+
+async def _nothing_to_flush() -> None:
+    """A table write is acknowledged when made (plain dicts: the unit tests)."""
 
 
 async def _acknowledged(deliveries: list[Awaitable[object]]) -> None:
@@ -185,6 +203,11 @@ class ChangeBook:
         # Told (partition, error) when a partition's batches were given up otherwise: its
         # records are read again from the committed offset and folded again.
         self.on_given_up: Callable[[int, Exception], None] | None = None
+        # Until every table write made before the call is acknowledged; raises when one
+        # was lost (the worker's producer flush; nothing to wait for with plain dicts).
+        self.flush_tables: Callable[[], Awaitable[None]] = _nothing_to_flush
+        # Told when a table write was lost: the worker stops (see the module doc).
+        self.on_lost_write: Callable[[Exception], None] | None = None
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
@@ -238,16 +261,19 @@ class ChangeBook:
                 self._taken = {sid: writes for writes in taken for sid in writes.sessions()}
                 self._writing = taken
             try:
-                for writes in taken:
-                    await self._persist_partition(writes, tables)
+                written = [writes for writes in taken
+                           if await self._write_nodes(writes, tables)]
+                if await self._nodes_acknowledged(written):
+                    for writes in written:
+                        await self._write_records(writes, tables)
             finally:
                 self._taken, self._writing = {}, []
 
-    async def _persist_partition(self, writes: PartitionWrites, tables: SessionTables
-                                 ) -> None:
+    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables) -> bool:
+        """The partition's outputs acknowledged, its nodes written; False: given up."""
         try:
             await _acknowledged(writes.deliveries)
-            await writes.write(tables)
+            await writes.write_nodes(tables)
         except Exception as exc:
             _quiet(writes.deliveries)
             async with self.lock:
@@ -256,7 +282,27 @@ class ChangeBook:
                 self.on_refused(exc)
             elif self.on_given_up is not None:
                 self.on_given_up(writes.partition, exc)
-            return
+            return False
+        return True
+
+    async def _nodes_acknowledged(self, written: list[PartitionWrites]) -> bool:
+        """Until the node writes are acknowledged; False (every partition given up, the
+        worker told to stop) when a table write was lost."""
+        if not any(writes.nodes for writes in written):
+            return True
+        try:
+            await self.flush_tables()
+        except Exception as exc:
+            async with self.lock:
+                for writes in written:
+                    self._give_up(writes, exc)
+            if self.on_lost_write is not None:
+                self.on_lost_write(exc)
+            return False
+        return True
+
+    async def _write_records(self, writes: PartitionWrites, tables: SessionTables) -> None:
+        await writes.write_records(tables)
         for sid in writes.sessions():
             self._taken.pop(sid, None)
         await _mark_folded(writes.batches)

@@ -27,6 +27,17 @@ stopped at the next await point, buffered events committed if the producer is no
 yet, producer closed) and new ones are built in background tasks while paused. Kept
 partitions carry on: a member that lost a partition in between would have been fenced.
 
+No inbox record is skipped: an owner gets its partition's records from the committed offset
+on. Records fetched while a partition builds are dropped, so the poll loop seeks the partition
+to its committed offset in the step that adopts the build, between two polls, in the
+consumer's current assignment; a kept partition's new assignment starts at the group's
+committed offset, which only its owner moves. The seek is not made by the build task: the
+poll blocks while the group rebalances, so a build can end during a rebalance, and a seek made
+then holds for the assignment being replaced while the blocked poll returns the new
+assignment's records, dropped, before the build is adopted. The owner's first record would
+then lie past them, and its commit point (``InboxOffsets``: gaps are normal, transaction
+markers take offsets) would pass commands that never entered their session.
+
 Backpressure: when more than ``max_turns_in_flight`` sessions are running a turn, every
 partition is paused; fetching resumes once no more than ``resume_below`` are running.
 
@@ -181,11 +192,7 @@ class DriverService:
         if delay_s:
             await asyncio.sleep(delay_s)
         consumer = self._consumer
-        owned = await build_partition(self.ctx, partition,
-                                      lambda: consumer.committed(partition))
-        # Fetch from the committed offset: records fetched while building were dropped.
-        await consumer.seek(partition, owned.sink.offsets.committed)
-        return owned
+        return await build_partition(self.ctx, partition, lambda: consumer.committed(partition))
 
     async def _collect_builds(self) -> None:
         for partition, task in list(self._building.items()):
@@ -204,12 +211,19 @@ class DriverService:
                 if partition in self._assigned:
                     self._start_build(partition, self.config.rebuild_retry_s)
                 continue
-            if partition in self._assigned:
+            if partition in self._assigned and self._fetch_from_committed(owned):
                 self.owned[partition] = owned
                 self._gc.freeze()  # its rebuilt logs are long-lived: out of every collection
             else:
                 await owned.release(grace_s=0)
         self._update_ready()
+
+    def _fetch_from_committed(self, owned: OwnedPartition) -> bool:
+        """Seek ``owned``'s partition to its committed offset, as it is adopted (see the
+        module's docstring: records fetched until now were dropped); False when the consumer
+        does not hold the partition (a new assignment without it is being installed)."""
+        assert self._consumer is not None
+        return self._consumer.seek(owned.partition, owned.sink.offsets.committed)
 
     def _update_ready(self) -> None:
         if not self._building and self._assigned and set(self.owned) >= (

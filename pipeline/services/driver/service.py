@@ -211,17 +211,20 @@ class DriverService:
                 if partition in self._assigned:
                     self._start_build(partition, self.config.rebuild_retry_s)
                 continue
-            if partition in self._assigned and self._fetch_from_committed(owned):
+            if partition not in self._assigned:
+                await owned.release(grace_s=0)
+            elif self._fetch_from_committed(owned):
                 self.owned[partition] = owned
                 self._gc.freeze()  # its rebuilt logs are long-lived: out of every collection
-            else:
+            else:  # an assignment is being installed; its callback cancels this if p left
                 await owned.release(grace_s=0)
+                self._start_build(partition, self.config.rebuild_retry_s)
         self._update_ready()
 
     def _fetch_from_committed(self, owned: OwnedPartition) -> bool:
         """Seek ``owned``'s partition to its committed offset, as it is adopted (see the
         module's docstring: records fetched until now were dropped); False when the consumer
-        does not hold the partition (a new assignment without it is being installed)."""
+        does not hold the partition."""
         assert self._consumer is not None
         return self._consumer.seek(owned.partition, owned.sink.offsets.committed)
 

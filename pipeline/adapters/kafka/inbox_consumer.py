@@ -115,6 +115,12 @@ class InboxConsumer:
         self._consumer.seek(tp, offset)
         return True
 
+    def rejoin(self) -> None:
+        """Join the group again: a rebalance, or (a follower whose subscription is unchanged
+        in a stable group) the current assignment confirmed; either way the listener's
+        callbacks run as after a rebalance, and fetching waits for the assignment."""
+        self._consumer.subscribe([self.topic], listener=self._listener)
+
     async def committed(self, partition: int) -> tuple[int | None, str]:
         """The group's committed offset of ``partition`` (None if none) and its metadata.
 

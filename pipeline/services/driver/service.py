@@ -38,6 +38,14 @@ assignment's records, dropped, before the build is adopted. The owner's first re
 then lie past them, and its commit point (``InboxOffsets``: gaps are normal, transaction
 markers take offsets) would pass commands that never entered their session.
 
+A partition whose producer is fenced is given up until the next assignment: usually another
+member owns it in a newer generation, and that assignment is under way. A fence can also come
+from no owner (another member's build that its rebalance cancelled after the build had sent
+its producer's initialisation, which reached the broker after this member's), and then no
+rebalance would follow: so a member fenced on a partition its assignment still holds rejoins
+the group, and the answer (a rebalance, or its assignment confirmed) rebuilds the partition
+if it is still this member's.
+
 Backpressure: when more than ``max_turns_in_flight`` sessions are running a turn, every
 partition is paused; fetching resumes once no more than ``resume_below`` are running.
 
@@ -102,6 +110,7 @@ class DriverService:
         self._building: dict[int, asyncio.Task[OwnedPartition]] = {}
         self._assigned: set[int] = set()
         self._given_up: set[int] = set()  # fenced: wait for the next assignment
+        self._rejoining = False  # rejoined the group for a fenced partition, not answered yet
         self._throttled = False
         self._consumer: InboxConsumer | None = None
         self.ready = asyncio.Event()  # set once every assigned partition is built
@@ -168,6 +177,7 @@ class DriverService:
         log.info("inbox partitions assigned: %s", sorted(assigned))
         self._assigned = assigned
         self._given_up.clear()
+        self._rejoining = False
         for partition in sorted(set(self.owned) - assigned):
             self.metrics.partitions_lost += 1
             lost = self.owned.pop(partition, None)
@@ -254,6 +264,7 @@ class DriverService:
                 log.warning("inbox partition %d given up: %s", partition, error)
                 self.metrics.fenced += 1
                 self._given_up.add(partition)
+                self._ask_assignment(partition)
             elif error is not None and _refused(error):
                 raise error   # the run loop shuts down; the CLI says it, with the principal
             else:
@@ -261,6 +272,17 @@ class DriverService:
                 self.metrics.broker_failures += 1
                 if partition in self._assigned:
                     self._start_build(partition)
+
+    def _ask_assignment(self, partition: int) -> None:
+        """A fenced partition the group still assigns here: rejoin the group (once until the
+        next assignment), whose answer decides whether it is rebuilt (see the module's
+        docstring)."""
+        assert self._consumer is not None
+        if partition in self._assigned and not self._rejoining:
+            log.info("inbox partition %d fenced while assigned here: rejoining the group",
+                     partition)
+            self._rejoining = True
+            self._consumer.rejoin()
 
     # -- records and backpressure --------------------------------------------------------
 

@@ -57,12 +57,12 @@ class SlowBuildDriver(DriverService):
 
     def __init__(self, ctx: PartitionContext, config: DriverConfig) -> None:
         super().__init__(ctx, config)
-        self.built = asyncio.Event()  # a build did its work and waits to finish
+        self.builds_waiting = 0  # builds that did their work and wait to finish
         self.finish_builds = asyncio.Event()
 
     async def _build(self, partition: int, delay_s: float) -> OwnedPartition:
         owned = await super()._build(partition, delay_s)
-        self.built.set()
+        self.builds_waiting += 1
         try:
             await self.finish_builds.wait()
         except asyncio.CancelledError:
@@ -143,54 +143,91 @@ async def _entered(settings: Settings) -> set[str]:
             for message_id in logged_message_ids(event)}
 
 
-async def test_a_build_finished_during_a_rebalance_gets_every_record_after_it(
-        kafka_bootstrap: str, topic_prefix: str, group_id: str) -> None:
+async def _settings(kafka_bootstrap: str, topic_prefix: str, partitions: int) -> Settings:
     settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
-                                 topic_prefix=topic_prefix, partitions=1, replication_factor=1)
+                                 topic_prefix=topic_prefix, partitions=partitions,
+                                 replication_factor=1)
     await ensure_topics(settings)
-    other_topic = f"{topic_prefix}other"
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(other_topic, 1, 1)])
+        await admin.create_topics([NewTopic(_other_topic(settings), 1, 1)])
     finally:
         await admin.close()
-    ids = await _send_followups(settings, BEFORE)  # inbox offsets 0-4, never committed
+    return settings
 
-    revocations = Revocations()
-    service_log = logging.getLogger("pipeline.services.driver.service")
-    service_log.addHandler(revocations)
-    service_log.setLevel(logging.INFO)
-    holding = SlowRejoin()
-    holder = await _member(settings, group_id, other_topic, holding)
-    joiner: AIOKafkaConsumer | None = None
-    ctx = driver_context(settings, group_id=group_id, tools=builtin_registry(), linger_ms=10,
-                         script=echo_script)
-    driver = SlowBuildDriver(ctx, DriverConfig(linger_ms=10, session_timeout_ms=10_000,
-                                               shutdown_grace_s=2,
-                                               poll_timeout_ms=POLL_TIMEOUT_MS))
-    stop = asyncio.Event()
-    run = asyncio.create_task(driver.run(stop))
-    try:
-        # The driver joins (the holder rejoins at once) and builds inbox partition 0.
-        await asyncio.wait_for(driver.built.wait(), WAIT_S)
-        # A member joins: a rebalance the holder keeps open until the test lets it rejoin.
-        holding.rejoin.clear()
-        joiner = await _member(settings, group_id, other_topic)
-        await _until(lambda: revocations.count >= 1 and holding.waiting.is_set(),
+
+def _other_topic(settings: Settings) -> str:
+    return f"{settings.topic_prefix}other"
+
+
+class Fleet:
+    """The driver under test, and the holder keeping the group's next rebalance open."""
+
+    def __init__(self, settings: Settings, group: str) -> None:
+        self.settings, self.group = settings, group
+        ctx = driver_context(settings, group_id=group, tools=builtin_registry(), linger_ms=10,
+                             script=echo_script)
+        self.driver = SlowBuildDriver(ctx, DriverConfig(linger_ms=10, session_timeout_ms=10_000,
+                                                        shutdown_grace_s=2,
+                                                        poll_timeout_ms=POLL_TIMEOUT_MS))
+        self.holding = SlowRejoin()
+        self.members: list[AIOKafkaConsumer] = []
+        self.revocations = Revocations()
+        self.stop = asyncio.Event()
+        self.run: asyncio.Task[None] | None = None
+
+    async def start(self, builds: int) -> None:
+        """The holder joins, then the driver, which builds ``builds`` partitions (waiting)."""
+        service_log.addHandler(self.revocations)
+        service_log.setLevel(logging.INFO)
+        self.members.append(await _member(self.settings, self.group,
+                                          _other_topic(self.settings), self.holding))
+        self.run = asyncio.create_task(self.driver.run(self.stop))
+        await _until(lambda: self.driver.builds_waiting >= builds, "the driver built")
+
+    async def finish_builds_during_a_rebalance(self, joiner_topic: str) -> None:
+        """A member joins (subscribed to ``joiner_topic``); while the rebalance is open, and
+        the driver's poll waits for its outcome, the driver's builds finish."""
+        self.holding.rejoin.clear()
+        self.members.append(await _member(self.settings, self.group, joiner_topic))
+        await _until(lambda: self.revocations.count >= 1 and self.holding.waiting.is_set(),
                      "the driver and the holder are in the rebalance")
         # The poll in progress when the rebalance began ends within its timeout; the next one
-        # waits for the new assignment. Only then does the build finish.
+        # waits for the new assignment. Only then do the builds finish.
         await asyncio.sleep(2 * POLL_TIMEOUT_MS / 1000)
-        assert not driver.owned and run.done() is False
-        driver.finish_builds.set()
-        await _until(lambda: all(t.done() for t in driver._building.values()),
-                     "the build finished")
-        holding.rejoin.set()  # the group completes; the driver keeps inbox partition 0
-        await _until(lambda: 0 in driver.owned, "the driver adopted its build")
+        assert not self.driver.owned and self.run is not None and not self.run.done()
+        self.driver.finish_builds.set()
+        await _until(lambda: all(t.done() for t in self.driver._building.values()),
+                     "the builds finished")
+        self.holding.rejoin.set()  # the group completes the rebalance
+
+    async def close(self) -> None:
+        self.stop.set()
+        self.holding.rejoin.set()
+        self.driver.finish_builds.set()
+        if self.run is not None:
+            await asyncio.wait_for(self.run, WAIT_S)
+        for member in self.members:
+            await member.stop()
+        service_log.removeHandler(self.revocations)
+
+
+service_log = logging.getLogger("pipeline.services.driver.service")
+
+
+async def test_a_build_finished_during_a_rebalance_gets_every_record_after_it(
+        kafka_bootstrap: str, topic_prefix: str, group_id: str) -> None:
+    settings = await _settings(kafka_bootstrap, topic_prefix, 1)
+    ids = await _send_followups(settings, BEFORE)  # inbox offsets 0-4, never committed
+    fleet = Fleet(settings, group_id)
+    try:
+        await fleet.start(builds=1)
+        # the joiner takes no inbox partition: the driver keeps inbox partition 0
+        await fleet.finish_builds_during_a_rebalance(_other_topic(settings))
+        await _until(lambda: 0 in fleet.driver.owned, "the driver adopted its build")
 
         ids += await _send_followups(settings, 1)  # offset 5: entered by the new owner
-        await _until(lambda: driver.metrics.commands >= 1, "the driver handled a command")
 
         async def committed_past_everything() -> None:
             while await _committed(settings, group_id) < BEFORE + 1:
@@ -201,11 +238,23 @@ async def test_a_build_finished_during_a_rebalance_gets_every_record_after_it(
         assert not skipped, (f"inbox offsets {skipped} committed past (committed "
                              f"{await _committed(settings, group_id)}) but never entered")
     finally:
-        stop.set()
-        holding.rejoin.set()
-        driver.finish_builds.set()
-        await asyncio.wait_for(run, WAIT_S)
-        for member in (holder, joiner):
-            if member is not None:
-                await member.stop()
-        service_log.removeHandler(revocations)
+        await fleet.close()
+
+
+async def test_a_build_finished_during_a_rebalance_that_took_its_partition_stops(
+        kafka_bootstrap: str, topic_prefix: str, group_id: str) -> None:
+    settings = await _settings(kafka_bootstrap, topic_prefix, 2)
+    fleet = Fleet(settings, group_id)
+    try:
+        await fleet.start(builds=2)
+        # the joiner takes one inbox partition: the driver's build of it is no longer wanted
+        await fleet.finish_builds_during_a_rebalance(settings.topics.inbox)
+        driver = fleet.driver
+        await _until(lambda: driver.ready.is_set() and len(driver.owned) == 1,
+                     "the driver owns its one partition")
+        await asyncio.sleep(0.5)  # a released partition's tasks end at once
+        sinks = {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("sink-p")}
+        assert sinks == {f"sink-p{p}" for p in driver.owned}, (
+            f"sink tasks {sorted(sinks)} run, the driver owns {sorted(driver.owned)}")
+    finally:
+        await fleet.close()

@@ -187,7 +187,7 @@ class DriverService:
         for partition in sorted(set(self._building) - assigned):
             building = self._building.pop(partition, None)
             if building is not None:
-                building.cancel()
+                await _drop_build(building)
         for partition in sorted(assigned - set(self.owned) - set(self._building)):
             self._start_build(partition)
         self._update_ready()
@@ -328,6 +328,16 @@ class DriverService:
                                for o in owned_now), return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+async def _drop_build(task: asyncio.Task[OwnedPartition]) -> None:
+    """Stop a build no longer wanted. One that has finished (during a rebalance, before the
+    poll loop collected it) ignores a cancellation: its partition is released, or its
+    producer, sink and session tasks would run on unowned."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled() and task.exception() is None:
+        await task.result().release(grace_s=0)
 
 
 def _refused(error: BaseException) -> bool:

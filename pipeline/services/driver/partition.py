@@ -363,7 +363,11 @@ class OwnedPartition:
     async def _close_sink(self, timeout_s: float = 30.0) -> None:
         """Commit what is buffered (unless fenced) and stop the flusher; abort if it hangs."""
         task = self.sink_task
-        if task is None or task.done():
+        if task is None:
+            return
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # retrieved: it is ``sink.failure``, the caller's to report
             return
         self.sink.close()
         done, _ = await asyncio.wait([task], timeout=timeout_s)

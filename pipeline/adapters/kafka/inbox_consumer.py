@@ -101,11 +101,25 @@ class InboxConsumer:
     def paused(self) -> set[int]:
         return {tp.partition for tp in self._consumer.paused()}
 
-    async def seek(self, partition: int, offset: int) -> None:
-        """Fetch ``partition`` again from ``offset`` (after the driver gave up its work)."""
+    def seek(self, partition: int, offset: int) -> bool:
+        """Fetch ``partition`` from ``offset`` on; False (and nothing done) when it is not in
+        the current assignment.
+
+        The seek holds for the current assignment only: a rebalance replaces it, and the new
+        one fetches from the group's committed offset. Records already fetched from before
+        the seek are not returned.
+        """
         tp = TopicPartition(self.topic, partition)
-        if tp in self._consumer.assignment():
-            self._consumer.seek(tp, offset)
+        if tp not in self._consumer.assignment():
+            return False
+        self._consumer.seek(tp, offset)
+        return True
+
+    def rejoin(self) -> None:
+        """Join the group again: a rebalance, or (a follower whose subscription is unchanged
+        in a stable group) the current assignment confirmed; either way the listener's
+        callbacks run as after a rebalance, and fetching waits for the assignment."""
+        self._consumer.subscribe([self.topic], listener=self._listener)
 
     async def committed(self, partition: int) -> tuple[int | None, str]:
         """The group's committed offset of ``partition`` (None if none) and its metadata.

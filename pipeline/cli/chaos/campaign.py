@@ -78,6 +78,7 @@ class Outcome:
     periodic: list[inv.Result] = field(default_factory=list)
     results: list[inv.Result] = field(default_factory=list)
     lag_zero_s: float | None = None
+    lag_groups: set[str] = field(default_factory=set)  # every group a lag sample named
     commands: int = 0
     unacknowledged: int = 0
     found: TopicSessions | None = None
@@ -181,6 +182,7 @@ class Campaign:
         assert direct is not None
         while not stop.is_set():
             samples, _ = await inv.lag_once(direct)
+            self.outcome.lag_groups.update(s.group for s in samples)
             if samples:
                 self.outcome.lag_samples.append(
                     (time.monotonic(), _now_ms(), max(s.seconds for s in samples),
@@ -224,7 +226,7 @@ class Campaign:
         self.progress("settling: load stopped, faults off; waiting for lag 0 ...")
         direct = fleet.direct
         assert direct is not None
-        result, took = await inv.wait_lag_zero(direct)
+        result, took = await inv.wait_lag_zero(direct, groups=self.outcome.lag_groups)
         shipped = await self._wait_shipped(ship, IDLE_BUDGET_S)
         self.progress(f"shipped files whole on the topic: {shipped}")
         self.outcome.lag_zero_s = took

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -294,19 +294,27 @@ def _dlq_origin(headers: Any) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
-async def wait_lag_zero(settings: Settings, budget_s: float = LAG_BUDGET_S
-                        ) -> tuple[Result, float | None]:
-    """Every consumer group on the inbox and session topic at lag 0 within ``budget_s``."""
+async def wait_lag_zero(settings: Settings, budget_s: float = LAG_BUDGET_S,
+                        groups: Collection[str] = ()) -> tuple[Result, float | None]:
+    """Every consumer group on the inbox and session topic at lag 0 within ``budget_s``.
+
+    A sample counts only when it holds every group of ``groups`` and of the samples before
+    it: a group whose offsets could not be read (the coordinator answered with a
+    group-level error, which the admin client drops) is missing, not at lag 0.
+    """
     name = (f"every consumer group's lag returns to 0 within {budget_s:.0f} s after the "
             "faults stop")
     began = time.monotonic()
     last: list[str] = ["no sample"]
+    expected = set(groups)
     while time.monotonic() - began < budget_s:
         samples, last = await lag_once(settings)
+        present = {s.group for s in samples}
+        last += [f"group {g}: its offsets were not read" for g in sorted(expected - present)]
+        expected |= present
         if samples and not last:
             took = time.monotonic() - began
-            groups = len({s.group for s in samples})
-            return Result(name, True, f"{groups} groups at lag 0 after {took:.1f} s"), took
+            return Result(name, True, f"{len(present)} groups at lag 0 after {took:.1f} s"), took
         await asyncio.sleep(1.0)
     result = Result(name, True, "still lagging")
     for line in last:

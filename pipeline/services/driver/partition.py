@@ -363,7 +363,11 @@ class OwnedPartition:
     async def _close_sink(self, timeout_s: float = 30.0) -> None:
         """Commit what is buffered (unless fenced) and stop the flusher; abort if it hangs."""
         task = self.sink_task
-        if task is None or task.done():
+        if task is None:
+            return
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # retrieved: it is ``sink.failure``, the caller's to report
             return
         self.sink.close()
         done, _ = await asyncio.wait([task], timeout=timeout_s)
@@ -385,6 +389,7 @@ async def build_partition(ctx: PartitionContext, partition: int,
     """
     producer = PartitionProducer(ctx.settings, group_id=ctx.group_id, partition=partition)
     await producer.start()
+    owned: OwnedPartition | None = None
     try:
         committed, metadata = await read_committed()
         contents = await read_session_partition(ctx.settings, ctx.settings.topics.session_events,
@@ -402,8 +407,11 @@ async def build_partition(ctx: PartitionContext, partition: int,
         ctx.metrics.sessions_rebuilt += len(contents.events)
         owned.start_sink()
         await _recover_sessions(owned)
-    except BaseException:
-        await producer.close()
+    except BaseException:  # cancelled (the partition left) or failed: nothing runs on
+        if owned is not None:
+            await owned.release(grace_s=0)  # its sink and the sessions' tasks stop too
+        else:
+            await producer.close()
         raise
     owned.accepting = True
     ctx.metrics.partitions_built += 1

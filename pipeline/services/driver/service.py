@@ -27,6 +27,25 @@ stopped at the next await point, buffered events committed if the producer is no
 yet, producer closed) and new ones are built in background tasks while paused. Kept
 partitions carry on: a member that lost a partition in between would have been fenced.
 
+No inbox record is skipped: an owner gets its partition's records from the committed offset
+on. Records fetched while a partition builds are dropped, so the poll loop seeks the partition
+to its committed offset in the step that adopts the build, between two polls, in the
+consumer's current assignment; a kept partition's new assignment starts at the group's
+committed offset, which only its owner moves. The seek is not made by the build task: the
+poll blocks while the group rebalances, so a build can end during a rebalance, and a seek made
+then holds for the assignment being replaced while the blocked poll returns the new
+assignment's records, dropped, before the build is adopted. The owner's first record would
+then lie past them, and its commit point (``InboxOffsets``: gaps are normal, transaction
+markers take offsets) would pass commands that never entered their session.
+
+A partition whose producer is fenced is given up until the next assignment: usually another
+member owns it in a newer generation, and that assignment is under way. A fence can also come
+from no owner (another member's build that its rebalance cancelled after the build had sent
+its producer's initialisation, which reached the broker after this member's), and then no
+rebalance would follow: so a member fenced on a partition its assignment still holds rejoins
+the group, and the answer (a rebalance, or its assignment confirmed) rebuilds the partition
+if it is still this member's.
+
 Backpressure: when more than ``max_turns_in_flight`` sessions are running a turn, every
 partition is paused; fetching resumes once no more than ``resume_below`` are running.
 
@@ -91,6 +110,7 @@ class DriverService:
         self._building: dict[int, asyncio.Task[OwnedPartition]] = {}
         self._assigned: set[int] = set()
         self._given_up: set[int] = set()  # fenced: wait for the next assignment
+        self._rejoining = False  # rejoined the group for a fenced partition, not answered yet
         self._throttled = False
         self._consumer: InboxConsumer | None = None
         self.ready = asyncio.Event()  # set once every assigned partition is built
@@ -157,6 +177,7 @@ class DriverService:
         log.info("inbox partitions assigned: %s", sorted(assigned))
         self._assigned = assigned
         self._given_up.clear()
+        self._rejoining = False
         for partition in sorted(set(self.owned) - assigned):
             self.metrics.partitions_lost += 1
             lost = self.owned.pop(partition, None)
@@ -166,7 +187,7 @@ class DriverService:
         for partition in sorted(set(self._building) - assigned):
             building = self._building.pop(partition, None)
             if building is not None:
-                building.cancel()
+                await _drop_build(building)
         for partition in sorted(assigned - set(self.owned) - set(self._building)):
             self._start_build(partition)
         self._update_ready()
@@ -181,11 +202,7 @@ class DriverService:
         if delay_s:
             await asyncio.sleep(delay_s)
         consumer = self._consumer
-        owned = await build_partition(self.ctx, partition,
-                                      lambda: consumer.committed(partition))
-        # Fetch from the committed offset: records fetched while building were dropped.
-        await consumer.seek(partition, owned.sink.offsets.committed)
-        return owned
+        return await build_partition(self.ctx, partition, lambda: consumer.committed(partition))
 
     async def _collect_builds(self) -> None:
         for partition, task in list(self._building.items()):
@@ -204,12 +221,22 @@ class DriverService:
                 if partition in self._assigned:
                     self._start_build(partition, self.config.rebuild_retry_s)
                 continue
-            if partition in self._assigned:
+            if partition not in self._assigned:
+                await owned.release(grace_s=0)
+            elif self._fetch_from_committed(owned):
                 self.owned[partition] = owned
                 self._gc.freeze()  # its rebuilt logs are long-lived: out of every collection
-            else:
+            else:  # an assignment is being installed; its callback cancels this if p left
                 await owned.release(grace_s=0)
+                self._start_build(partition, self.config.rebuild_retry_s)
         self._update_ready()
+
+    def _fetch_from_committed(self, owned: OwnedPartition) -> bool:
+        """Seek ``owned``'s partition to its committed offset, as it is adopted (see the
+        module's docstring: records fetched until now were dropped); False when the consumer
+        does not hold the partition."""
+        assert self._consumer is not None
+        return self._consumer.seek(owned.partition, owned.sink.offsets.committed)
 
     def _update_ready(self) -> None:
         if not self._building and self._assigned and set(self.owned) >= (
@@ -237,6 +264,7 @@ class DriverService:
                 log.warning("inbox partition %d given up: %s", partition, error)
                 self.metrics.fenced += 1
                 self._given_up.add(partition)
+                self._ask_assignment(partition)
             elif error is not None and _refused(error):
                 raise error   # the run loop shuts down; the CLI says it, with the principal
             else:
@@ -244,6 +272,17 @@ class DriverService:
                 self.metrics.broker_failures += 1
                 if partition in self._assigned:
                     self._start_build(partition)
+
+    def _ask_assignment(self, partition: int) -> None:
+        """A fenced partition the group still assigns here: rejoin the group (once until the
+        next assignment), whose answer decides whether it is rebuilt (see the module's
+        docstring)."""
+        assert self._consumer is not None
+        if partition in self._assigned and not self._rejoining:
+            log.info("inbox partition %d fenced while assigned here: rejoining the group",
+                     partition)
+            self._rejoining = True
+            self._consumer.rejoin()
 
     # -- records and backpressure --------------------------------------------------------
 
@@ -289,6 +328,16 @@ class DriverService:
                                for o in owned_now), return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+async def _drop_build(task: asyncio.Task[OwnedPartition]) -> None:
+    """Stop a build no longer wanted. One that has finished (during a rebalance, before the
+    poll loop collected it) ignores a cancellation: its partition is released, or its
+    producer, sink and session tasks would run on unowned."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled() and task.exception() is None:
+        await task.result().release(grace_s=0)
 
 
 def _refused(error: BaseException) -> bool:

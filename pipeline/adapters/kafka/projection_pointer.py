@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.errors import broker_errors
-from pipeline.adapters.kafka.options import consumer_size_options
+from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue, dumps_json
@@ -31,9 +31,11 @@ from pipeline.settings import Settings
 DERIVED_MESSAGES: Final = "derived-messages"  # the projection versioned through the pointer
 PointerRecords = list[tuple[bytes | None, bytes | None]]   # (key, value), each key in order
 # How long the broker holds a fetch of a PointerReader that finds nothing new (a record
-# written meanwhile answers it at once). An offset lookup on the same connection waits
-# behind a held fetch (assigned.py), so a read_to_now takes up to this long.
-POINTER_FETCH_WAIT_MS: Final = 500
+# written meanwhile answers it at once), and how long aiokafka's fetch routine sleeps when
+# nothing wakes it: what an idle reader costs. Offset lookups go through a second consumer,
+# since a broker answers one connection's requests in order (they would wait behind the
+# held fetch, see assigned.py). Below the client's request timeout (40 s).
+POINTER_FETCH_WAIT_MS: Final = 10_000
 # A read_to_now that has not reached the ends by then fails (the broker is unreachable).
 POINTER_READ_TIMEOUT_S: Final = 30.0
 
@@ -70,8 +72,8 @@ async def write_pointer_records(settings: Settings, records: Mapping[str, JsonVa
 
 
 class PointerReader:
-    """The pointer topic through one consumer kept open (every partition assigned, no
-    group, read committed, from the beginning).
+    """The pointer topic through a consumer kept open (every partition assigned, no group,
+    read committed, from the beginning).
 
     - :meth:`read_to_now` returns the records after those of the previous call (the first
       call: from the beginning) up to the end offsets (last stable offsets) listed when it
@@ -81,6 +83,9 @@ class PointerReader:
     - :meth:`wait` returns once a record past what was returned is fetched, or ``wake``
       is set, or after ``timeout_s``: a follower waits there between reads.
 
+    The end offsets are listed by a second consumer (no partitions, no fetches): its own
+    connection answers at once while the reading one holds a fetch at the broker.
+
     One task at a time may call these (they take records from one consumer). After a
     failure the reader may have taken records it did not return: stop it and start over.
     """
@@ -89,6 +94,7 @@ class PointerReader:
         self.topic = pointer_topic(settings)
         self._settings = settings
         self._consumer: AIOKafkaConsumer | None = None
+        self._lookups: AIOKafkaConsumer | None = None   # lists the end offsets
         self._parts: list[TopicPartition] = []
         self._first_ends: dict[TopicPartition, int] | None = None
         self._fetched: list[Any] = []   # records taken from the consumer, not returned yet
@@ -102,35 +108,46 @@ class PointerReader:
         await self.stop()
 
     async def start(self) -> None:
-        """Open the consumer (the topic must exist: a BrokerError otherwise)."""
+        """Open the consumers (the topic must exist: a BrokerError otherwise)."""
         started = await start_assigned(self._settings, [self.topic],
                                        what=f"read {self.topic!r}",
                                        fetch_max_wait_ms=POINTER_FETCH_WAIT_MS,
+                                       consumer_timeout_ms=POINTER_FETCH_WAIT_MS,
                                        **consumer_size_options(self._settings))
         self._consumer = started.consumer
-        if started.missing:
+        try:
+            if started.missing:
+                raise BrokerError(f"topic {self.topic!r} does not exist")
+            self._lookups = AIOKafkaConsumer(enable_auto_commit=False,
+                                             isolation_level="read_committed",
+                                             **client_options(self._settings))
+            with broker_errors(f"read {self.topic!r}"):
+                await self._lookups.start()
+        except BaseException:
             await self.stop()
-            raise BrokerError(f"topic {self.topic!r} does not exist")
+            raise
         self._parts, self._first_ends = list(started.ends), started.ends
 
     async def stop(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
+        consumers = (self._consumer, self._lookups)
+        self._consumer = self._lookups = None
+        for consumer in consumers:
+            if consumer is not None:
+                await consumer.stop()
 
-    def _client(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
+    def _clients(self) -> tuple[AIOKafkaConsumer, AIOKafkaConsumer]:
+        """The reading consumer and the lookup one."""
+        if self._consumer is None or self._lookups is None:
             raise BrokerError(f"PointerReader of {self.topic!r} used before start()")
-        return self._consumer
+        return self._consumer, self._lookups
 
     async def read_to_now(self) -> PointerRecords:
         """The records after those already returned, up to the end offsets listed now."""
-        consumer = self._client()
+        consumer, lookups = self._clients()
         deadline = time.monotonic() + POINTER_READ_TIMEOUT_S
         with broker_errors(f"read {self.topic!r}"):
-            ends = self._first_ends
-            if ends is None:
-                ends = await consumer.end_offsets(self._parts)
+            ends = (self._first_ends if self._first_ends is not None
+                    else await lookups.end_offsets(self._parts))
             self._first_ends = None
             out: PointerRecords = []
             while True:
@@ -153,7 +170,7 @@ class PointerReader:
         passed (whichever comes first)."""
         if self._fetched or wake.is_set():
             return
-        consumer = self._client()
+        consumer, _lookups = self._clients()
         fetch = asyncio.ensure_future(consumer.getmany(timeout_ms=int(timeout_s * 1000)))
         woken = asyncio.ensure_future(wake.wait())
         try:   # a getmany cancelled while it waits has taken nothing (aiokafka)

@@ -23,7 +23,7 @@ from pipeline.core.events import Event, Replace
 from pipeline.core.log import derive_messages
 from pipeline.core.projection import rebuild_conversations
 from pipeline.core.usage import TokenCounts, UsageSample, UsageScan, session_record
-from pipeline.services.processors.aggregation import UsageAggregator
+from pipeline.services.processors.aggregation import IDLE_TICK_MS, UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionState, SessionTables
@@ -368,6 +368,26 @@ async def test_sums_built_during_recovery_are_not_kept() -> None:
                                  settled=lambda: False)
     assert recovering.current_sums().models["p/m"].input_tokens == 10
     assert recovering.sums.partitions is None   # rebuilt again once recovery is over
+
+
+async def test_ticks_go_where_a_window_is_due_and_everywhere_at_least_every_idle_tick() -> None:
+    harness = AggHarness()   # partitions 0 and 1, windows of 1,000 ms, grace 100 ms
+    agg = harness.agg
+    assert agg.partitions_to_tick([0, 1], 10_000) == [0, 1]   # never ticked: every one
+    assert agg.partitions_to_tick([0, 1], 11_000) == []       # nothing open, ticked lately
+    await agg.handle(0, sample("a", 1, 11_500, 10))           # opens [11,000, 12,000) in 0
+    assert agg.partitions_to_tick([0, 1], 12_050) == []       # not due before 12,100
+    assert agg.partitions_to_tick([0, 1], 12_100) == [0]
+    await agg.handle(0, {"tick": 12_100})
+    assert harness.published()["window/s/11000/p/m"]["closed"] is True
+    assert agg.partitions_to_tick([0, 1], 13_000) == []       # closed: nothing due
+    assert agg.partitions_to_tick([0, 1], 10_000 + IDLE_TICK_MS) == [1]
+    assert agg.partitions_to_tick([0, 1], 12_100 + IDLE_TICK_MS) == [0]
+    recovering = UsageAggregator(harness.table, harness._send, "t.usage", harness.counters,
+                                 lambda: [0, 1], grace_ms=100, sizes={"s": 1000},
+                                 settled=lambda: False)
+    assert recovering.partitions_to_tick([0, 1], 10_000) == [0, 1]
+    assert recovering.partitions_to_tick([0, 1], 10_001) == [0, 1]   # every tick meanwhile
 
 
 async def test_http_views_read_the_fold_so_far_and_it_is_consistent_at_every_await() -> None:

@@ -28,6 +28,7 @@ its slot, and :func:`slot_changes` turns one of its changes into the records to 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -257,12 +258,13 @@ def held_key(projection: str, worker: str) -> str:
     return f"{projection}/held/{worker}"
 
 
-def fold_pointer_records(projection: str, records: Iterable[tuple[bytes | None, bytes | None]]
-                         ) -> PointerState:
-    """The pointer state of ``projection`` from the topic's (key, value) records in order;
-    a record that is not a JSON object is an EventError naming it (never skipped: a
-    writer that misread the pointer could publish to the wrong version)."""
-    state = PointerState(projection)
+def fold_pointer_records(projection: str, records: Iterable[tuple[bytes | None, bytes | None]],
+                         *, onto: PointerState | None = None) -> PointerState:
+    """The pointer state of ``projection`` from the topic's (key, value) records in order,
+    folded onto a copy of ``onto`` when given (the state of the records before these: it
+    is left as it is); a record that is not a JSON object is an EventError naming it (never
+    skipped: a writer that misread the pointer could publish to the wrong version)."""
+    state = PointerState(projection) if onto is None else copy.deepcopy(onto)
     for key, value in records:
         if key is None:
             continue

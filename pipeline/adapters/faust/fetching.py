@@ -53,7 +53,9 @@ FETCH_ROUTINE_POLL_S: Final = 0.01   # aiokafka: consumer_timeout_ms, 0.2 s
 IDLE_AFTER_S: Final = 0.1
 IDLE_FETCH_MAX_WAIT_MS: Final = 500
 IDLE_RESUME_POLL_S: Final = 0.05
-IDLE_FETCH_ROUTINE_POLL_S: Final = 0.1
+# aiokafka's fetch routine is woken by every fetch answer, records taken, assignment and
+# metadata change; its poll only matters when none is in flight: once per idle long-poll.
+IDLE_FETCH_ROUTINE_POLL_S: Final = IDLE_FETCH_MAX_WAIT_MS / 1000
 
 
 @dataclass(frozen=True, slots=True)

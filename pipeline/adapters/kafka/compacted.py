@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.adapters.kafka.assigned import start_assigned
 from pipeline.adapters.kafka.errors import broker_errors
-from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.kafka.records import InboxRecord, inbox_record_of
 from pipeline.adapters.kafka.topic_scan import scan_fetch_options
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -108,7 +108,7 @@ class CompactedFollow:
             for tp, raws in fetched.items():
                 end = self.ends[tp]
                 for raw in raws:
-                    (batch if raw.offset < end else self._stash).append(_record(raw))
+                    (batch if raw.offset < end else self._stash).append(inbox_record_of(raw))
             self.snapshot_records += len(batch)
             if batch:
                 yield batch
@@ -124,13 +124,8 @@ class CompactedFollow:
         while True:
             with broker_errors(f"follow {', '.join(self.topics)}"):
                 fetched = await consumer.getmany(timeout_ms=self.poll_ms, max_records=_BATCH)
-            batch = [_record(raw) for raws in fetched.values() for raw in raws]
+            batch = [inbox_record_of(raw) for raws in fetched.values() for raw in raws]
             if batch:
                 yield batch
 
 
-def _record(raw: Any) -> InboxRecord:  # the client's ConsumerRecord
-    return InboxRecord(topic=raw.topic, partition=raw.partition, offset=raw.offset,
-                       key=raw.key, value=raw.value,
-                       headers=tuple(raw.headers) if raw.headers else (),
-                       timestamp_ms=raw.timestamp)

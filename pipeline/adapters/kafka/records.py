@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Final
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -70,6 +71,31 @@ class InboxRecord:
     value: bytes | None
     headers: Headers = ()
     timestamp_ms: int = 0
+
+
+# A scan builds one InboxRecord per record: setting its slots directly costs about half of
+# its frozen dataclass __init__ (an object.__setattr__ call per field), a tenth of a
+# consume + decode. The field order is the dataclass's (a test holds them together).
+CLIENT_RECORD_FIELDS: Final = ("topic", "partition", "offset", "key", "value", "headers",
+                               "timestamp_ms")
+_new_record = object.__new__
+(_set_topic, _set_partition, _set_offset, _set_key, _set_value, _set_headers,
+ _set_timestamp) = (getattr(InboxRecord, name).__set__ for name in CLIENT_RECORD_FIELDS)
+
+
+def inbox_record_of(raw: Any) -> InboxRecord:
+    """The InboxRecord of a client's ConsumerRecord. Header pairs are taken as they are
+    (normalising each value costs a sixth of a scan): a foreign producer's header may have a
+    None value, which every reader here treats as an absent header."""
+    record: InboxRecord = _new_record(InboxRecord)
+    _set_topic(record, raw.topic)
+    _set_partition(record, raw.partition)
+    _set_offset(record, raw.offset)
+    _set_key(record, raw.key)
+    _set_value(record, raw.value)
+    _set_headers(record, tuple(raw.headers) if raw.headers else ())
+    _set_timestamp(record, raw.timestamp)
+    return record
 
 
 def headers_of(raw: Iterable[tuple[str, bytes | None]] | None) -> Headers:

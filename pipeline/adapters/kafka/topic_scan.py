@@ -31,7 +31,7 @@ from pipeline.adapters.kafka.options import (
     consumer_size_options,
     producer_size_options,
 )
-from pipeline.adapters.kafka.records import Headers, InboxRecord
+from pipeline.adapters.kafka.records import Headers, InboxRecord, inbox_record_of
 from pipeline.codec.records import ConsumedRecord, read_headers
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
@@ -99,7 +99,7 @@ class TopicScan:
     async def batches(self) -> AsyncIterator[list[InboxRecord]]:
         """Batches of records, each partition in offset order, until every end is reached."""
         async for runs in self._rounds():
-            out = [_record(raw) for run in runs for raw in run]
+            out = [inbox_record_of(raw) for run in runs for raw in run]
             if out:
                 yield out
 
@@ -140,14 +140,6 @@ def _before(raws: list[Any], end: int | None) -> Sequence[ScanRecord]:
     return [raw for raw in raws if raw.offset < end]
 
 
-def _record(raw: Any) -> InboxRecord:  # the client's ConsumerRecord
-    # Header pairs are taken as they are (normalising each value costs a sixth of a scan):
-    # a foreign producer's header may have a None value, which every reader here treats as
-    # an absent header.
-    return InboxRecord(topic=raw.topic, partition=raw.partition, offset=raw.offset,
-                       key=raw.key, value=raw.value,
-                       headers=tuple(raw.headers) if raw.headers else (),
-                       timestamp_ms=raw.timestamp)
 
 
 async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:

@@ -15,13 +15,19 @@ and window totals are sums over these records, kept in memory, updated per sampl
 from the table whenever the worker's set of partitions changes (after recovery). Per
 partition, ``book/<p>`` keeps the last tick.
 
-**Closing on time.** A timer in each worker sends a *tick* (its clock reading) to every
-partition of the internal topic it owns; the tick is folded here like any record (faust allows
-table writes only while processing a record). A window closes once ``tick >= end + grace``:
+**Closing on time.** A timer in each worker sends a *tick* (its clock reading) to the
+partitions of the internal topic it owns that have a window due (its ``end + grace`` passed:
+the tick closes it), and to every partition it owns at least every ``IDLE_TICK_MS`` (all of
+them while its tables recover): a worker with nothing to close is not woken each second by its
+own ticks (:meth:`UsageAggregator.partitions_to_tick`). The tick is folded here like any
+record (faust allows table writes only while processing a record). A window closes once
+``tick >= end + grace``:
 its final record is published and it leaves the in-memory sums; the contributions stay in
 their records until those are next written (a window is "closed" by the book's last tick, so
 a rebuild never reopens it). A sample for a closed window is late: counted in the totals,
-reported (counter + log), not added to the window.
+reported (counter + log), not added to the window. A window's closing tick always reaches its
+partition, so a closed window stays closed; only a window that never had a sample may still
+be opened up to ``IDLE_TICK_MS`` after its ``end + grace`` (and closes at the next tick).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from pipeline.services.processors.session_state import Table
 log = logging.getLogger(__name__)
 
 TICK: Final = "tick"
+IDLE_TICK_MS: Final = 30_000   # the longest an owned partition goes without a tick
 
 
 def tick_value(now_ms: int) -> bytes:
@@ -95,6 +102,7 @@ class UsageAggregator:
         self.sizes = sizes
         self.settled = settled
         self.sums = UsageSums()
+        self._ticked_ms: dict[int, int] = {}   # partition -> the clock of its last tick sent
 
     def current_sums(self) -> UsageSums:
         """The sums for the partitions owned now (rebuilt after a rebalance).
@@ -108,6 +116,22 @@ class UsageAggregator:
                 return self._rebuild(owned)
             self.sums = self._rebuild(owned)
         return self.sums
+
+    def partitions_to_tick(self, owned: Iterable[int], now_ms: int) -> list[int]:
+        """The partitions of ``owned`` a tick at ``now_ms`` goes to (see *Closing on time*):
+        those with a window due, and those not sent a tick for ``IDLE_TICK_MS``; all of
+        them while the tables recover (the sums are not known yet)."""
+        owned = set(owned)
+        chosen = {p for p in owned if now_ms - self._ticked_ms.get(p, now_ms - IDLE_TICK_MS)
+                  >= IDLE_TICK_MS}
+        if chosen != owned and not self.settled():
+            chosen = owned
+        elif chosen != owned:
+            sums = self.current_sums()
+            chosen |= {sums.window_partition[key] for key, (info, _c) in sums.windows.items()
+                       if now_ms >= int(info[2]) + self.grace_ms} & owned
+        self._ticked_ms.update(dict.fromkeys(chosen, now_ms))
+        return sorted(chosen)
 
     def _rebuild(self, owned: frozenset[int]) -> UsageSums:
         sums = UsageSums(partitions=owned)

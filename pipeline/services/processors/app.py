@@ -291,7 +291,8 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
             freeze_survivors()
         now_ms = int(time.time() * 1000)
         processors.observe_steps(now_ms)
-        for partition in sorted(processors.active_partitions(name)):
+        for partition in aggregator.partitions_to_tick(processors.active_partitions(name),
+                                                       now_ms):
             await send(OutRecord(name, b"tick", tick_value(now_ms), (), partition))
 
     app.agent(by_model, name="fold-usage")(fold_usage)

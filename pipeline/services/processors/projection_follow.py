@@ -7,8 +7,13 @@ through one :class:`ProjectionFollow`:
 
 - while it runs it is registered as a writer (``derived-messages/writer/<worker>``), so a
   rebuild knows it must ask it to hold;
-- it follows the pointer topic (re-read every ``poll_s``, every ``holding_poll_s`` while a
-  handover is pending, and on :meth:`refresh`);
+- it follows the pointer topic through one consumer kept open
+  (:class:`~pipeline.adapters.kafka.projection_pointer.PointerReader`): a record is read as
+  soon as it is fetched, and the pointer is read again after ``poll_s`` without one
+  (``holding_poll_s`` while a handover is pending) and on :meth:`refresh`. Every read goes up
+  to end offsets listed after it began, and the state is acted on only after such a read:
+  once it holds a record, it holds every record acknowledged before that one was written
+  (replay writes the switch before it withdraws the request, maybe in another partition);
 - before folding each session-topic record the worker awaits :meth:`gate`, which returns the
   topic to publish that record's derived changes to, or None (fold, publish nothing: the
   rebuild wrote it), and blocks while a handover is pending; the follower answers the
@@ -42,6 +47,7 @@ from typing import Final
 
 from pipeline.adapters.kafka.projection_pointer import (
     DERIVED_MESSAGES,
+    PointerReader,
     pointer_topic,
     read_pointer_state,
     write_pointer_records,
@@ -53,6 +59,7 @@ from pipeline.core.projection import (
     HandoverRequest,
     HeldBy,
     PointerState,
+    fold_pointer_records,
     held_key,
     publish_topic,
     writer_key,
@@ -62,10 +69,11 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 PROJECTION: Final = DERIVED_MESSAGES
-# Each read of the pointer topic starts a consumer (about 60 ms of CPU): every 5 s is about
-# 1% of a core; while holding, the activation is awaited more often, so the hold is short.
-POLL_S: Final = 5.0
-HOLDING_POLL_S: Final = 0.5
+# Changes are read as they are fetched; these reads without one are a safety net (and time
+# a hold for its report). A failed read is tried again, with a new consumer, after RETRY_S.
+POLL_S: Final = 30.0
+HOLDING_POLL_S: Final = 5.0
+RETRY_S: Final = 5.0
 # A hold normally lasts as long as replay's extension (seconds); one this long is reported,
 # and again every as long, with what to do when the replay that asked is gone.
 LONG_HOLD_S: Final = 60.0
@@ -95,6 +103,11 @@ class ProjectionFollow:
         self._started = asyncio.Event()  # gate() waits for it: no record before the pointer
         self._task: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
+        self._reader: PointerReader | None = None   # open between start and stop
+        self._reading = asyncio.Lock()   # one read (or wait) on the reader at a time
+        self._wake = asyncio.Event()     # a refresh is waiting: end the follower's wait
+        self._reads_begun = 0
+        self._read_ok = 0                # the number of the last read that succeeded
 
     @property
     def active(self) -> ActivePointer:
@@ -118,7 +131,8 @@ class ProjectionFollow:
         try:
             await write_pointer_record(self.settings, writer_key(PROJECTION, self.worker),
                                        {"worker": self.worker})
-            await self.refresh()
+            async with self._reading:
+                await self._read()
         except BaseException as exc:
             self._failed = exc
             raise
@@ -133,16 +147,23 @@ class ProjectionFollow:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._drop_reader()
         # both tombstones through one producer: a stop waits for one connection, not two
         await write_pointer_records(self.settings, {
             held_key(PROJECTION, self.worker): None, writer_key(PROJECTION, self.worker): None})
 
     async def refresh(self) -> None:
-        """Read the pointer now (call it on every partition assignment, before folding)."""
-        self.state = await read_pointer_state(self.settings)
-        await self._answer()
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Read the pointer now: every record written before the call is in :attr:`state`
+        when it returns (call it on every partition assignment, before folding)."""
+        if self._task is None:   # not following: a read of its own
+            self.state = await read_pointer_state(self.settings)
+            await self._acted_on()
+            return
+        wanted = self._reads_begun + 1   # a read that begins after this call
+        self._wake.set()
+        async with self._reading:
+            if self._read_ok < wanted:
+                await self._read()
 
     async def gate(self, partition: int, offset: int) -> str | None:
         """The topic for the derived changes of the record at ``partition``/``offset``
@@ -161,6 +182,41 @@ class ProjectionFollow:
         request seen mid-batch lets the rest of the batch publish to the old version
         (covered by the rebuild), and a switch seen mid-batch routes them by ``covered``."""
         return publish_topic(self.active, partition, offset)
+
+    async def _read(self) -> None:
+        """Read the pointer up to its ends now (the lock held) and act on it. After a failure
+        the reader is dropped: the next read starts over from the beginning."""
+        onto: PointerState | None
+        self._reads_begun += 1
+        number = self._reads_begun
+        self._wake.clear()   # every refresh waiting now is served by this read
+        try:
+            reader, onto = self._reader, self.state
+            if reader is None:
+                reader, onto = PointerReader(self.settings), None
+                await reader.start()
+                self._reader = reader
+            self.state = fold_pointer_records(PROJECTION, await reader.read_to_now(),
+                                              onto=onto)
+        except BaseException:
+            await self._drop_reader()
+            raise
+        self._read_ok = number
+        await self._acted_on()
+
+    async def _acted_on(self) -> None:
+        """Answer what the state asks for, then let :meth:`gate` look at it again."""
+        try:
+            await self._answer()
+        finally:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _drop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.stop()
 
     async def _answer(self) -> None:
         """Answer a pending request with the partitions owned now (again when they change);
@@ -199,9 +255,20 @@ class ProjectionFollow:
 
     async def _follow(self) -> None:
         while True:
-            pending = self.state.pending() is not None
-            await asyncio.sleep(self.holding_poll_s if pending else self.poll_s)
-            try:
-                await self.refresh()
-            except Exception as exc:  # the pointer is retried next poll; folding waits if held
-                log.warning("reading %s failed: %s", pointer_topic(self.settings), exc)
+            async with self._reading:
+                try:
+                    await self._wait_for_change()
+                    await self._read()
+                except Exception as exc:  # tried again later; folding waits if held
+                    await self._drop_reader()
+                    log.warning("reading %s failed: %s", pointer_topic(self.settings), exc)
+
+    async def _wait_for_change(self) -> None:
+        """Until a pointer record is fetched or a refresh asks, at most ``poll_s``
+        (``holding_poll_s`` while holding; ``RETRY_S`` after a failed read)."""
+        timeout = self.holding_poll_s if self.state.pending() is not None else self.poll_s
+        if self._reader is not None:
+            await self._reader.wait(timeout, self._wake)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), min(timeout, RETRY_S))

@@ -8,16 +8,17 @@ and for each lagging partition reads the timestamp of the record at the committe
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.adapters.kafka.assigned import topic_leaders
+from pipeline.adapters.kafka.assigned import topic_leaders, topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
+from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
 
 
@@ -72,13 +73,17 @@ class ConsumerLagProbe:
             return []
         with broker_errors("read consumer group offsets"):
             groups = sorted(str(g[0]) for g in await admin.list_consumer_groups())
+            tps = [TopicPartition(topic, p) for topic, ids in
+                   sorted((await topic_partitions(consumer, sorted(self._topics))).items())
+                   for p in ids]
             committed: dict[tuple[str, TopicPartition], int] = {}
             for group in groups:
-                if group in skip_groups:
+                if group in skip_groups or not tps:
                     continue
-                offsets = await admin.list_consumer_group_offsets(group)
+                offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
+                _check_answered(group, offsets, tps)
                 for tp, meta in offsets.items():
-                    if tp.topic in self._topics and meta.offset >= 0:
+                    if meta.offset >= 0:
                         committed[(group, tp)] = meta.offset
             ends = await consumer.end_offsets(sorted({tp for _, tp in committed}))
         samples = []
@@ -102,6 +107,18 @@ class ConsumerLagProbe:
             batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
         records = batch.get(tp, [])
         return int(records[0].timestamp) if records else None
+
+
+def _check_answered(group: str, offsets: Mapping[TopicPartition, Any],
+                    asked: Collection[TopicPartition]) -> None:
+    """The coordinator answers every partition asked for (offset -1: none committed); an
+    answer without them carries a group-level error (the coordinator moving or loading the
+    group's offsets), which aiokafka's admin client drops. A group left out of a sample would
+    read as caught up: raise instead (the caller samples again)."""
+    if any(tp not in offsets for tp in asked):
+        raise BrokerError(f"the offsets of group {group!r}: the group coordinator answered "
+                          "with a group-level error (coordinator moving or loading its "
+                          "offsets); try again")
 
 
 async def leaders_ready(settings: Settings, topic: str) -> bool:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.admin import group_members
 from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import Decoder
@@ -43,7 +44,6 @@ from pipeline.services.dashboard.model import FleetModel
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
-STOP_RECANCEL_S: Final = 1.0   # see DashboardService.stop
 
 PROCESSORS_APP: Final = "processors"  # the processors' default app name (their group id's end)
 PROBLEMS_SHOWN: Final = 5
@@ -121,20 +121,12 @@ class DashboardService:
         self._tasks = [asyncio.create_task(c, name=f"dashboard-{n}") for n, c in loops.items()]
 
     async def stop(self) -> None:
-        """Cancel the loops until they have ended. A cancellation can be lost inside a
-        client call (CPython 3.11's ``wait_for``, which aiokafka uses, may swallow one when
-        its inner future completes at the same moment: the loop then goes on to its retry
-        sleep), so a loop still running is cancelled again every ``STOP_RECANCEL_S``."""
+        """Cancel the loops until they have ended (:func:`cancel_until_done`: a cancellation
+        can be lost inside a client call, and a loop would go on to its retry sleep)."""
         tasks, self._tasks = self._tasks, []
-        while tasks:
-            for task in tasks:
-                task.cancel()
-            done, pending = await asyncio.wait(tasks, timeout=STOP_RECANCEL_S)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    log.warning("dashboard loop %s ended with %r", task.get_name(),
-                                task.exception())
-            tasks = list(pending)
+        for task in await cancel_until_done(tasks):
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("dashboard loop ended with %r", task.exception())
 
     @property
     def processors_error(self) -> str | None:

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Final
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.projection_pointer import (
     DERIVED_MESSAGES,
     PointerReader,
@@ -143,10 +144,8 @@ class ProjectionFollow:
     async def stop(self) -> None:
         """Stop following and withdraw the writer (and any answer) records."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is not None:   # a cancellation can be lost in a client call: see there
+            await cancel_until_done([task])
         await self._drop_reader()
         # both tombstones through one producer: a stop waits for one connection, not two
         await write_pointer_records(self.settings, {

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
+from wait_support import until
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.inbox_consumer import read_committed
@@ -111,16 +112,6 @@ async def _member(settings: Settings, group: str, topic: str,
     return consumer
 
 
-async def _until(predicate: Any, what: str) -> None:
-    async def wait() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-    try:
-        await asyncio.wait_for(wait(), WAIT_S)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting until {what}") from None
-
-
 async def _send_followups(settings: Settings, count: int) -> list[str]:
     ids = [str(uuid.uuid4()) for _ in range(count)]
     records = [OutRecord(settings.topics.inbox, f"s-{i}".encode(), InboxCodec().encode(
@@ -184,21 +175,21 @@ class Fleet:
         self.members.append(await _member(self.settings, self.group,
                                           _other_topic(self.settings), self.holding))
         self.run = asyncio.create_task(self.driver.run(self.stop))
-        await _until(lambda: self.driver.builds_waiting >= builds, "the driver built")
+        await until(lambda: self.driver.builds_waiting >= builds, "the driver built")
 
     async def finish_builds_during_a_rebalance(self, joiner_topic: str) -> None:
         """A member joins (subscribed to ``joiner_topic``); while the rebalance is open, and
         the driver's poll waits for its outcome, the driver's builds finish."""
         self.holding.rejoin.clear()
         self.members.append(await _member(self.settings, self.group, joiner_topic))
-        await _until(lambda: self.revocations.count >= 1 and self.holding.waiting.is_set(),
+        await until(lambda: self.revocations.count >= 1 and self.holding.waiting.is_set(),
                      "the driver and the holder are in the rebalance")
         # The poll in progress when the rebalance began ends within its timeout; the next one
         # waits for the new assignment. Only then do the builds finish.
         await asyncio.sleep(2 * POLL_TIMEOUT_MS / 1000)
         assert not self.driver.owned and self.run is not None and not self.run.done()
         self.driver.finish_builds.set()
-        await _until(lambda: all(t.done() for t in self.driver._building.values()),
+        await until(lambda: all(t.done() for t in self.driver._building.values()),
                      "the builds finished")
         self.holding.rejoin.set()  # the group completes the rebalance
 
@@ -225,7 +216,7 @@ async def test_a_build_finished_during_a_rebalance_gets_every_record_after_it(
         await fleet.start(builds=1)
         # the joiner takes no inbox partition: the driver keeps inbox partition 0
         await fleet.finish_builds_during_a_rebalance(_other_topic(settings))
-        await _until(lambda: 0 in fleet.driver.owned, "the driver adopted its build")
+        await until(lambda: 0 in fleet.driver.owned, "the driver adopted its build")
 
         ids += await _send_followups(settings, 1)  # offset 5: entered by the new owner
 
@@ -250,7 +241,7 @@ async def test_a_build_finished_during_a_rebalance_that_took_its_partition_stops
         # the joiner takes one inbox partition: the driver's build of it is no longer wanted
         await fleet.finish_builds_during_a_rebalance(settings.topics.inbox)
         driver = fleet.driver
-        await _until(lambda: driver.ready.is_set() and len(driver.owned) == 1,
+        await until(lambda: driver.ready.is_set() and len(driver.owned) == 1,
                      "the driver owns its one partition")
         await asyncio.sleep(0.5)  # a released partition's tasks end at once
         sinks = {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("sink-p")}

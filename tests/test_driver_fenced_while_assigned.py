@@ -16,6 +16,7 @@ import asyncio
 import uuid
 
 import pytest
+from wait_support import until
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -54,18 +55,6 @@ async def _entered(settings: Settings, message_id: str) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _until(predicate: object, what: str) -> None:
-    assert callable(predicate)
-
-    async def wait() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-    try:
-        await asyncio.wait_for(wait(), WAIT_S)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting until {what}") from None
-
-
 async def test_a_partition_fenced_by_no_owner_is_built_again(
         kafka_bootstrap: str, topic_prefix: str, group_id: str) -> None:
     settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap,
@@ -78,7 +67,7 @@ async def test_a_partition_fenced_by_no_owner_is_built_again(
     stop = asyncio.Event()
     run = asyncio.create_task(driver.run(stop))
     try:
-        await _until(lambda: driver.ready.is_set() and 0 in driver.owned, "the driver owns 0")
+        await until(lambda: driver.ready.is_set() and 0 in driver.owned, "the driver owns 0")
         first = await _send_followup(settings)
         await asyncio.wait_for(_entered(settings, first), WAIT_S)
 
@@ -86,7 +75,7 @@ async def test_a_partition_fenced_by_no_owner_is_built_again(
         await stale.start()  # fences the driver's producer of partition 0
         await stale.close()
         second = await _send_followup(settings)  # its commit finds the driver fenced
-        await _until(lambda: driver.metrics.fenced >= 1, "the driver was fenced")
+        await until(lambda: driver.metrics.fenced >= 1, "the driver was fenced")
         try:
             await asyncio.wait_for(_entered(settings, second), WAIT_S)
         except TimeoutError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from suite_browser import bench_browser
 from suite_core import CHECKOUT, Context, Figure, load_average
 from suite_dashboard import bench_dashboard
+from suite_idle import bench_idle_cpu
 from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory, bench_processors_state
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "import": (bench_import, True),
     "dashboard": (bench_dashboard, True),
     "browser": (bench_browser, True),
+    "idle": (bench_idle_cpu, True),
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
     "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
     "restart": (bench_restart_time, True),

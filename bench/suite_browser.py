@@ -17,12 +17,13 @@ def bench_browser(ctx: Context) -> list[Figure]:
     plain = "a plain read_committed consumer of the same chunks (appended -> readable)"
     total = Figure(f"Token -> browser: chunk appended -> SSE event p99, {sessions:,} sessions "
                    f"streaming, {watchers} pages open", "ms", [], anchor=plain,
-                   higher_is_better=False, goal="<= 250 ms (issue 21); worst of the runs counts")
+                   higher_is_better=False, worst_counts=True,
+                   goal="<= 250 ms in every run (issue 21)")
     median = Figure("Token -> browser: chunk appended -> SSE event p50", "ms", [],
                     anchor=plain + ", p50", higher_is_better=False)
     dashboard = Figure("Token -> browser: readable -> SSE event p99 (the dashboard's part)",
-                       "ms", [], higher_is_better=False)
-    for _ in range(ctx.runs):
+                       "ms", [], higher_is_better=False, worst_counts=True)
+    for _ in range(ctx.latency_runs):
         result = bench_token_browser.run(ctx.bootstrap, sessions, watchers, chunk_ms)
         ctx.log(f"  token -> browser: {result}")
         if not result["chunks"] or result["watchers_ended"] < watchers:
@@ -32,6 +33,7 @@ def bench_browser(ctx: Context) -> list[Figure]:
         median.ours.append(result["browser_ms_p50"])
         median.anchor_values.append(result["readable_ms_p50"])
         dashboard.ours.append(result["to_browser_ms_p99"])
+    total.judge(250.0)
     total.note = median.note = (
         f"`dsh-pipeline driver` (scripted echo reply, a chunk every {chunk_ms} ms, every "
         f"session's follow-up sent at once) and `dsh-pipeline dashboard` as processes; "

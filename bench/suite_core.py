@@ -23,6 +23,8 @@ CHECKOUT = BENCH_DIR.parent
 FIXTURES = Path(os.environ.get("DSH_FIXTURES_DIR")
                 or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
 
+LATENCY_RUNS = 5
+
 
 @dataclass(slots=True)
 class Figure:
@@ -37,10 +39,26 @@ class Figure:
     goal: str = ""
     note: str = ""
     met: bool | None = None  # whether the goal is met, where the benchmark can tell
+    # A latency target must hold in every run: such a figure is its worst run, not its median.
+    worst_counts: bool = False
 
     @property
     def median(self) -> float:
         return statistics.median(self.ours)
+
+    @property
+    def headline(self) -> float:
+        """The figure's value: the worst run where ``worst_counts``, else the median."""
+        return self._summary(self.ours)
+
+    @property
+    def anchor_headline(self) -> float | None:
+        return self._summary(self.anchor_values) if self.anchor_values else None
+
+    def _summary(self, values: list[float]) -> float:
+        if not self.worst_counts:
+            return statistics.median(values)
+        return max(values) if not self.higher_is_better else min(values)
 
     @property
     def anchor_median(self) -> float | None:
@@ -48,11 +66,18 @@ class Figure:
 
     @property
     def ratio(self) -> float | None:
-        """ours / anchor (for both kinds of figure: the reader knows which way is better)."""
-        anchor = self.anchor_median
+        """ours / anchor, each summarised alike (for both kinds of figure: the reader knows
+        which way is better)."""
+        anchor = self.anchor_headline
         if anchor is None or anchor == 0:
             return None
-        return self.median / anchor
+        return self.headline / anchor
+
+    def judge(self, threshold: float) -> None:
+        """Sets ``met``: the headline (the worst run where that counts) against the goal's
+        threshold, in the figure's direction."""
+        value = self.headline
+        self.met = value >= threshold if self.higher_is_better else value <= threshold
 
 
 @dataclass(slots=True)
@@ -64,6 +89,11 @@ class Context:
     runs: int
     tools_lib: Path | None
     log: Callable[[str], None]
+
+    @property
+    def latency_runs(self) -> int:
+        """Runs of a latency figure: at least 5 (its worst run is the figure), 1 when quick."""
+        return 1 if self.quick else max(self.runs, LATENCY_RUNS)
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

@@ -109,11 +109,13 @@ def bench_ingest_consume(ctx: Context) -> list[Figure]:
     mix = list(synth_mix(ctx.size(100_000, 3_000)))
     size = mean_avro_size(mix)
     ingest = Figure("Ingest: events/s into the session topic (Avro, acks=all)", "events/s",
-                    [], "ProducerPerformance, same count/size/partitions, acks=all")
+                    [], "ProducerPerformance, same count/size/partitions, acks=all",
+                    goal="ratio >= 0.35 (issue 21)")
     json_anchor = Figure("Ingest vs plain aiokafka + JSON producer (same events, same config)",
-                         "events/s", [], "aiokafka + JSON")
+                         "events/s", [], "aiokafka + JSON", goal="ratio >= 1.5 (issue 21)")
     consume = Figure("Consume and decode: events/s (TopicScan + EventSerde.decode)",
-                     "events/s", [], "ConsumerPerformance fetch.nMsg.sec, same topic")
+                     "events/s", [], "ConsumerPerformance fetch.nMsg.sec, same topic",
+                     goal="ratio >= 0.5 (issue 21)")
     for run in range(ctx.runs):
         settings = ctx.settings()
         ctx.log(f"ingest run {run + 1}: {len(mix)} events, mean Avro record {size} bytes")
@@ -127,6 +129,9 @@ def bench_ingest_consume(ctx: Context) -> list[Figure]:
     note = (f"{len(mix):,} events, mean Avro record {size} bytes, 6 partitions; producers: "
             "batch 512 KiB, linger 20 ms, idempotent, no compression")
     ingest.note = json_anchor.note = consume.note = note
+    for figure, least in ((ingest, 0.35), (json_anchor, 1.5), (consume, 0.5)):
+        if figure.ratio is not None:
+            figure.met = figure.ratio >= least
     return [ingest, json_anchor, consume]
 
 

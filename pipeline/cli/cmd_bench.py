@@ -20,7 +20,8 @@ from pipeline.settings import Settings
 
 SUITE = CHECKOUT_ROOT / "bench" / "suite.py"
 BENCHMARK_NAMES = ("avro", "fold", "memory", "state", "ingest", "processors", "driver", "replay",
-                   "otel", "import", "dashboard", "browser", "scaleout", "secure", "restart")
+                   "otel", "import", "dashboard", "browser", "idle", "scaleout", "secure",
+                   "restart")
 
 
 def register(subparsers: Any) -> None:

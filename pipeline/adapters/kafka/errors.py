@@ -114,7 +114,8 @@ def is_refusal(exc: BaseException) -> bool:
 _REFUSALS: Final = (
     (TopicAuthorizationFailedError, "not authorized for topic {text} (needs Read to consume, "
                                     "Write to produce, Describe for metadata)"),
-    (GroupAuthorizationFailedError, "not authorized for the consumer group (Group Read)"),
+    (GroupAuthorizationFailedError, "not authorized for the consumer group (Group Read to "
+                                    "consume, Describe to list or describe it)"),
     (TransactionalIdAuthorizationFailed, "not authorized for its transactional id "
                                          "(TransactionalId Write)"),
     (ClusterAuthorizationFailedError, "not authorized on the cluster (a producer needs Write "

@@ -69,7 +69,7 @@ def _driver(s: Settings) -> list[AclRule]:
 
 
 def _processors(s: Settings) -> list[AclRule]:
-    t, app = s.topics, f"{s.group_id_prefix}{s.topic_prefix}processors"
+    t, app = s.topics, processors_app_id(s)
     return [
         AclRule("processors", "topic", t.session_events, READ, "fold session events"),
         AclRule("processors", "topic", t.derived_messages, WRITE,
@@ -92,11 +92,21 @@ def _processors(s: Settings) -> list[AclRule]:
 
 
 def _dashboard(s: Settings) -> list[AclRule]:
-    t = s.topics
+    t, g = s.topics, s.group_id_prefix
     reads = [(t.session_events, False), (t.inbox, False), (t.derived_messages, True),
              (t.usage, False), (t.fleet, False), (f"{t.prefix}projection-versions", False)]
-    return [AclRule("dashboard", "topic", name, READ, "show sessions, fleet and usage; tail, "
-                    "export", prefixed=prefixed) for name, prefixed in reads]
+    rules = [AclRule("dashboard", "topic", name, READ, "show sessions, fleet and usage; tail, "
+                     "export", prefixed=prefixed) for name, prefixed in reads]
+    # Kafka lists, and answers the offsets of, only the groups a principal may Describe.
+    rules += [AclRule("dashboard", "group", group, ("Describe",),
+                      "the lag panel and alerts: its committed offsets and members")
+              for group in (f"{g}driver", f"{g}demo-driver", processors_app_id(s), f"{g}otel")]
+    return rules
+
+
+def processors_app_id(s: Settings) -> str:
+    """The processors' faust app id: their consumer group and their internal topics' prefix."""
+    return f"{s.group_id_prefix}{s.topic_prefix}processors"
 
 
 def _otel(s: Settings) -> list[AclRule]:

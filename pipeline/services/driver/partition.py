@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.dlq import dead_letter
 from pipeline.adapters.kafka.records import (
     InboxRecord,
@@ -348,11 +349,7 @@ class OwnedPartition:
             await asyncio.wait(disposals + tasks, timeout=dispose_timeout_s,
                                return_when=asyncio.ALL_COMPLETED)
             tasks += disposals
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_until_done(tasks)  # their outcomes: logged by the sessions themselves
         await self._close_sink()
         self.ctx.metrics.events_committed += self.sink.events_committed
         self.ctx.metrics.transactions += self.producer.transactions_committed
@@ -371,8 +368,9 @@ class OwnedPartition:
             return
         self.sink.close()
         done, _ = await asyncio.wait([task], timeout=timeout_s)
-        if not done:
-            task.cancel()  # the producer's close() aborts the open transaction
+        if not done:  # the producer's close() aborts the open transaction
+            await cancel_until_done([task])
+            return
         with contextlib.suppress(asyncio.CancelledError, DshError):
             await task
 

@@ -57,11 +57,11 @@ minute; a released partition unfreezes them so they can be collected.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.adapters.kafka.inbox_consumer import InboxConsumer
 from pipeline.adapters.kafka.records import InboxRecord
@@ -315,12 +315,14 @@ class DriverService:
 
     async def _shutdown(self) -> None:
         """Stop claiming, let turns finish (grace), commit or abort, close, leave the group."""
-        for task in self._building.values():
-            task.cancel()
-        for task in self._building.values():
-            with contextlib.suppress(asyncio.CancelledError, DshError):
-                owned = await task
-                await owned.release(grace_s=0)
+        for task in await cancel_until_done(self._building.values()):
+            if task.cancelled():
+                continue
+            error = task.exception()
+            if error is None:  # it finished before the cancellation
+                await task.result().release(grace_s=0)
+            elif not isinstance(error, DshError):
+                raise error
         self._building.clear()
         owned_now = list(self.owned.values())
         self.owned.clear()

@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.event_batches import EventBatches
 from pipeline.adapters.kafka.event_stream import Decoder, Start
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -86,8 +87,7 @@ async def serve_otel(settings: Settings, decode: Decoder, stop: asyncio.Event, *
         await _run_until(service, stop)
     finally:
         if groups is not None:
-            groups.cancel()
-            await asyncio.gather(groups, return_exceptions=True)
+            await cancel_until_done([groups])
         await probe.stop()
         await server.close()
         await source.stop()
@@ -127,7 +127,6 @@ async def _run_until(service: OtelService, stop: asyncio.Event) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(loop_task), 5.0)
         except TimeoutError:
-            loop_task.cancel()
-            await asyncio.gather(loop_task, return_exceptions=True)
+            await cancel_until_done([loop_task])
     finally:
         stop_task.cancel()

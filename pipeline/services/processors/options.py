@@ -36,8 +36,8 @@ class ProcessorsOptions:
     acknowledged as one batch per partition; the per-batch work was most of the worker's CPU.
     8 KB made that ~160 fetches/s and cut the worker's CPU at 5,000 events/s from ~60% of a
     core to ~36% (p50 +1-2 ms, p99 unchanged on a quiet machine; 2 runs each of
-    ``bench/bench_processors.py``, the figures are in BENCHMARKS.md). A backlog is fetched
-    in full-size fetches either way.
+    ``bench/bench_processors.py``; docs/decisions/benchmark-notes-sessions-5-9.md). A backlog
+    is fetched in full-size fetches either way.
     ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
     """
 

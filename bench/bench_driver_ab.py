@@ -34,6 +34,12 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name: keyword arguments of bench_driv
     "16 steps per transaction": {"steps_per_transaction": 16},
     "32 steps per transaction": {"steps_per_transaction": 32},
     "pipelined steps, no budget": {"steps_per_transaction": 0, "pipelined": True},
+    "4 steps per transaction": {"steps_per_transaction": 4},
+    "2 steps per transaction": {"steps_per_transaction": 2},
+    "8 per transaction, linger 5 ms": {"steps_per_transaction": 8, "linger_ms": 5.0},
+    "4 per transaction, 12 partitions": {"steps_per_transaction": 4, "partitions": 12},
+    "8 per transaction, reader on the driver's loop": {"steps_per_transaction": 8,
+                                                        "reader_in_process": True},
 }
 PACED = Pacing(ramp_s=2.0, first_token_ms=300, chunk_ms=30)
 
@@ -81,8 +87,10 @@ def main() -> None:
         for name, options in VARIANTS.items():
             if args.only and not any(word in name for word in args.only):
                 continue
-            result = asyncio.run(run(args.bootstrap, args.sessions, 6, 25.0, pacing=pacing,
-                                     **options))
+            chosen = dict(options)
+            partitions, linger_ms = chosen.pop("partitions", 6), chosen.pop("linger_ms", 25.0)
+            result = asyncio.run(run(args.bootstrap, args.sessions, partitions, linger_ms,
+                                     pacing=pacing, **chosen))
             results[name].append(result)
             print(json.dumps({"round": round_ + 1, "variant": name, **result}), flush=True)
     print(json.dumps({"anchor": "bare transaction p99 ms", "values": anchors}))

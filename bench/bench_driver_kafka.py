@@ -12,10 +12,11 @@ read_committed until every turn has ended. Reports:
   batching into transactions costs a live reader;
 * ``transactions``, ``events``, ``events_per_transaction``;
 * ``cpu_seconds`` / ``steps_per_cpu_s``: this process's CPU time from the first send to the
-  last ``turn/end`` (the driver, plus the reading consumer's fetching; the broker runs in its
-  own process): the figure that matters on a loaded machine. The reader decodes the records
-  only after that (``--decode-live``: as they arrive, billing its Avro decoding to the run, as
-  this benchmark did before);
+  last ``turn/end`` (the driver and the inbox sender; the reader and the broker run in
+  processes of their own): the figure that matters on a loaded machine. The reader notes
+  arrivals and decodes the records only after the run (``--decode-live``: as they arrive);
+  ``--reader-in-process`` puts it on the driver's event loop, as before session 10, where
+  its fetches wait behind the runners and its CPU is billed to the driver;
 * ``invalid_logs``: sessions whose log does not rebuild in strict mode (must be 0);
 * ``claimed_ms_p99`` (a burst only): from the inbox send to each session's first event (the
   poll, and the wait for step admission, ``--steps-per-transaction``), which ``visible_ms`` does not
@@ -40,10 +41,15 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import multiprocessing
+import pickle
 import statistics
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
@@ -78,7 +84,8 @@ def broker(bootstrap: str | None) -> Iterator[str]:
 
 
 async def read_until_done(settings: Settings, sessions: int, decode_live: bool = False,
-                          fetch_max_wait_ms: int = 500
+                          fetch_max_wait_ms: int = 500,
+                          on_started: Callable[[], None] = lambda: None,
                           ) -> tuple[list[tuple[bytes, float]], float, float]:
     """Read the session topic read_committed until ``sessions`` turns have ended.
 
@@ -86,7 +93,7 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
     default it only notes each record's arrival and counts ``turn/end`` by the ``dsh.type``
     header while the driver runs, and decodes the values once the run is over, so that its
     Avro decoding is not billed to the driver (``decode_live``: decode as records arrive).
-    Returns the (value, arrival ms) of every record, and the wall and CPU clocks (perf_counter,
+    Returns the (value, arrival ms) of every record, and the wall and CPU clocks (time.time,
     process_time) when the last turn ended.
     """
     consumer = AIOKafkaConsumer(settings.topics.session_events, **client_options(settings),
@@ -94,6 +101,7 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 fetch_max_wait_ms=fetch_max_wait_ms)
     await consumer.start()
+    on_started()
     arrived: list[tuple[bytes, float]] = []
     ended = 0
     try:
@@ -104,10 +112,51 @@ async def read_until_done(settings: Settings, sessions: int, decode_live: bool =
                 for record in records:
                     arrived.append((record.value, now_ms))
                     ended += _is_turn_end(record.value, record.headers, decode_live)
-        finished, cpu_finished = time.perf_counter(), time.process_time()
+        finished, cpu_finished = time.time(), time.process_time()
     finally:
         await consumer.stop()
     return arrived, finished, cpu_finished
+
+
+def _reader_child(bootstrap: str, prefix: str, partitions: int, sessions: int,
+                  decode_live: bool, fetch_max_wait_ms: int, started: Any, out: str) -> None:
+    """The reader in a process of its own (``reader_in_process=False``): its arrivals and
+    the wall clock of the last turn/end are pickled to ``out``."""
+    settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
+                                 partitions=partitions, group_id_prefix=prefix)
+    arrived, finished, _ = asyncio.run(read_until_done(settings, sessions, decode_live,
+                                                       fetch_max_wait_ms, started.set))
+    Path(out).write_bytes(pickle.dumps((arrived, finished)))
+
+
+@contextlib.asynccontextmanager
+async def reader_process(settings: Settings, sessions: int, decode_live: bool,
+                         fetch_max_wait_ms: int) -> AsyncIterator[Callable[[], Awaitable[
+                             tuple[list[tuple[bytes, float]], float]]]]:
+    """Starts the reader's process and waits until its consumer has started; yields the
+    coroutine function that waits for its result."""
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    with tempfile.NamedTemporaryFile(suffix=".pickle") as out:
+        child = context.Process(target=_reader_child, args=(
+            settings.bootstrap_servers, settings.topic_prefix, settings.partitions, sessions,
+            decode_live, fetch_max_wait_ms, started, out.name))
+        child.start()
+        try:
+            if not await asyncio.to_thread(started.wait, 120):
+                raise RuntimeError("the reader process did not start its consumer")
+
+            async def result() -> tuple[list[tuple[bytes, float]], float]:
+                await asyncio.to_thread(child.join, 600)
+                if child.exitcode != 0:
+                    raise RuntimeError(f"the reader process exited with {child.exitcode}")
+                arrived, finished = pickle.loads(Path(out.name).read_bytes())
+                return arrived, finished
+            yield result
+        finally:
+            if child.is_alive():
+                child.kill()
+            child.join(10)
 
 
 _TURN_END_HEADER = (HEADER_TYPE, b"turn/end")
@@ -193,7 +242,12 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pipelined: bool = False, decode_live: bool = False,
               pacing: Pacing = Pacing(), reader_wait_ms: int = 500,
               steps_per_transaction: int = STEPS_PER_TRANSACTION,
-              refill_below: int | None = None) -> dict[str, float]:
+              refill_below: int | None = None,
+              reader_in_process: bool = False) -> dict[str, float]:
+    """One measured run (see the module docs). The reader runs in a process of its own, as
+    a downstream consumer does; ``reader_in_process``: on the driver's event loop, as this
+    benchmark did before session 10 (its fetches then wait behind the runners, and its CPU
+    is billed to the driver)."""
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
@@ -216,12 +270,22 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
     records = [OutRecord(settings.topics.inbox, f"s{n}".encode(), codec.encode(
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))
         for n in range(sessions)]
-    reader = asyncio.create_task(read_until_done(settings, sessions, decode_live,
-                                                 reader_wait_ms))
-    started, cpu_started = time.perf_counter(), time.process_time()
-    sent_ms = time.time() * 1000
-    await send_paced(settings, records, pacing.ramp_s)
-    arrived, finished, cpu_finished = await reader
+    async with contextlib.AsyncExitStack() as stack:
+        if reader_in_process:
+            task_ = asyncio.create_task(read_until_done(settings, sessions, decode_live,
+                                                        reader_wait_ms))
+
+            async def reader() -> tuple[list[tuple[bytes, float]], float]:
+                arrived, finished, _ = await task_
+                return arrived, finished
+        else:
+            reader = await stack.enter_async_context(reader_process(
+                settings, sessions, decode_live, reader_wait_ms))
+        started, cpu_started = time.time(), time.process_time()
+        sent_ms = started * 1000
+        await send_paced(settings, records, pacing.ramp_s)
+        arrived, finished = await reader()
+        cpu_finished = time.process_time()
     metrics = service.metrics_snapshot()
     split = commit_split(service)
     metrics["cpu_ms"] = int((cpu_finished - cpu_started) * 1000)
@@ -280,6 +344,8 @@ def main() -> None:
     parser.add_argument("--steps-per-transaction", type=int, default=STEPS_PER_TRANSACTION,
                         help="at most about this many sessions of a partition begin a step "
                              "while its transaction commits (0: no bound)")
+    parser.add_argument("--reader-in-process", action="store_true",
+                        help="read on the driver's event loop instead of a process of its own")
     parser.add_argument("--warmup", type=int, default=20,
                         help="sessions of a first, unmeasured run")
     args = parser.parse_args()
@@ -289,7 +355,8 @@ def main() -> None:
         pacing = Pacing(args.ramp_s, args.first_token_ms, args.chunk_ms)
         result = asyncio.run(run(bootstrap, args.sessions, args.partitions, args.linger_ms,
                                  args.pipelined_flush, args.decode_live, pacing,
-                                 steps_per_transaction=args.steps_per_transaction))
+                                 steps_per_transaction=args.steps_per_transaction,
+                                 reader_in_process=args.reader_in_process))
     print(json.dumps({**result, "partitions": args.partitions,
                       "pipelined_flush": args.pipelined_flush,
                       "decode_live": args.decode_live,

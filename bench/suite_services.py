@@ -182,8 +182,8 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
                         anchor=unbounded, higher_is_better=False, worst_counts=True)
     per_cpu = Figure("Driver over Kafka: events per CPU-second", "events/CPU-s", [],
                      anchor=unbounded,
-                     note="process time of the driver and its reader (one process), first "
-                          "inbox send to last turn/end; bench/capacity.py sizes drivers by it")
+                     note="process time of the driver (and the inbox sender), first inbox "
+                          "send to last turn/end; bench/capacity.py sizes drivers by it")
     # A fresh broker creates its transaction-state topic on first use: not in the figure.
     asyncio.run(bench_driver_kafka.run(ctx.bootstrap, 5, 6, 25.0))
     for _ in range(ctx.latency_runs):
@@ -209,8 +209,8 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
                                  f"at most {bench_driver_kafka.STEPS_PER_TRANSACTION} steps "
                                  "begun per partition and transaction, 6 partitions; a "
                                  "two-step tool turn per session, all sent at once; the "
-                                 "reader counts turn/end by header and decodes and "
-                                 "validates every log after the timed part "
+                                 "reader, a process of its own, counts turn/end by header "
+                                 "and decodes and validates every log after the timed part "
                                  "(bench/bench_driver_kafka.py)")
     waited.note = committing.note = ("the split of the figure above, from the driver's own "
                                      "commit timings (PartitionSink.recent_commits)")

@@ -61,9 +61,8 @@ async def ingest_ours(settings: Settings, mix: Mix) -> float:
     serde, topic = EventSerde(), settings.topics.session_events
     async with BulkProducer(settings) as out:
         started = time.perf_counter()
-        for session_id, event in mix:
-            await out.send(topic, record_key(session_id), serde.encode(session_id, event),
-                           event_headers(event))
+        await out.send_many(topic, ((record_key(session_id), serde.encode(session_id, event),
+                                     event_headers(event)) for session_id, event in mix))
         await out.flush()
         return len(mix) / (time.perf_counter() - started)
 

@@ -91,14 +91,15 @@ async def ingest_json(settings: Settings, mix: Mix) -> float:
 
 
 async def consume_ours(settings: Settings, expected: int) -> float:
-    """events/s: TopicScan (read_committed) + EventSerde.decode of every record."""
+    """events/s: TopicScan (read_committed) + EventSerde.decode of every record, read as
+    the client returns them (``client_batches``, as replay's readers do)."""
     decode = EventSerde().decode
     async with TopicScan(settings, settings.topics.session_events) as scan:
         started, seen = time.perf_counter(), 0
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():
+            for record in run:
                 decode(record.value or b"")
-            seen += len(batch)
+            seen += len(run)
     if seen != expected:
         raise RuntimeError(f"consume read {seen} of {expected} records")
     return seen / (time.perf_counter() - started)

@@ -1,7 +1,8 @@
 """BulkProducer on the real broker: every record lands in exactly the partition Kafka's
 default partitioner gives its key (aiokafka's own, asked here independently), in the order
-sent, with its value (tombstones too) and headers; the remembered partitions stay equal to
-the partitioner's past their bound, and are dropped when the topic gains partitions."""
+sent, with its value (tombstones too) and headers, also past the records it keeps in
+flight; the remembered partitions stay equal to the partitioner's past their bound, and are
+dropped when the topic gains partitions."""
 
 from __future__ import annotations
 
@@ -33,12 +34,12 @@ async def test_send_many_puts_each_record_where_the_default_partitioner_does(
         settings: Settings) -> None:
     topic = f"{settings.topic_prefix}bulk"
     await ensure_topic(settings, topic, compact=False)
-    records = _records(5_000)
+    records = _records(25_000)  # past two windows of records in flight
     async with BulkProducer(settings) as out:
-        await out.send_many(topic, records[:3_000])
-        for key, value, headers in records[3_000:3_100]:  # one by one, between the batches
+        await out.send_many(topic, records[:13_000])
+        for key, value, headers in records[13_000:13_100]:  # one by one, between the batches
             await out.send(topic, key, value, headers)
-        await out.send_many(topic, iter(records[3_100:]))
+        await out.send_many(topic, iter(records[13_100:]))
     assert out.sent == len(records)
     partitioner, every = DefaultPartitioner(), list(range(settings.partitions))
     expected: dict[int, list[tuple[bytes | None, bytes | None, str]]] = {}

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol
@@ -42,7 +43,9 @@ ADMIN_TIMEOUT_MS: Final = 30_000
 # client's fetch_max_bytes (default 50 MiB) and the broker's fetch.max.bytes (default 55 MiB),
 # which 6 partitions' worth (48 MiB) fits; raising the client's alone would not lift the cap.
 _FETCH_BYTES: Final = 8 * 1024 * 1024
-_IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+# Records appended between two hand-overs of every batch, and records left unacknowledged
+# after one: at most twice this many are buffered or in flight.
+_IN_FLIGHT: Final = 10_000
 _BATCH_BYTES: Final = 512 * 1024
 KEYS_REMEMBERED: Final = 65_536  # per topic, by a BulkProducer's KeyPartitions
 
@@ -271,15 +274,19 @@ class BulkProducer:
     by the producer's own partitioner (:class:`KeyPartitions`), and a batch is handed to the
     producer whole when it is full, every ``_IN_FLIGHT`` records, or at :meth:`flush` and the
     end of ``async with``: nothing goes out on a timer, so a caller that waits between sends
-    flushes first. :meth:`send_many` queues many records of a topic with one await, which
-    suspends only to hand a full batch over or to wait for acknowledgements; appending a
-    record is synchronous. Each partition's records keep their order.
+    flushes first. After each hand-over of every batch, the oldest batches' acknowledgements
+    are awaited until at most ``_IN_FLIGHT`` records are unacknowledged (a sliding window:
+    the newest batches stay in flight meanwhile); :meth:`flush` awaits them all.
+    :meth:`send_many` queues many records of a topic with one await, which suspends only to
+    hand a full batch over or to wait for acknowledgements; appending a record is
+    synchronous. Each partition's records keep their order.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: AIOKafkaProducer | None = None
-        self._futures: list[Any] = []
+        self._futures: deque[tuple[Any, int]] = deque()  # (delivery, records), oldest first
+        self._unacknowledged = 0
         self._batches: dict[str, dict[int, Any]] = {}  # topic -> partition -> batch builder
         self._partitions: dict[str, KeyPartitions] = {}
         self._buffered = 0
@@ -328,7 +335,8 @@ class BulkProducer:
                     partitions = self._partitions[topic]  # renewed if the topic grew
                 self._buffered += 1
                 if self._buffered >= _IN_FLIGHT:
-                    await self._flush_with(producer)
+                    await self._hand_over_all(producer)
+                    await self._acknowledged(keep=_IN_FLIGHT)
                     partitions = self._partitions[topic]
 
     def _started(self) -> AIOKafkaProducer:
@@ -352,8 +360,9 @@ class BulkProducer:
     async def _hand_over(self, producer: AIOKafkaProducer, topic: str, partition: int,
                          builder: Any) -> None:
         del self._batches[topic][partition]
-        self._futures.append((await producer.send_batch(builder, topic, partition=partition),
-                              builder.record_count()))
+        delivery = await producer.send_batch(builder, topic, partition=partition)
+        self._futures.append((delivery, builder.record_count()))
+        self._unacknowledged += builder.record_count()
         if not self._partitions[topic].current():  # more partitions: other keys' homes
             self._partitions[topic] = KeyPartitions(producer, topic)
 
@@ -362,13 +371,22 @@ class BulkProducer:
         await self._flush_with(self._started())
 
     async def _flush_with(self, producer: AIOKafkaProducer) -> None:
+        await self._hand_over_all(producer)
+        await self._acknowledged(keep=0)
+
+    async def _hand_over_all(self, producer: AIOKafkaProducer) -> None:
         with broker_errors("send buffered records"):
             for topic, builders in self._batches.items():
                 for partition, builder in list(builders.items()):
                     await self._hand_over(producer, topic, partition, builder)
-        futures, self._futures = self._futures, []
         self._buffered = 0
-        if futures:
-            with broker_errors("acknowledge sent records"):
-                await asyncio.gather(*(future for future, _count in futures))
-            self.sent += sum(count for _future, count in futures)
+
+    async def _acknowledged(self, *, keep: int) -> None:
+        """Wait for the oldest deliveries until at most ``keep`` records are unacknowledged."""
+        with broker_errors("acknowledge sent records"):
+            while self._futures and self._unacknowledged > keep:
+                delivery, count = self._futures[0]
+                await delivery
+                self._futures.popleft()
+                self._unacknowledged -= count
+                self.sent += count

@@ -49,8 +49,8 @@ async def read_pointer_state(settings: Settings, projection: str = DERIVED_MESSA
     """The pointer topic folded (an empty state when the topic does not exist yet)."""
     records: PointerRecords = []
     async with TopicScan(settings, pointer_topic(settings)) as scan:
-        async for batch in scan.batches():
-            records.extend((r.key, r.value) for r in batch)
+        async for run in scan.client_batches():
+            records.extend((r.key, r.value) for r in run)
     return fold_pointer_records(projection, records)
 
 

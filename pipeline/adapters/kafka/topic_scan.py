@@ -157,8 +157,8 @@ async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:
     """
     found: dict[str, int] = {}
     async with TopicScan(settings, topic) as scan:
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():  # headers read, records not kept
+            for record in run:
                 try:
                     seq = read_headers(record.headers).seq
                 except CodecError:

@@ -61,14 +61,17 @@ async def test_remembered_partitions_equal_the_partitioner_past_the_bound_and_on
     topic = f"{settings.topic_prefix}grows"
     await ensure_topic(settings, topic, compact=False)
     partitioner = DefaultPartitioner()
+    every = list(range(settings.partitions))
+    more = list(range(settings.partitions + 3))
+    records = _records(6_000)
     async with BulkProducer(settings) as out:
         producer = out._started()
         await producer.client._wait_on_metadata(topic)
         table = KeyPartitions(producer, topic, limit=16)
-        every = list(range(settings.partitions))
         keys = [f"k{n}".encode() for n in range(200)] * 2  # misses past the bound, then hits
         assert [table.of(k, b"v") for k in keys] == [partitioner(k, every, every) for k in keys]
         assert table.current()
+        await out.send_many(topic, records[:3_000])  # still buffered when the topic grows
         admin = AIOKafkaAdminClient(**client_options(settings))
         await admin.start()
         try:
@@ -78,7 +81,18 @@ async def test_remembered_partitions_equal_the_partitioner_past_the_bound_and_on
         await producer.client.force_metadata_update()
         assert not table.current()
         grown = KeyPartitions(producer, topic)
-        more = list(range(settings.partitions + 3))
         assert [grown.of(k, b"v") for k in keys] == [partitioner(k, more, more) for k in keys]
-        moved = [k for k in keys if partitioner(k, more, more) != partitioner(k, every, every)]
-        assert moved  # the growth changed some keys' partition: the check above can fail
+        await out.send_many(topic, records[3_000:])  # the next call sees the new count
+    moved = [k for k, _v, _h in records
+             if partitioner(k, more, more) != partitioner(k, every, every)]
+    assert moved  # the growth changed some keys' partition: the checks can fail
+    expected: dict[int, list[str]] = {}
+    for index, (key, _value, headers) in enumerate(records):
+        count = every if index < 3_000 else more
+        expected.setdefault(partitioner(key, count, count), []).append(headers[0][1].decode())
+    found: dict[int, list[str]] = {}
+    async with TopicScan(settings, topic) as scan:
+        async for batch in scan.batches():
+            for record in batch:
+                found.setdefault(record.partition, []).append(dict(record.headers)["n"].decode())
+    assert found == expected

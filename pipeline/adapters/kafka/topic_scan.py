@@ -321,7 +321,7 @@ class BulkProducer:
         """Queue ``records`` in order; waits when too many are in flight."""
         producer = self._started()
         with broker_errors(f"send to {topic!r}"):
-            partitions = self._partitions.get(topic) or await self._key_partitions(topic)
+            partitions = await self._key_partitions(topic)
             builders = self._batches.setdefault(topic, {})
             for key, value, headers in records:
                 partition = partitions.of(key, value)
@@ -332,12 +332,12 @@ class BulkProducer:
                     await self._next_batch(producer, topic, partition, builder)
                     builders[partition].append(timestamp=None, key=key, value=value,
                                                headers=listed)  # an empty batch takes any one
-                    partitions = self._partitions[topic]  # renewed if the topic grew
+                    partitions = await self._key_partitions(topic)
                 self._buffered += 1
                 if self._buffered >= _IN_FLIGHT:
                     await self._hand_over_all(producer)
                     await self._acknowledged(keep=_IN_FLIGHT)
-                    partitions = self._partitions[topic]
+                    partitions = await self._key_partitions(topic)
 
     def _started(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -345,9 +345,14 @@ class BulkProducer:
         return self._producer
 
     async def _key_partitions(self, topic: str) -> KeyPartitions:
-        producer = self._started()
-        await producer.client._wait_on_metadata(topic)
-        found = self._partitions[topic] = KeyPartitions(producer, topic)
+        """The topic's table, new when its partition count changed. Checked at every call
+        and after every await of :meth:`send_many`: metadata changes only while the event
+        loop runs, so each record gets the partition ``send`` would have given it."""
+        found = self._partitions.get(topic)
+        if found is None or not found.current():
+            producer = self._started()
+            await producer.client._wait_on_metadata(topic)
+            found = self._partitions[topic] = KeyPartitions(producer, topic)
         return found
 
     async def _next_batch(self, producer: AIOKafkaProducer, topic: str, partition: int,
@@ -363,8 +368,6 @@ class BulkProducer:
         delivery = await producer.send_batch(builder, topic, partition=partition)
         self._futures.append((delivery, builder.record_count()))
         self._unacknowledged += builder.record_count()
-        if not self._partitions[topic].current():  # more partitions: other keys' homes
-            self._partitions[topic] = KeyPartitions(producer, topic)
 
     async def flush(self) -> None:
         """Send every buffered record and wait for its acknowledgement."""

@@ -1,11 +1,12 @@
-"""Benchmark: consume + decode (``TopicScan.batches`` + ``EventSerde.decode`` of every record,
-the suite's ``ingest`` section's figure) of this checkout against other checkouts, A/B in one
-run, with Kafka's ConsumerPerformance on the same topic as the anchor of each round.
+"""Benchmark: consume + decode (each checkout's own ``bench/suite_kafka.consume_ours``:
+``TopicScan`` + ``EventSerde.decode`` of every record, the suite's ``ingest`` section's figure)
+of this checkout against other checkouts, A/B in one run, with Kafka's ConsumerPerformance
+on the same topic as the anchor of each round.
 
 One topic of the suite's synthetic mix is written once; then each round reads it with every
-checkout in turn (a child process started in that checkout's directory, so ``-m``/``-c``
-import its ``pipeline``), then with ConsumerPerformance. Each read prints events/s (wall,
-from the first fetch to the last record) and the child's CPU seconds.
+checkout in turn (a child process started in that checkout's directory, so ``-c`` imports
+its ``pipeline`` and ``bench/suite_kafka``), then with ConsumerPerformance. Each read prints
+events/s (wall, from the first fetch to the last record) and the child's CPU seconds.
 
     DSH_CACHE_DIR=/work/main/.cache .venv/bin/python bench/bench_consume.py \\
         --bootstrap 127.0.0.1:19092 [--events 100000] [--rounds 3] [--against /tmp/base]
@@ -32,27 +33,15 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 # Run in the child, against the checkout's own code.
 READ = """
 import asyncio, json, sys, time
-from pipeline.adapters.kafka.topic_scan import TopicScan
-from pipeline.codec.avro import EventSerde
+sys.path.insert(0, "bench")
+from suite_kafka import consume_ours
 from pipeline.settings import Settings
-
-async def read(settings, expected):
-    decode = EventSerde().decode
-    async with TopicScan(settings, settings.topics.session_events) as scan:
-        started, seen = time.perf_counter(), 0
-        async for batch in scan.batches():
-            for record in batch:
-                decode(record.value or b"")
-            seen += len(batch)
-    if seen != expected:
-        raise SystemExit(f"read {seen} of {expected} records")
-    return seen / (time.perf_counter() - started)
 
 bootstrap, prefix, expected = sys.argv[1], sys.argv[2], int(sys.argv[3])
 settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                              partitions=6, replication_factor=1)
 cpu = time.process_time()
-rate = asyncio.run(read(settings, expected))
+rate = asyncio.run(consume_ours(settings, expected))
 print(json.dumps({"events_per_s": rate, "cpu_s": time.process_time() - cpu}))
 """
 

@@ -61,9 +61,8 @@ async def ingest_ours(settings: Settings, mix: Mix) -> float:
     serde, topic = EventSerde(), settings.topics.session_events
     async with BulkProducer(settings) as out:
         started = time.perf_counter()
-        for session_id, event in mix:
-            await out.send(topic, record_key(session_id), serde.encode(session_id, event),
-                           event_headers(event))
+        await out.send_many(topic, ((record_key(session_id), serde.encode(session_id, event),
+                                     event_headers(event)) for session_id, event in mix))
         await out.flush()
         return len(mix) / (time.perf_counter() - started)
 
@@ -92,14 +91,15 @@ async def ingest_json(settings: Settings, mix: Mix) -> float:
 
 
 async def consume_ours(settings: Settings, expected: int) -> float:
-    """events/s: TopicScan (read_committed) + EventSerde.decode of every record."""
+    """events/s: TopicScan (read_committed) + EventSerde.decode of every record, read as
+    the client returns them (``client_batches``, as replay's readers do)."""
     decode = EventSerde().decode
     async with TopicScan(settings, settings.topics.session_events) as scan:
         started, seen = time.perf_counter(), 0
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():
+            for record in run:
                 decode(record.value or b"")
-            seen += len(batch)
+            seen += len(run)
     if seen != expected:
         raise RuntimeError(f"consume read {seen} of {expected} records")
     return seen / (time.perf_counter() - started)

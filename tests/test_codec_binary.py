@@ -202,6 +202,27 @@ def test_runs_of_absent_optional_fields_are_read_and_checked() -> None:
     assert compiled.decode(bytes([0x80, 0, 0, 0, 6, 0, 2, 0, 0])) == empty
 
 
+TWO_BYTES: dict[str, Any] = {
+    "type": "record", "name": "T2", "namespace": "t", "fields": [
+        {"name": "l", "type": "long"}, {"name": "s", "type": "string"},
+        {"name": "a", "type": {"type": "array", "items": "long"}}]}
+
+
+def test_two_byte_varints_are_read_as_fastavro_reads_them() -> None:
+    """Longs, lengths and block counts of two varint bytes (read inline, without the varint
+    helper), next to one- and three-byte ones; a varint cut after its first byte."""
+    parsed = parse_schema(TWO_BYTES)
+    compiled = CompiledSchema(parsed)
+    for n in (-8193, -8192, -4097, -65, -64, 63, 64, 100, 4095, 8191, 8192):
+        for length in (63, 64, 200, 8191, 8192):
+            record = {"l": n, "s": "x" * length, "a": [n] * (length % 150)}
+            data = fastavro_bytes(parsed, record)
+            assert compiled.decode(data) == record == fastavro_read(parsed, data)
+    data = fastavro_bytes(parsed, {"l": 5, "s": "x" * 100, "a": []})
+    with pytest.raises(AvroBinaryError, match="truncated"):
+        compiled.decode(data[:2])  # the length's second byte is missing
+
+
 WIDTHS: dict[str, Any] = {
     "type": "record", "name": "W", "namespace": "t", "fields": [
         {"name": "i", "type": "int"},

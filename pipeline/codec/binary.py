@@ -268,6 +268,10 @@ class _Compiler:
         """Read a long into ``t``; ``where`` names it in the error of a refused varint."""
         out.append(f"{ind}{t} = data[pos]; pos += 1")
         out.append(f"{ind}if {t} < 128: {t} = _ZZ[{t}]")
+        # Two bytes inline (a seq past 63, a string of 64-8191 bytes): no call.
+        out.append(f"{ind}elif data[pos] < 128:")
+        out.append(f"{ind}    {t} = ({t} & 127) | (data[pos] << 7); pos += 1; "
+                   f"{t} = ({t} >> 1) ^ -({t} & 1)")
         out.append(f"{ind}else:")
         out.append(f"{ind}    {t}, pos = _rraw(data, pos - 1, {where!r}); "
                    f"{t} = ({t} >> 1) ^ -({t} & 1)")

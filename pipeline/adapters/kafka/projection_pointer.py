@@ -49,8 +49,8 @@ async def read_pointer_state(settings: Settings, projection: str = DERIVED_MESSA
     """The pointer topic folded (an empty state when the topic does not exist yet)."""
     records: PointerRecords = []
     async with TopicScan(settings, pointer_topic(settings)) as scan:
-        async for batch in scan.batches():
-            records.extend((r.key, r.value) for r in batch)
+        async for run in scan.client_batches():
+            records.extend((r.key, r.value) for r in run)
     return fold_pointer_records(projection, records)
 
 
@@ -66,9 +66,9 @@ async def write_pointer_records(settings: Settings, records: Mapping[str, JsonVa
     """Write pointer records in order and wait for them (a None value: a tombstone)."""
     await ensure_topic(settings, pointer_topic(settings), compact=True)
     async with BulkProducer(settings) as producer:
-        for key, value in records.items():
-            await producer.send(pointer_topic(settings), key.encode("utf-8"),
-                                None if value is None else dumps_json(value).encode("utf-8"))
+        await producer.send_many(pointer_topic(settings), (
+            (key.encode("utf-8"), None if value is None else dumps_json(value).encode("utf-8"),
+             ()) for key, value in records.items()))
 
 
 class PointerReader:

@@ -105,8 +105,8 @@ def headers_of(raw: Iterable[tuple[str, bytes | None]] | None) -> Headers:
     return tuple((name, value if value is not None else b"") for name, value in raw)
 
 
-def header_value(headers: Sequence[tuple[str, bytes]], name: str) -> bytes | None:
-    """The last value of header ``name``, or None."""
+def header_value(headers: Sequence[tuple[str, bytes | None]], name: str) -> bytes | None:
+    """The last value of header ``name``, or None (also when that value is None)."""
     found: bytes | None = None
     for key, value in headers:
         if key == name:

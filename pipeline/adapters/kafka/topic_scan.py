@@ -9,13 +9,15 @@
   from headers only (nothing is decoded; records without them are no events, passed over).
 - :func:`ensure_topic` creates one topic (e.g. a versioned projection) if it is missing.
 - :class:`BulkProducer` sends many records fast (idempotent, acks=all, batched), for
-  rebuilding a projection; it is not transactional.
+  rebuilding a projection; it is not transactional. :meth:`BulkProducer.send_many` queues a
+  topic's records with one await, each key's partition remembered (:class:`KeyPartitions`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol
 
@@ -31,7 +33,7 @@ from pipeline.adapters.kafka.options import (
     consumer_size_options,
     producer_size_options,
 )
-from pipeline.adapters.kafka.records import Headers, InboxRecord, inbox_record_of
+from pipeline.adapters.kafka.records import InboxRecord, inbox_record_of
 from pipeline.codec.records import ConsumedRecord, read_headers
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
@@ -41,8 +43,11 @@ ADMIN_TIMEOUT_MS: Final = 30_000
 # client's fetch_max_bytes (default 50 MiB) and the broker's fetch.max.bytes (default 55 MiB),
 # which 6 partitions' worth (48 MiB) fits; raising the client's alone would not lift the cap.
 _FETCH_BYTES: Final = 8 * 1024 * 1024
-_IN_FLIGHT: Final = 10_000  # records sent before waiting for their acknowledgements
+# Records appended between two hand-overs of every batch, and records left unacknowledged
+# after one: at most twice this many are buffered or in flight.
+_IN_FLIGHT: Final = 10_000
 _BATCH_BYTES: Final = 512 * 1024
+KEYS_REMEMBERED: Final = 65_536  # per topic, by a BulkProducer's KeyPartitions
 
 
 def scan_fetch_options(settings: Settings) -> dict[str, Any]:
@@ -152,8 +157,8 @@ async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:
     """
     found: dict[str, int] = {}
     async with TopicScan(settings, topic) as scan:
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():  # headers read, records not kept
+            for record in run:
                 try:
                     seq = read_headers(record.headers).seq
                 except CodecError:
@@ -221,25 +226,69 @@ async def _wait_visible(admin: AIOKafkaAdminClient, topic: str) -> None:
     raise BrokerError(f"topic {topic!r} was created but does not show in the metadata")
 
 
+class KeyPartitions:
+    """The partition the producer's partitioner gives each key of one topic, remembered.
+
+    A miss asks the producer's own partitioner (what ``send`` would do: murmur2 of the key,
+    positive, modulo the partition count), so a remembered partition is exactly that one;
+    a None key is never remembered (the partitioner picks one at random each time). At most
+    ``limit`` keys are held: the memory is bounded, and the whole table is dropped when
+    full. Valid while the topic has ``count`` partitions (see :meth:`current`).
+    """
+
+    __slots__ = ("_known", "_limit", "_producer", "count", "topic")
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, *,
+                 limit: int = KEYS_REMEMBERED) -> None:
+        self._producer, self.topic, self._limit = producer, topic, limit
+        self.count = self._partition_count()
+        self._known: dict[bytes, int] = {}
+
+    def of(self, key: bytes | None, value: bytes | None) -> int:
+        """The partition of ``key``."""
+        found = self._known.get(key) if key is not None else None
+        if found is None:
+            found = self._producer._partition(self.topic, None, key, value, key, value)
+            if key is not None:
+                if len(self._known) >= self._limit:
+                    self._known.clear()
+                self._known[key] = found
+        return found
+
+    def current(self) -> bool:
+        """Whether the topic still has the partition count the table was made for."""
+        return self._partition_count() == self.count
+
+    def _partition_count(self) -> int:
+        return len(self._producer.client.cluster.partitions_for_topic(self.topic) or ())
+
+
+BulkRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
+"""(key, value, headers) of one record; a None value is a tombstone."""
+
+
 class BulkProducer:
     """Idempotent, batched sends (acks=all) with bounded records in flight.
 
     Records are appended to one batch per (topic, partition) built here, the partition chosen
-    by the producer's own partitioner (murmur2 of the key, as ``send`` would), and a batch is
-    handed to the producer whole when it is full, every ``_IN_FLIGHT`` records, or at
-    :meth:`flush` and the end of ``async with``: nothing goes out on a timer, so a caller
-    that waits between sends flushes first. ``send`` per record costs aiokafka's per-record
-    bookkeeping, which is most of the cost of a bulk write (and the accumulator takes one
-    handed-over batch per partition at a time, so small batches would wait on round trips).
-    Each partition's records keep their order.
+    by the producer's own partitioner (:class:`KeyPartitions`), and a batch is handed to the
+    producer whole when it is full, every ``_IN_FLIGHT`` records, or at :meth:`flush` and the
+    end of ``async with``: nothing goes out on a timer, so a caller that waits between sends
+    flushes first. After each hand-over of every batch, the oldest batches' acknowledgements
+    are awaited until at most ``_IN_FLIGHT`` records are unacknowledged (a sliding window:
+    the newest batches stay in flight meanwhile); :meth:`flush` awaits them all.
+    :meth:`send_many` queues many records of a topic with one await, which suspends only to
+    hand a full batch over or to wait for acknowledgements; appending a record is
+    synchronous. Each partition's records keep their order.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: AIOKafkaProducer | None = None
-        self._futures: list[Any] = []
-        self._batches: dict[tuple[str, int], Any] = {}  # -> its batch builder
-        self._known_topics: set[str] = set()
+        self._futures: deque[tuple[Any, int]] = deque()  # (delivery, records), oldest first
+        self._unacknowledged = 0
+        self._batches: dict[str, dict[int, Any]] = {}  # topic -> partition -> batch builder
+        self._partitions: dict[str, KeyPartitions] = {}
         self._buffered = 0
         self.sent = 0
 
@@ -264,52 +313,83 @@ class BulkProducer:
                 await producer.stop()
 
     async def send(self, topic: str, key: bytes | None, value: bytes | None,
-                   headers: Headers = (), partition: int | None = None) -> None:
-        """Queue one record (``value`` None: a tombstone); waits when too many are in flight.
-        ``partition``: the one the producer's partitioner gives ``key``, when the caller
-        knows it already (it costs a murmur2 of the key per record otherwise)."""
-        producer = self._producer
-        if producer is None:
-            raise BrokerError("BulkProducer used outside `async with`")
-        with broker_errors(f"send to {topic!r}"):
-            if topic not in self._known_topics:
-                await producer.client._wait_on_metadata(topic)
-                self._known_topics.add(topic)
-            if partition is None:
-                partition = producer._partition(topic, None, key, value, key, value)
-            where = (topic, partition)
-            builder = self._batches.get(where)
-            if builder is not None and builder.append(
-                    timestamp=None, key=key, value=value, headers=list(headers)) is None:
-                await self._hand_over(producer, where, builder)  # full
-                builder = None
-            if builder is None:  # an empty batch takes any one record
-                builder = self._batches[where] = producer.create_batch()
-                builder.append(timestamp=None, key=key, value=value, headers=list(headers))
-        self._buffered += 1
-        if self._buffered >= _IN_FLIGHT:
-            await self._flush_with(producer)
+                   headers: Sequence[tuple[str, bytes]] = ()) -> None:
+        """Queue one record (``value`` None: a tombstone); see :meth:`send_many`."""
+        await self.send_many(topic, ((key, value, headers),))
 
-    async def _hand_over(self, producer: AIOKafkaProducer, where: tuple[str, int],
+    async def send_many(self, topic: str, records: Iterable[BulkRecord]) -> None:
+        """Queue ``records`` in order; waits when too many are in flight."""
+        producer = self._started()
+        with broker_errors(f"send to {topic!r}"):
+            partitions = await self._key_partitions(topic)
+            builders = self._batches.setdefault(topic, {})
+            for key, value, headers in records:
+                partition = partitions.of(key, value)
+                listed = headers if type(headers) is list else list(headers)
+                builder = builders.get(partition)
+                if builder is None or builder.append(timestamp=None, key=key, value=value,
+                                                     headers=listed) is None:
+                    await self._next_batch(producer, topic, partition, builder)
+                    builders[partition].append(timestamp=None, key=key, value=value,
+                                               headers=listed)  # an empty batch takes any one
+                    partitions = await self._key_partitions(topic)
+                self._buffered += 1
+                if self._buffered >= _IN_FLIGHT:
+                    await self._hand_over_all(producer)
+                    await self._acknowledged(keep=_IN_FLIGHT)
+                    partitions = await self._key_partitions(topic)
+
+    def _started(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise BrokerError("BulkProducer used outside `async with`")
+        return self._producer
+
+    async def _key_partitions(self, topic: str) -> KeyPartitions:
+        """The topic's table, new when its partition count changed. Checked at every call
+        and after every await of :meth:`send_many`: metadata changes only while the event
+        loop runs, so each record gets the partition ``send`` would have given it."""
+        found = self._partitions.get(topic)
+        if found is None or not found.current():
+            producer = self._started()
+            await producer.client._wait_on_metadata(topic)
+            found = self._partitions[topic] = KeyPartitions(producer, topic)
+        return found
+
+    async def _next_batch(self, producer: AIOKafkaProducer, topic: str, partition: int,
+                          full: Any) -> None:
+        """Hand ``full`` over (if any) and start the partition's next batch."""
+        if full is not None:
+            await self._hand_over(producer, topic, partition, full)
+        self._batches[topic][partition] = producer.create_batch()
+
+    async def _hand_over(self, producer: AIOKafkaProducer, topic: str, partition: int,
                          builder: Any) -> None:
-        del self._batches[where]
-        self._futures.append((await producer.send_batch(builder, where[0],
-                                                        partition=where[1]),
-                              builder.record_count()))
+        del self._batches[topic][partition]
+        delivery = await producer.send_batch(builder, topic, partition=partition)
+        self._futures.append((delivery, builder.record_count()))
+        self._unacknowledged += builder.record_count()
 
     async def flush(self) -> None:
         """Send every buffered record and wait for its acknowledgement."""
-        if self._producer is None:
-            raise BrokerError("BulkProducer used outside `async with`")
-        await self._flush_with(self._producer)
+        await self._flush_with(self._started())
 
     async def _flush_with(self, producer: AIOKafkaProducer) -> None:
+        await self._hand_over_all(producer)
+        await self._acknowledged(keep=0)
+
+    async def _hand_over_all(self, producer: AIOKafkaProducer) -> None:
         with broker_errors("send buffered records"):
-            for where, builder in list(self._batches.items()):
-                await self._hand_over(producer, where, builder)
-        futures, self._futures = self._futures, []
+            for topic, builders in self._batches.items():
+                for partition, builder in list(builders.items()):
+                    await self._hand_over(producer, topic, partition, builder)
         self._buffered = 0
-        if futures:
-            with broker_errors("acknowledge sent records"):
-                await asyncio.gather(*(future for future, _count in futures))
-            self.sent += sum(count for _future, count in futures)
+
+    async def _acknowledged(self, *, keep: int) -> None:
+        """Wait for the oldest deliveries until at most ``keep`` records are unacknowledged."""
+        with broker_errors("acknowledge sent records"):
+            while self._futures and self._unacknowledged > keep:
+                delivery, count = self._futures[0]
+                await delivery
+                self._futures.popleft()
+                self._unacknowledged -= count
+                self.sent += count

@@ -54,8 +54,8 @@ async def read_version(settings: Settings, topic: str, decoder: OutputDecoder | 
     async with TopicScan(settings, topic) as scan:
         if not scan.exists:
             return None
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():  # read, not kept: no copy
+            for record in run:
                 pair = _decoded(record, decoder, content)
                 if pair is not None:
                     pairs.append(pair)

@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from pipeline.adapters.kafka.records import Headers
-from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic, topic_exists
+from pipeline.adapters.kafka.topic_scan import (
+    BulkProducer,
+    BulkRecord,
+    TopicScan,
+    ensure_topic,
+    topic_exists,
+)
 from pipeline.codec.outputs import DerivedChangeSerde, default_output_codecs
 from pipeline.codec.records import (
     HEADER_SEQ,
@@ -290,19 +296,22 @@ class Rebuilder:
         """Write the last change of every pending slot key (a removal: a tombstone, only
         for a key the topic holds)."""
         pending, self._pending = self._pending, {}
-        topic, written = self.result.topic, self._written
-        encode = self.encoder.encode_change
+        await out.send_many(self.result.topic, self._records(pending))
+        await out.flush()
+
+    def _records(self, pending: dict[str, tuple[MessageChange, Headers]]
+                 ) -> Iterator[BulkRecord]:
+        written, encode = self._written, self.encoder.encode_change
         for key, (change, source) in pending.items():
             if change.kind == "remove":
                 if key not in written:
                     continue
                 written.discard(key)
-                await out.send(topic, key.encode(), None, source)
+                yield key.encode(), None, source
             else:
                 written.add(key)
-                await out.send(topic, key.encode(), encode(change), source)
+                yield key.encode(), encode(change), source
             self.result.records_written += 1
-        await out.flush()
 
     def _collect(self) -> None:
         self.result.conversations = {

@@ -10,12 +10,12 @@ come from a dsh file, so its importer or shipper is its one writer (``codec/reco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from pipeline.adapters.kafka.records import Headers, InboxRecord, OutRecord, header_value
-from pipeline.adapters.kafka.topic_scan import TopicScan
+from pipeline.adapters.kafka.records import OutRecord, header_value
+from pipeline.adapters.kafka.topic_scan import ScanRecord, TopicScan
 from pipeline.codec.records import (
     HEADER_WRITER,
     WRITER_DSH_FILE,
@@ -37,7 +37,7 @@ def minimal_header(session_id: str) -> dict[str, JsonValue]:
     return {"type": "session", "version": 0, "id": session_id}
 
 
-def session_header_of(headers: Headers) -> dict[str, JsonValue] | None:
+def session_header_of(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, JsonValue] | None:
     """The file header carried by a seq-0 record, or None."""
     raw = header_value(headers, SESSION_HEADER)
     if raw is None:
@@ -96,8 +96,8 @@ async def read_sessions(settings: Settings, decode: Decoder, *,
     wanted = {record_key(s) for s in only} if only is not None else None
     found = TopicSessions()
     async with TopicScan(settings, name) as scan:
-        async for batch in scan.batches():
-            for record in batch:
+        async for run in scan.client_batches():  # read, not kept: no copy
+            for record in run:
                 found.records += 1
                 if wanted is not None and record.key not in wanted:
                     continue
@@ -105,7 +105,7 @@ async def read_sessions(settings: Settings, decode: Decoder, *,
     return found
 
 
-def _add(found: TopicSessions, record: InboxRecord, decode: Decoder) -> None:
+def _add(found: TopicSessions, record: ScanRecord, decode: Decoder) -> None:
     key_text = record.key.decode("utf-8", "replace") if record.key is not None else None
     where = f"{record.topic}[{record.partition}]@{record.offset} (key {key_text!r})"
     try:

@@ -171,16 +171,13 @@ async def publish_history(settings: Settings, seed: int, per_session: int,
         if value.count(TEMPLATE_ID.encode()) != 1:
             raise RuntimeError("the template id is not found once in an encoded event")
         encoded.append((value, tuple(event_headers(event))))
-    ids = [(sid.encode(), record_key(sid), partition_for(sid, PARTITIONS))
-           for sid in _session_ids(sessions)]
+    ids = [(sid.encode(), record_key(sid)) for sid in _session_ids(sessions)]
     topic, template_id = settings.topics.session_events, TEMPLATE_ID.encode()
     async with BulkProducer(settings) as bulk:
         for start in range(0, per_session, ROUND_EVENTS):
             round_ = encoded[start:start + ROUND_EVENTS]
-            for sid, key, partition in ids:
-                for value, headers in round_:
-                    await bulk.send(topic, key, value.replace(template_id, sid), headers,
-                                    partition)
+            await bulk.send_many(topic, ((key, value.replace(template_id, sid), headers)
+                                         for sid, key in ids for value, headers in round_))
 
 
 def _fold_and_compact(ctx: Context, settings: Settings, history: History) -> None:

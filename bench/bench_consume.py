@@ -14,7 +14,6 @@ events/s (wall, from the first fetch to the last record) and the child's CPU sec
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -23,6 +22,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from suite_core import ab_arguments, load_average
 from suite_kafka import ingest_ours, synth_mix
 from suite_tools import consumer_performance, tools_lib
 
@@ -53,17 +53,8 @@ def read_with(checkout: Path, bootstrap: str, prefix: str, expected: int) -> dic
     return result
 
 
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--against", nargs="*", type=Path, default=[], metavar="CHECKOUT")
-    args = parser.parse_args()
+    args = ab_arguments(__doc__.split("\n\n")[0]).parse_args()
     prefix = f"consume{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=args.bootstrap, topic_prefix=prefix,
                                  partitions=6, replication_factor=1)

@@ -15,7 +15,6 @@ events/s (wall, first send to last acknowledgement) and its CPU seconds for the 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -24,6 +23,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from suite_core import ab_arguments, load_average
 from suite_kafka import fresh_topic, mean_avro_size, synth_mix
 from suite_tools import producer_performance, tools_lib
 
@@ -68,17 +68,8 @@ def producer_performance_once(bootstrap: str, events: int, size: int) -> float:
     return producer_performance(lib, bootstrap, topic, events, size)
 
 
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--against", nargs="*", type=Path, default=[], metavar="CHECKOUT")
-    args = parser.parse_args()
+    args = ab_arguments(__doc__.split("\n\n")[0]).parse_args()
     checkouts = [CHECKOUT, *(path.resolve() for path in args.against)]
     runs: dict[str, list[dict[str, float]]] = {str(c): [] for c in checkouts}
     anchor: list[float] = []

@@ -8,6 +8,7 @@ anchor's values measured in the same run.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -112,6 +113,17 @@ def percentile(values: list[float], q: float) -> float:
         raise ValueError("percentile of no values")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ab_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of an A/B benchmark run against other checkouts of the code."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--against", nargs="*", type=Path, default=[], metavar="CHECKOUT",
+                        help="other checkouts of the code, each run in turn with this one")
+    return parser
 
 
 def cpu_and_wall() -> tuple[float, float]:

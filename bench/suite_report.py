@@ -44,9 +44,9 @@ NOT_MEASURED = """\
 METHOD = """\
 - Each figure is the median of its runs, except a figure whose target must hold in every run
   (latency, idle cost): it is the **worst** of its runs, marked "worst of N" (a latency
-  figure runs at least 5 times). *Spread* is min-max over the runs. *Ratio* is ours / anchor, the anchor summarised the
-  same way (for latency and cost, lower is better; for rates, higher). *met* / *not met*
-  judges that value against the goal.
+  figure runs at least 5 times). *Spread* is min-max over the runs. *Ratio* is ours /
+  anchor, the anchor summarised the same way (for latency and cost, lower is better; for
+  rates, higher). *met* / *not met* judges that value against the goal.
 - Broker: one local KRaft node (Kafka 4.4.0, started by the suite unless `--bootstrap`),
   replication factor 1; all producers acks=all and idempotent.
 - The realistic mix: `pipeline.testing.synth` sessions, whose proportions follow the recorded

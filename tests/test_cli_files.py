@@ -138,7 +138,16 @@ def test_exit_codes_follow_the_table(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     _wait_until_reading_stdin(proc.pid)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    # stdin stays open until it has exited: closing it first (communicate) could hand the
+    # read an end of file before the signal is handled, and the command would go on to send
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    try:
+        proc.wait(timeout=30)
+    finally:
+        proc.stdin.close()
+    err = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
     assert proc.returncode == 130, err
     assert b"Traceback" not in err
 

@@ -133,9 +133,13 @@ def test_exit_codes_follow_the_table(tmp_path: Path) -> None:
     broken = run("send", "s1", "--cancel", env=env)
     assert broken.returncode == 2 and b"DSH_DASHBOARD_PORT must be an integer" in broken.stderr
     # Ctrl-C while the command waits (for stdin here): 130, no traceback
+    # A job started in the background without job control (`cmd &` in a script, as a CI
+    # runner may) inherits SIGINT ignored, and Python then leaves it ignored: the command is
+    # started with the default disposition, as a terminal's Ctrl-C would find it.
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli.main", "send", "s1",
                              "--followup", "--text-file", "-"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            preexec_fn=_default_sigint)
     _wait_until_reading_stdin(proc.pid)
     proc.send_signal(signal.SIGINT)
     # stdin stays open until it has exited: closing it first (communicate) could hand the
@@ -150,6 +154,10 @@ def test_exit_codes_follow_the_table(tmp_path: Path) -> None:
     proc.stderr.close()
     assert proc.returncode == 130, err
     assert b"Traceback" not in err
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_until_reading_stdin(pid: int, timeout_s: float = 60.0) -> None:

@@ -14,9 +14,11 @@ from typing import Any, Final
 
 from pipeline.core.errors import ConfigError
 
-__all__ = ["MASK", "Secret", "Settings", "TopicNames"]
+__all__ = ["MASK", "PROCESSORS_APP_NAME", "Secret", "Settings", "TopicNames"]
 
 MASK: Final = "********"
+# The processors' default app name: the end of their consumer group id.
+PROCESSORS_APP_NAME: Final = "processors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +113,12 @@ class Settings:
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
+
+    def processors_group(self, app_name: str = PROCESSORS_APP_NAME) -> str:
+        """The processors' faust app id: their consumer group id, and the prefix of their
+        changelog and repartition topics. Every place that names them (the worker, the
+        dashboard's lag panel, the ACL plan) asks here."""
+        return f"{self.group_id_prefix}{self.topic_prefix}{app_name}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -23,7 +23,7 @@ from pipeline.core.fleet import FleetStatus
 from pipeline.core.usage import SessionUsage, model_record, session_record, window_record
 from pipeline.services.dashboard.model import FleetModel, TimeBuckets
 from pipeline.services.dashboard.samples import RecentSamples, percentile
-from pipeline.services.dashboard.service import group_label, processors_group
+from pipeline.services.dashboard.service import group_label
 from pipeline.services.dashboard.web import token_accepted
 from pipeline.settings import Settings
 
@@ -152,8 +152,8 @@ def test_old_windows_do_not_show_as_tokens_now() -> None:
 
 def test_group_labels_drop_the_deployment_prefixes() -> None:
     settings = Settings.from_env({}, topic_prefix="dsh.", group_id_prefix="dsh-")
-    assert group_label(settings, processors_group(settings)) == "processors"
-    assert processors_group(settings) == "dsh-dsh.processors"
+    assert group_label(settings, settings.processors_group()) == "processors"
+    assert settings.processors_group() == "dsh-dsh.processors"
     assert group_label(settings, "dsh-driver") == "driver"
     assert group_label(settings, "other") == "other"
 

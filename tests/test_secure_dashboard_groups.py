@@ -15,7 +15,6 @@ from pipeline.adapters.kafka.admin import group_members
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe
 from pipeline.core.errors import BrokerError
-from pipeline.services.dashboard.service import processors_group
 from pipeline.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.registry]
@@ -49,7 +48,7 @@ async def test_the_dashboard_principal_reads_the_lag_and_members_of_the_project_
     assert (driver_group, dashboard.topics.inbox, 0) in {
         (s.group, s.topic, s.partition) for s in samples}
 
-    assert await group_members(dashboard, processors_group(dashboard)) == 0  # none running
+    assert await group_members(dashboard, dashboard.processors_group()) == 0  # none running
 
 
 async def test_a_group_the_principal_may_not_describe_is_an_error(

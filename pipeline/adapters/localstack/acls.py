@@ -69,7 +69,7 @@ def _driver(s: Settings) -> list[AclRule]:
 
 
 def _processors(s: Settings) -> list[AclRule]:
-    t, app = s.topics, processors_app_id(s)
+    t, app = s.topics, s.processors_group()
     return [
         AclRule("processors", "topic", t.session_events, READ, "fold session events"),
         AclRule("processors", "topic", t.derived_messages, WRITE,
@@ -100,13 +100,8 @@ def _dashboard(s: Settings) -> list[AclRule]:
     # Kafka lists, and answers the offsets of, only the groups a principal may Describe.
     rules += [AclRule("dashboard", "group", group, ("Describe",),
                       "the lag panel and alerts: its committed offsets and members")
-              for group in (f"{g}driver", f"{g}demo-driver", processors_app_id(s), f"{g}otel")]
+              for group in (f"{g}driver", f"{g}demo-driver", s.processors_group(), f"{g}otel")]
     return rules
-
-
-def processors_app_id(s: Settings) -> str:
-    """The processors' faust app id: their consumer group and their internal topics' prefix."""
-    return f"{s.group_id_prefix}{s.topic_prefix}processors"
 
 
 def _otel(s: Settings) -> list[AclRule]:

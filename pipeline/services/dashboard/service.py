@@ -45,17 +45,11 @@ from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PROCESSORS_APP: Final = "processors"  # the processors' default app name (their group id's end)
 PROBLEMS_SHOWN: Final = 5
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def processors_group(settings: Settings) -> str:
-    """The processors' consumer group id (their faust app id with the default app name)."""
-    return f"{settings.group_id_prefix}{settings.topic_prefix}{PROCESSORS_APP}"
 
 
 def group_label(settings: Settings, group: str) -> str:
@@ -133,7 +127,7 @@ class DashboardService:
         if self.processors_workers is None or self.processors_workers > 0:
             return None
         return (f"no processors worker is running (consumer group "
-                f"{processors_group(self.settings)!r} has no members): the fleet shows what "
+                f"{self.settings.processors_group()!r} has no members): the fleet shows what "
                 "they last published and nothing newer; start `dsh-pipeline processors`")
 
     @property
@@ -286,7 +280,7 @@ class DashboardService:
     async def _check_processors(self) -> None:
         try:
             self.processors_workers = await group_members(self.settings,
-                                                          processors_group(self.settings))
+                                                          self.settings.processors_group())
         except DshError as exc:
             log.warning("dashboard: cannot tell whether processors run: %s", exc)
             self.processors_workers = None

@@ -7,7 +7,7 @@ from importlib.util import find_spec
 from typing import Final
 
 from pipeline.core.errors import ConfigError
-from pipeline.settings import Settings
+from pipeline.settings import PROCESSORS_APP_NAME, Settings
 
 # aiokafka's default fetch_max_bytes (50 MB): a fetch never waits for more than it may carry
 MAX_FETCH_MIN_BYTES: Final = 52_428_800
@@ -55,7 +55,7 @@ class ProcessorsOptions:
     fetch_min_bytes: int = 8_192
     freeze_gc: bool = True
     data_dir: str = ".cache/state/processors"
-    app_name: str = "processors"
+    app_name: str = PROCESSORS_APP_NAME
 
     def __post_init__(self) -> None:
         if not 0 < self.web_port < 65536:
@@ -84,7 +84,7 @@ class ProcessorsOptions:
 
     def app_id(self, settings: Settings) -> str:
         """The faust app id (= consumer group id and changelog topic prefix)."""
-        return f"{settings.group_id_prefix}{settings.topic_prefix}{self.app_name}"
+        return settings.processors_group(self.app_name)
 
     def usage_topic(self, settings: Settings) -> str:
         """The internal topic repartitioning usage samples by provider/model."""

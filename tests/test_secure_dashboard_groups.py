@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from secure_support import SecureStack
 
-from pipeline.adapters.kafka.admin import group_members
+from pipeline.adapters.kafka.groups import group_members
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe
 from pipeline.core.errors import BrokerError

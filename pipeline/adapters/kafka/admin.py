@@ -308,28 +308,3 @@ async def topic_configs(settings: Settings, topic: str) -> dict[str, str]:
         return (await describe_topic_configs(admin, [resource])).get(topic, {})
     finally:
         await admin.close()
-
-
-async def group_members(settings: Settings, group: str) -> int:
-    """How many members consumer group ``group`` has now (0: none, or no such group).
-
-    Raises BrokerError when the group's answer carries an error: a principal not allowed to
-    Describe the group must not read as "nobody consumes"."""
-    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=ADMIN_TIMEOUT_MS)
-    with broker_errors(f"connect to {settings.bootstrap_servers}"):
-        await admin.start()
-    try:
-        with broker_errors(f"describe consumer group {group!r}"):
-            responses = await admin.describe_consumer_groups([group])
-            members = 0
-            for response in responses:
-                for described in response.groups:
-                    # (error_code, group_id, state, protocol_type, protocol, members, ...)
-                    if described[1] != group:
-                        continue
-                    if described[0] != 0:
-                        raise for_code(described[0])(f"group {group!r}")
-                    members += len(described[5])
-        return members
-    finally:
-        await admin.close()

@@ -1,27 +1,17 @@
-"""The members of the project's consumer groups (Kafka's DescribeGroups), for the alert on a
-group that has committed offsets but nobody left to consume.
-
-One group per DescribeGroups request: aiokafka 0.14 sends version 3 of the request but reads
-the answer with version 2's layout, which lacks the per-group ``authorized_operations``; with
-several groups in one answer every group after the first is misread.
+"""The members of the project's consumer groups, for the alert on a group that has committed
+offsets but nobody left to consume. Each group is described by
+:func:`pipeline.adapters.kafka.groups.describe_group`: a group the principal may not Describe
+fails the sample instead of reading as empty.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.adapters.kafka.errors import broker_errors
+from pipeline.adapters.kafka.groups import GroupMembers, describe_group
 from pipeline.adapters.kafka.options import client_options
 from pipeline.settings import Settings
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMembers:
-    group: str
-    state: str  # Stable, PreparingRebalance, CompletingRebalance, Empty
-    members: int
 
 
 class ConsumerGroupProbe:
@@ -51,11 +41,8 @@ class ConsumerGroupProbe:
         with broker_errors("describe the consumer groups"):
             groups = sorted(str(g[0]) for g in await admin.list_consumer_groups()
                             if str(g[0]).startswith(self._prefix))
-            for group in groups:
-                for response in await admin.describe_consumer_groups([group]):
-                    # (error_code, group_id, state, protocol_type, protocol, members, ...)
-                    entry = response.groups[0]
-                    if entry[0] == 0 and entry[2] != "Dead":
-                        found.append(GroupMembers(str(entry[1]), str(entry[2]),
-                                                  len(entry[5])))
+        for group in groups:
+            described = await describe_group(admin, group)
+            if described.state != "Dead":
+                found.append(described)
         return found

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pipeline.adapters.cancelling import cancel_until_done
-from pipeline.adapters.kafka.admin import group_members
 from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import Decoder
+from pipeline.adapters.kafka.groups import group_members
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, leaders_ready
 from pipeline.adapters.registry.outputs import output_decoder

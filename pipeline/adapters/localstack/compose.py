@@ -5,8 +5,8 @@ passwords, the broker's security properties, each principal's client settings), 
 containers: one subfolder per consumer, each mounted (compose ``volume.subpath``) into only the
 service that needs it, so no container sees another principal's password.
 
-- ``kafka/`` (mounted at :data:`KAFKA_MOUNT`, where the apache/kafka image takes a
-  ``server.properties`` to which it appends its ``KAFKA_*`` environment):
+- ``kafka/`` (mounted at :data:`KAFKA_MOUNT`; the broker's containers append their
+  ``KAFKA_*`` environment to its ``server.properties``):
   ``server.properties`` (exactly :meth:`SecureSetup.server_properties`), ``ca.pem``,
   ``admin-client.properties`` (the health check's and the ACL step's ``--command-config``),
   ``scram-users.args`` (the ``kafka-storage format --add-scram`` arguments, one a line) and
@@ -36,10 +36,9 @@ from pipeline.adapters.localstack.registry import registry_role
 from pipeline.adapters.localstack.security import ROLES, SecureSetup
 from pipeline.settings import Settings
 
-# Inside the broker container: the folder the apache/kafka image reads its server.properties
-# from (its "file input" convention). A container path, nothing to do with a checkout's
-# surroundings; the product never reads a folder beside the repository.
-KAFKA_MOUNT: Final = "/mnt/shared/config"
+# Inside the broker's containers: the kafka folder, from which their entrypoint
+# (deploy/compose/secure.yml, x-kafka-configured) builds the broker's configuration.
+KAFKA_MOUNT: Final = "/etc/dsh/kafka"
 SECRETS_MOUNT: Final = "/etc/dsh-secrets"
 KAFKA_ACLS_TOOL: Final = "/opt/kafka/bin/kafka-acls.sh"
 MARKER: Final = ".complete"  # written last: a folder holding it is whole

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from suite_browser import bench_browser
-from suite_core import CHECKOUT, Context, Figure, load_average
+from suite_core import CHECKOUT, Context, Figure, load_average, wait_quiet
 from suite_dashboard import bench_dashboard
 from suite_idle import bench_idle_cpu
 from suite_import import bench_import
@@ -75,16 +75,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def broker(bootstrap: str, needed: bool) -> Iterator[str]:
+def broker(bootstrap: str, needed: bool) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The broker's address, and its process ids when the suite starts it."""
     if bootstrap or not needed:
-        yield bootstrap
+        yield bootstrap, ()
         return
     from pipeline.adapters.localstack.artifacts import Artifacts
     from pipeline.adapters.localstack.kafka import KafkaLocal
     kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
     try:
         kafka.start(budget_s=180)  # a loaded 2-core machine can take well over 60 s
-        yield kafka.bootstrap
+        yield kafka.bootstrap, tuple(kafka.pid(node.node_id) for node in kafka.nodes)
     finally:
         kafka.stop()
 
@@ -110,10 +111,12 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
     runs = args.runs or (1 if args.quick else 3)
     results: dict[str, list[Figure]] = {}
     failures: dict[str, str] = {}
-    with broker(args.bootstrap, needs_broker) as bootstrap:
+    with broker(args.bootstrap, needs_broker) as (bootstrap, pids):
         lib = tools_lib() if needs_broker else None
-        ctx = Context(bootstrap, args.quick, runs, lib, log)
+        ctx = Context(bootstrap, args.quick, runs, lib, log, pids)
         for name in names:
+            if BENCHMARKS[name][1] and pids:
+                log(f"{name}: {wait_quiet(pids)}")
             log(f"{name}: start (load average {load_average()})")
             try:
                 results[name] = BENCHMARKS[name][0](ctx)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from processes import cpu_seconds
+
 from pipeline.settings import Settings
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -25,6 +27,12 @@ FIXTURES = Path(os.environ.get("DSH_FIXTURES_DIR")
                 or Path(__file__).resolve().parents[2] / "shared" / "fixtures")
 
 LATENCY_RUNS = 5
+# A benchmark using the broker starts once the broker has used under this share of one core
+# over a window, waiting at most the budget: an earlier benchmark's aftermath (the log
+# cleaner on its compacted topics, segment deletion, group expiry) is not the next one's load.
+QUIET_SHARE = 0.10
+QUIET_WINDOW_S = 2.0
+QUIET_BUDGET_S = 120.0
 
 
 @dataclass(slots=True)
@@ -90,6 +98,7 @@ class Context:
     runs: int
     tools_lib: Path | None
     log: Callable[[str], None]
+    broker_pids: tuple[int, ...] = ()  # the broker's processes when the suite started it
 
     @property
     def latency_runs(self) -> int:
@@ -105,6 +114,21 @@ class Context:
         return Settings.from_env({}, bootstrap_servers=self.bootstrap, topic_prefix=prefix,
                                  partitions=partitions, replication_factor=1,
                                  group_id_prefix=f"{prefix}g-")
+
+
+def wait_quiet(pids: tuple[int, ...], budget_s: float = QUIET_BUDGET_S) -> str:
+    """Wait until processes ``pids`` together use under QUIET_SHARE of a core over
+    QUIET_WINDOW_S, at most ``budget_s``; returns what was seen, for the log."""
+    started = time.monotonic()
+    while True:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        time.sleep(QUIET_WINDOW_S)
+        share = (sum(cpu_seconds(pid) for pid in pids) - before) / QUIET_WINDOW_S
+        waited = time.monotonic() - started
+        if share < QUIET_SHARE:
+            return f"broker quiet ({share:.0%} of a core) after {waited:.0f} s"
+        if waited >= budget_s:
+            return f"broker still busy ({share:.0%} of a core) after {waited:.0f} s; going on"
 
 
 def percentile(values: list[float], q: float) -> float:

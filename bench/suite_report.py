@@ -48,7 +48,9 @@ METHOD = """\
   anchor, the anchor summarised the same way (for latency and cost, lower is better; for
   rates, higher). *met* / *not met* judges that value against the goal.
 - Broker: one local KRaft node (Kafka 4.4.0, started by the suite unless `--bootstrap`),
-  replication factor 1; all producers acks=all and idempotent.
+  replication factor 1; all producers acks=all and idempotent. A benchmark using the broker
+  starts once the broker has used under 10% of a core for 2 s (at most 120 s of waiting), so
+  that an earlier benchmark's aftermath (log cleaning, segment deletion) is not its load.
 - The realistic mix: `pipeline.testing.synth` sessions, whose proportions follow the recorded
   fixtures in `../shared/fixtures` (per turn: claim, 1-4 steps, reasoning runs of 10-30
   deltas, tool-call argument runs of 15-35 pieces, text runs of 1-30 deltas, tool results of

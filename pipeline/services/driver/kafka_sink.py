@@ -389,7 +389,7 @@ class PartitionSink:
             while True:
                 await self._wake.wait()
                 if not (self._closing or self._urgent):
-                    await asyncio.sleep(self._linger_s)
+                    await asyncio.sleep(self._linger_left())
                 self._wake.clear()
                 self._urgent = False
                 await self.commit_pending()
@@ -404,6 +404,14 @@ class PartitionSink:
             async with self._commit_done:
                 self._commit_done.notify_all()
             raise self.failure from None
+
+    def _linger_left(self) -> float:
+        """What is left of the linger time of the oldest record not yet committing: it counts
+        from that record's emit, as a Kafka producer's linger counts from a batch's first
+        record, so records emitted during the previous commit do not linger again after it."""
+        if self._first_emit is None:  # woken with no records (an offset is done)
+            return self._linger_s
+        return max(0.0, self._linger_s - (time.monotonic() - self._first_emit))
 
     async def commit_pending(self) -> None:
         """Commit buffered records and the offset progress now (no-op when nothing changed)."""

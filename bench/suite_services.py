@@ -19,6 +19,9 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.settings import Settings
 
 PROCESSOR_PARTITIONS = 3
+# Full-size driver runs before the measured ones: a fresh broker's transaction p99 came down
+# to a long-running one's after about ten (docs/decisions/driver-latency.md, session 11).
+DRIVER_WARM_UP_RUNS = 10
 
 
 def bench_processors_worker(ctx: Context) -> list[Figure]:
@@ -185,10 +188,14 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
                      note="process time of the driver (and the inbox sender), first inbox "
                           "send to last turn/end; bench/capacity.py sizes drivers by it")
     # Warm-up, not in the figures: a fresh broker creates its transaction-state topic on
-    # first use, and its JIT has not compiled the transaction path; a long-running broker,
-    # which the figure is about, has done both.
-    warm = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0))
-    ctx.log(f"  driver over Kafka, warm-up (not in the figures): {warm}")
+    # first use, and its JIT compiles the transaction path over thousands of transactions
+    # (docs/decisions/driver-latency.md, session 11); a long-running broker, which the
+    # figure is about, has done both.
+    for _ in range(ctx.size(DRIVER_WARM_UP_RUNS, 1)):
+        warm = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0))
+        ctx.log(f"  driver over Kafka, warm-up (not in the figures): "
+                f"p99 {warm['visible_ms_p99']} ms, {warm['steps_per_s']} steps/s, "
+                f"transaction p99 {warm.get('committing_ms_p99')} ms")
     for _ in range(ctx.latency_runs):
         for budget in (bench_driver_kafka.STEPS_PER_TRANSACTION, 0):
             result = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0,

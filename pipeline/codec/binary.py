@@ -436,18 +436,18 @@ class CompiledSchema:
         self.python_decoder: Decoder = namespace[root]
         self.compiled_decoder: Decoder | None = compiled_decoder(
             self.decoder_source, namespace, root)
-        self._decode = self.python_decoder
+        self.decoder = self.python_decoder
         _LIVE.add(self)
         self._choose()
 
     def _choose(self) -> None:
         compiled = self.compiled_decoder
-        self._decode = compiled if compiled is not None and _CHOICE["compiled"] else (
+        self.decoder = compiled if compiled is not None and _CHOICE["compiled"] else (
             self.python_decoder)
 
     @property
     def compiled_in_use(self) -> bool:
-        return self._decode is not self.python_decoder
+        return self.decoder is not self.python_decoder
 
     def encode_into(self, buf: bytearray, record: Any) -> None:
         """Append the encoding of ``record``. Raises AvroBinaryError if it does not fit;
@@ -469,11 +469,11 @@ class CompiledSchema:
             data = bytes(data)
         size = len(data)
         try:  # not through decode_at: a call less on the hot path
-            record, end = self._decode(data, start, size)
-        except _DECODE_ERRORS as exc:
-            raise _undecodable(exc) from None
+            record, end = self.decoder(data, start, size)
+        except DECODE_ERRORS as exc:
+            raise undecodable(exc) from None
         if end != size:
-            raise AvroBinaryError(f"{size - end} trailing bytes after the Avro record")
+            raise trailing_bytes(size - end)
         return record
 
     def decode_at(self, data: bytes, start: int) -> tuple[Any, int]:
@@ -482,9 +482,9 @@ class CompiledSchema:
         if type(data) is not bytes:
             data = bytes(data)
         try:
-            result: tuple[Any, int] = self._decode(data, start, len(data))
-        except _DECODE_ERRORS as exc:
-            raise _undecodable(exc) from None
+            result: tuple[Any, int] = self.decoder(data, start, len(data))
+        except DECODE_ERRORS as exc:
+            raise undecodable(exc) from None
         return result
 
 
@@ -502,11 +502,16 @@ def use_compiled_decoders(enabled: bool) -> None:
 
 
 # What generated decoders raise on bytes that are not an encoding of their schema.
-_DECODE_ERRORS: Final = (Malformed, IndexError, UnicodeDecodeError, struct.error, RecursionError,
+DECODE_ERRORS: Final = (Malformed, IndexError, UnicodeDecodeError, struct.error, RecursionError,
                          MemoryError)
 
 
-def _undecodable(exc: BaseException) -> AvroBinaryError:
+def trailing_bytes(count: int) -> AvroBinaryError:
+    return AvroBinaryError(f"{count} trailing bytes after the Avro record")
+
+
+def undecodable(exc: BaseException) -> AvroBinaryError:
+    """The error of a generated decoder's exception (one of DECODE_ERRORS)."""
     if isinstance(exc, Malformed):
         return AvroBinaryError(f"undecodable Avro data: {exc}")
     if isinstance(exc, IndexError):

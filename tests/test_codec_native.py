@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.binary import CompiledSchema, use_compiled_decoders
-from pipeline.codec.binary_native import MODULE, PYX_FILE, decoder_key, native_source
+from pipeline.codec.binary_native import (
+    MODULE,
+    PYX_FILE,
+    compiled_decoder,
+    decoder_key,
+    is_slot_store,
+    native_source,
+)
 from pipeline.codec.schemas import current_event_schema
 from pipeline.core.errors import CodecError
 from pipeline.core.events import APPEND, Event, Replace
@@ -150,3 +157,16 @@ def test_the_key_covers_the_constants_the_source_reads() -> None:
     assert one.decoder_source == other.decoder_source
     keys = {decoder_key(s.decoder_source, s.python_decoder.__globals__) for s in (one, other)}
     assert len(keys) == 2
+
+
+@needs_build
+def test_slot_stores_are_compiled_only_for_slot_setters() -> None:
+    """The Event's fields are stored through their slots' descriptors in the compiled build;
+    a namespace whose setter is anything else gets no compiled decoder."""
+    binary = current_event_schema().binary
+    namespace = dict(binary.python_decoder.__globals__)
+    root = binary.python_decoder.__name__
+    assert is_slot_store(namespace["_set0"]) and not is_slot_store(print)
+    assert compiled_decoder(binary.decoder_source, namespace, root) is not None
+    namespace["_set0"] = lambda event, value: None
+    assert compiled_decoder(binary.decoder_source, namespace, root) is None

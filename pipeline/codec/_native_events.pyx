@@ -15,14 +15,42 @@ _new = None
 _op_from = None
 _order_from = None
 _rraw = None
-_set0 = None
-_set1 = None
-_set2 = None
-_set3 = None
-_set4 = None
-_set5 = None
-_set6 = None
-_set7 = None
+cdef extern from *:
+    """
+    static int dsh_store_slot(PyObject *slot, PyObject *obj, PyObject *value) {
+        descrsetfunc store = Py_TYPE(slot)->tp_descr_set;
+        if (store == NULL) {
+            PyErr_SetString(PyExc_TypeError, "slot descriptor not set");
+            return -1;
+        }
+        return store(slot, obj, value);
+    }
+    """
+    int _store_slot "dsh_store_slot" (object slot, object obj, object value) except -1
+_set0_slot = None
+cdef inline int _set0(object obj, object value) except -1:
+    return _store_slot(_set0_slot, obj, value)
+_set1_slot = None
+cdef inline int _set1(object obj, object value) except -1:
+    return _store_slot(_set1_slot, obj, value)
+_set2_slot = None
+cdef inline int _set2(object obj, object value) except -1:
+    return _store_slot(_set2_slot, obj, value)
+_set3_slot = None
+cdef inline int _set3(object obj, object value) except -1:
+    return _store_slot(_set3_slot, obj, value)
+_set4_slot = None
+cdef inline int _set4(object obj, object value) except -1:
+    return _store_slot(_set4_slot, obj, value)
+_set5_slot = None
+cdef inline int _set5(object obj, object value) except -1:
+    return _store_slot(_set5_slot, obj, value)
+_set6_slot = None
+cdef inline int _set6(object obj, object value) except -1:
+    return _store_slot(_set6_slot, obj, value)
+_set7_slot = None
+cdef inline int _set7(object obj, object value) except -1:
+    return _store_slot(_set7_slot, obj, value)
 def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     n26 = data[pos]; pos += 1
     if n26 < 128: n26 = _ZZ[n26]

@@ -35,8 +35,10 @@ def compiled_decoder() -> list[Extension]:
     except ImportError:
         print("dsh-pipeline: Cython is not installed; the compiled decoder is not built")
         return []
+    # -g0: no debug information (a sixth of the size; nobody steps through generated C)
     extension = Extension("pipeline.codec._native_events",
-                          ["pipeline/codec/_native_events.pyx"], optional=True)
+                          ["pipeline/codec/_native_events.pyx"], optional=True,
+                          extra_compile_args=["-g0"])
     modules: list[Extension] = cythonize([extension], quiet=True)
     return modules
 

@@ -131,10 +131,16 @@ def test_longs_beyond_64_bits_are_refused_on_both_paths(path: str) -> None:
     long_max = b"\xfe" + b"\xff" * 8 + b"\x01"
     assert SERDE.decode(_with_seq_varint(long_max))[1].seq == 2**63 - 1
     assert SERDE.decode(_with_seq_varint(b"\xc8\x01"))[1].seq == 100  # two bytes, inline
+    assert SERDE.decode(_with_seq_varint(b"\x80\x80\x01"))[1].seq == 2**13  # the helper
+    assert SERDE.decode(_with_seq_varint(b"\x80" * 9 + b"\x00"))[1].seq == 0  # 10 bytes
     for varint, why in ((b"\x80" * 9 + b"\x02", "varint of 65 bits"),
-                        (b"\x80" * 10 + b"\x00", "varint longer than 10 bytes")):
+                        (b"\xff" * 9 + b"\x7f", "varint of 70 bits"),
+                        (b"\x80" * 10 + b"\x00", "varint longer than 10 bytes"),
+                        (b"\xff" * 12, "varint longer than 10 bytes")):
         with pytest.raises(CodecError, match=rf"dsh\.SessionEvent\.seq: {why}"):
             SERDE.decode(_with_seq_varint(varint))
+    with pytest.raises(CodecError, match="truncated"):
+        SERDE.decode(_with_seq_varint(b"\x80" * 4)[:16])  # the varint runs past the end
 
 
 RECURSIVE: dict[str, Any] = {"type": "record", "name": "Node", "fields": [
@@ -160,13 +166,15 @@ def test_the_key_covers_the_constants_the_source_reads() -> None:
 
 
 @needs_build
-def test_slot_stores_are_compiled_only_for_slot_setters() -> None:
-    """The Event's fields are stored through their slots' descriptors in the compiled build;
-    a namespace whose setter is anything else gets no compiled decoder."""
+@pytest.mark.parametrize("helper", ["_set0", "_rraw"])
+def test_helpers_compiled_in_are_used_only_for_the_helpers_they_replace(helper: str) -> None:
+    """The Event's fields are stored through their slots' descriptors and the varint reader
+    is C in the compiled build; a namespace whose helper is anything else gets no compiled
+    decoder."""
     binary = current_event_schema().binary
     namespace = dict(binary.python_decoder.__globals__)
     root = binary.python_decoder.__name__
     assert is_slot_store(namespace["_set0"]) and not is_slot_store(print)
     assert compiled_decoder(binary.decoder_source, namespace, root) is not None
-    namespace["_set0"] = lambda event, value: None
+    namespace[helper] = lambda *args: None
     assert compiled_decoder(binary.decoder_source, namespace, root) is None

@@ -14,7 +14,26 @@ _jtext = None
 _new = None
 _op_from = None
 _order_from = None
-_rraw = None
+cdef tuple _rraw(bytes data, Py_ssize_t pos, str where):
+    cdef Py_ssize_t size = len(data)
+    cdef const unsigned char* p = data
+    cdef unsigned long long z = 0
+    cdef unsigned long long b
+    cdef int shift = 0
+    while True:
+        if pos >= size:
+            raise IndexError("index out of range")
+        b = p[pos]
+        pos += 1
+        if shift == 63 and b < 0x80 and b > 1:
+            raise _Bad(f"{where}: varint of {63 + int(b).bit_length()} bits, more than the "
+                       f"64 of an Avro long")
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            return z, pos
+        shift += 7
+        if shift > 63:
+            raise _Bad(f"{where}: varint longer than 10 bytes (an Avro long has 64 bits)")
 cdef extern from *:
     """
     static int dsh_store_slot(PyObject *slot, PyObject *obj, PyObject *value) {

@@ -16,8 +16,9 @@ compiler at install time) the generated Python decodes. The Cython text differs 
 Python in three ways only: each function's signature (``data`` is ``bytes``, ``pos`` and
 ``size`` C integers; callers pass bytes); helpers that set a slot (the Event's fields)
 store through the slot's descriptor directly (:func:`is_slot_store`); and the varint
-reader of :mod:`pipeline.codec.binary_runtime` is C, with the same results and errors
-(the tests hold both paths to the same outcome on every input they try). A schema whose
+reader of :mod:`pipeline.codec.binary_runtime` is a compiled copy (:class:`InC`), with the
+same results and errors (the tests hold both paths to the same outcome on every input they
+try; the copied functions' source is part of the key). A schema whose
 decoders call each other in a cycle is never compiled: calls between compiled functions do
 not count towards Python's recursion limit, so deeply nested input could overflow the C
 stack instead of raising RecursionError.
@@ -27,16 +28,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import logging
 import re
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import MemberDescriptorType, ModuleType
 from typing import Any, Final
 
-from pipeline.codec.binary_runtime import read_raw_varint
+from pipeline.codec.binary_runtime import Malformed, _read_varint_tail, read_raw_varint
 
 MODULE: Final = "pipeline.codec._native_events"
 PYX_FILE: Final = Path(__file__).with_name("_native_events.pyx")
@@ -54,11 +57,14 @@ def _free_names(source: str, namespace: Mapping[str, Any]) -> list[str]:
 
 
 def decoder_key(source: str, namespace: Mapping[str, Any]) -> str:
-    """What identifies a decoder: its source and the values of the constants it reads
-    (helpers are functions of this code base, looked up at run time, so not part of it)."""
-    consts = [f"{n}={namespace[n]!r}" for n in _free_names(source, namespace)
-              if n.startswith("_C")]
-    return hashlib.sha256("\n".join([source, *consts]).encode()).hexdigest()
+    """What identifies a decoder: its source, the values of the constants it reads and the
+    source of the helpers the compiled build has copies of (the other helpers are handed
+    over at run time, so they are not part of it)."""
+    names = _free_names(source, namespace)
+    consts = [f"{n}={namespace[n]!r}" for n in names if n.startswith("_C")]
+    copied = [inspect.getsource(f) for name in _in_c(names, namespace)
+              for f in _IN_C[name].copies]
+    return hashlib.sha256("\n".join([source, *consts, *copied]).encode()).hexdigest()
 
 
 def _calls_in_a_cycle(source: str) -> bool:
@@ -104,8 +110,9 @@ _SLOT_STORE: Final = '''cdef extern from *:
 # binary_runtime.read_raw_varint in C (every long of more than two bytes, e.g. each event's
 # timestamp, goes through it), with exactly its results and errors: the varint at ``pos`` as
 # written (zigzag-encoded) and the position after it; bits past the 64th or an 11th byte are
-# Malformed (``_Bad``), running past the end an IndexError.
-_RAW_VARINT: Final = '''cdef tuple _rraw(bytes data, Py_ssize_t pos, str where):
+# Malformed, running past the end an IndexError.
+_RAW_VARINT: Final = '''_VarintError = None
+cdef tuple _rraw(bytes data, Py_ssize_t pos, str where):
     cdef Py_ssize_t size = len(data)
     cdef const unsigned char* p = data
     cdef unsigned long long z = 0
@@ -117,16 +124,35 @@ _RAW_VARINT: Final = '''cdef tuple _rraw(bytes data, Py_ssize_t pos, str where):
         b = p[pos]
         pos += 1
         if shift == 63 and b < 0x80 and b > 1:
-            raise _Bad(f"{where}: varint of {63 + int(b).bit_length()} bits, more than the "
-                       f"64 of an Avro long")
+            raise _VarintError(f"{where}: varint of {63 + int(b).bit_length()} bits, more than "
+                               f"the 64 of an Avro long")
         z |= (b & 0x7F) << shift
         if b < 0x80:
             return z, pos
         shift += 7
         if shift > 63:
-            raise _Bad(f"{where}: varint longer than 10 bytes (an Avro long has 64 bits)")'''
-# Helpers compiled into the module instead of handed to it: name -> (the helper, its Cython).
-_IN_C: Final[dict[str, tuple[Any, str]]] = {"_rraw": (read_raw_varint, _RAW_VARINT)}
+            raise _VarintError(f"{where}: varint longer than 10 bytes (an Avro long has 64 "
+                               f"bits)")'''
+@dataclass(frozen=True)
+class InC:
+    """A helper compiled into the module instead of handed to it: its Cython text, the
+    functions it copies (their source is part of the key, so a change to them makes the
+    build stale, never different) and what it is handed instead."""
+
+    helper: Callable[..., Any]
+    text: str
+    copies: tuple[Callable[..., Any], ...]
+    hands: Callable[[], dict[str, Any]]
+
+
+_IN_C: Final[dict[str, InC]] = {
+    "_rraw": InC(read_raw_varint, _RAW_VARINT, (read_raw_varint, _read_varint_tail),
+                 lambda: {"_VarintError": Malformed}),
+}
+
+
+def _in_c(names: list[str], namespace: Mapping[str, Any]) -> list[str]:
+    return [name for name in names if name in _IN_C and namespace[name] is _IN_C[name].helper]
 
 
 def is_slot_store(helper: Any) -> bool:
@@ -142,8 +168,7 @@ def native_source(source: str, namespace: Mapping[str, Any], root: str) -> str |
         return None
     names = _free_names(source, namespace)
     stores = [name for name in names if is_slot_store(namespace[name])]
-    in_c = [name for name in names if name in _IN_C and namespace[name] is _IN_C[name][0]
-            and "_Bad" in names]
+    in_c = _in_c(names, namespace)
     lines = [
         "# cython: language_level=3",
         "# Generated by `python -m pipeline.codec.binary_native`; do not edit.",
@@ -151,7 +176,7 @@ def native_source(source: str, namespace: Mapping[str, Any], root: str) -> str |
         f"KEY = {decoder_key(source, namespace)!r}",
         "# Set at run time to the helpers and constants the generated Python gets.",
         *(f"{name} = None" for name in names if name not in stores and name not in in_c),
-        *(_IN_C[name][1] for name in in_c),
+        *(_IN_C[name].text for name in in_c),
         *([_SLOT_STORE] if stores else []),
         *(line for name in stores for line in (
             f"{name}_slot = None",
@@ -187,7 +212,9 @@ def compiled_decoder(source: str, namespace: Mapping[str, Any], root: str
             handed[name] = helper
         elif hasattr(module, f"{name}_slot") and is_slot_store(helper):
             handed[f"{name}_slot"] = helper.__self__
-        elif name not in _IN_C or helper is not _IN_C[name][0]:
+        elif name in _IN_C and helper is _IN_C[name].helper:
+            handed.update(_IN_C[name].hands())
+        else:
             return None  # compiled in for another helper (a key covers constants only)
     for attribute, value in handed.items():
         setattr(module, attribute, value)

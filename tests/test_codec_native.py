@@ -48,7 +48,7 @@ def test_the_committed_cython_source_is_what_the_generator_writes() -> None:
     expected = _source(current_event_schema().binary)
     assert expected is not None
     assert PYX_FILE.read_text(encoding="utf-8") == expected, (
-        "run `python -m pipeline.codec.binary_native` and reinstall (pip install -e .)")
+        "run `python -m pipeline.codec.native_pyx` and reinstall (pip install -e .)")
 
 
 @needs_build

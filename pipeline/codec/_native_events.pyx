@@ -73,32 +73,33 @@ _set7_slot = None
 cdef inline int _set7(object obj, object value) except -1:
     return _store_slot(_set7_slot, obj, value)
 def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    n26 = data[pos]; pos += 1
-    if n26 < 128: n26 = _ZZ[n26]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: n26 = _ZZ[_b]
     elif data[pos] < 128:
-        n26 = (n26 & 127) | (data[pos] << 7); pos += 1; n26 = (n26 >> 1) ^ -(n26 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n26 = (_b >> 1) ^ -(_b & 1)
     else:
         n26, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.sessionId (length)'); n26 = (n26 >> 1) ^ -(n26 & 1)
     if n26 < 0: raise _Bad('negative length')
     e27 = pos + n26
     if e27 > size: raise _Bad('length runs past the end')
     v17 = data[pos:e27].decode(); pos = e27
-    v18 = data[pos]; pos += 1
-    if v18 < 128: v18 = _ZZ[v18]
+    _b = data[pos]; pos += 1
+    if _b < 128: v18 = _ZZ[_b]
     elif data[pos] < 128:
-        v18 = (v18 & 127) | (data[pos] << 7); pos += 1; v18 = (v18 >> 1) ^ -(v18 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v18 = (_b >> 1) ^ -(_b & 1)
     else:
         v18, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.seq'); v18 = (v18 >> 1) ^ -(v18 & 1)
-    v19 = data[pos]; pos += 1
-    if v19 < 128: v19 = _ZZ[v19]
+    _b = data[pos]; pos += 1
+    if _b < 128: v19 = _ZZ[_b]
     elif data[pos] < 128:
-        v19 = (v19 & 127) | (data[pos] << 7); pos += 1; v19 = (v19 >> 1) ^ -(v19 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v19 = (_b >> 1) ^ -(_b & 1)
     else:
         v19, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.time'); v19 = (v19 >> 1) ^ -(v19 & 1)
-    n28 = data[pos]; pos += 1
-    if n28 < 128: n28 = _ZZ[n28]
+    _b = data[pos]; pos += 1
+    if _b < 128: n28 = _ZZ[_b]
     elif data[pos] < 128:
-        n28 = (n28 & 127) | (data[pos] << 7); pos += 1; n28 = (n28 >> 1) ^ -(n28 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n28 = (_b >> 1) ^ -(_b & 1)
     else:
         n28, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.type (length)'); n28 = (n28 >> 1) ^ -(n28 & 1)
     if n28 < 0: raise _Bad('negative length')
@@ -110,10 +111,10 @@ def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n30 == 0:
         v21 = None
     elif n30 == 2:
-        n31 = data[pos]; pos += 1
-        if n31 < 128: n31 = _ZZ[n31]
+        _b = data[pos]; pos += 1
+        if _b < 128: n31 = _ZZ[_b]
         elif data[pos] < 128:
-            n31 = (n31 & 127) | (data[pos] << 7); pos += 1; n31 = (n31 >> 1) ^ -(n31 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n31 = (_b >> 1) ^ -(_b & 1)
         else:
             n31, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.surfaceOp'); n31 = (n31 >> 1) ^ -(n31 & 1)
         if not 0 <= n31 < 1: raise _Bad('enum index out of range')
@@ -128,27 +129,27 @@ def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n32 == 2:
         v22 = []
         while True:
-            c33 = data[pos]; pos += 1
-            if c33 < 128: c33 = _ZZ[c33]
+            _b = data[pos]; pos += 1
+            if _b < 128: c33 = _ZZ[_b]
             elif data[pos] < 128:
-                c33 = (c33 & 127) | (data[pos] << 7); pos += 1; c33 = (c33 >> 1) ^ -(c33 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c33 = (_b >> 1) ^ -(_b & 1)
             else:
                 c33, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.sourceEventSeqs (block count)'); c33 = (c33 >> 1) ^ -(c33 & 1)
             if c33 == 0: break
             if c33 < 0:
                 c33 = -c33
-                skip36 = data[pos]; pos += 1
-                if skip36 < 128: skip36 = _ZZ[skip36]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip36 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip36 = (skip36 & 127) | (data[pos] << 7); pos += 1; skip36 = (skip36 >> 1) ^ -(skip36 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip36 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip36, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.sourceEventSeqs (block size)'); skip36 = (skip36 >> 1) ^ -(skip36 & 1)
             if c33 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c33):
-                x34 = data[pos]; pos += 1
-                if x34 < 128: x34 = _ZZ[x34]
+                _b = data[pos]; pos += 1
+                if _b < 128: x34 = _ZZ[_b]
                 elif data[pos] < 128:
-                    x34 = (x34 & 127) | (data[pos] << 7); pos += 1; x34 = (x34 >> 1) ^ -(x34 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; x34 = (_b >> 1) ^ -(_b & 1)
                 else:
                     x34, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.sourceEventSeqs[]'); x34 = (x34 >> 1) ^ -(x34 & 1)
                 v22.append(x34)
@@ -173,27 +174,27 @@ def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n40 == 2:
         v25 = []
         while True:
-            c41 = data[pos]; pos += 1
-            if c41 < 128: c41 = _ZZ[c41]
+            _b = data[pos]; pos += 1
+            if _b < 128: c41 = _ZZ[_b]
             elif data[pos] < 128:
-                c41 = (c41 & 127) | (data[pos] << 7); pos += 1; c41 = (c41 >> 1) ^ -(c41 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c41 = (_b >> 1) ^ -(_b & 1)
             else:
                 c41, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.keyOrder (block count)'); c41 = (c41 >> 1) ^ -(c41 & 1)
             if c41 == 0: break
             if c41 < 0:
                 c41 = -c41
-                skip44 = data[pos]; pos += 1
-                if skip44 < 128: skip44 = _ZZ[skip44]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip44 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip44 = (skip44 & 127) | (data[pos] << 7); pos += 1; skip44 = (skip44 >> 1) ^ -(skip44 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip44 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip44, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.keyOrder (block size)'); skip44 = (skip44 >> 1) ^ -(skip44 & 1)
             if c41 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c41):
-                n45 = data[pos]; pos += 1
-                if n45 < 128: n45 = _ZZ[n45]
+                _b = data[pos]; pos += 1
+                if _b < 128: n45 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n45 = (n45 & 127) | (data[pos] << 7); pos += 1; n45 = (n45 >> 1) ^ -(n45 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n45 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n45, pos = _rraw(data, pos - 1, 'dsh.SessionEvent.keyOrder[] (length)'); n45 = (n45 >> 1) ^ -(n45 & 1)
                 if n45 < 0: raise _Bad('negative length')
@@ -217,16 +218,17 @@ def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     _set7(ev, v25)
     return (v17, ev), pos
 def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v58 = data[pos]; pos += 1
-    if v58 < 128: v58 = _ZZ[v58]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v58 = _ZZ[_b]
     elif data[pos] < 128:
-        v58 = (v58 & 127) | (data[pos] << 7); pos += 1; v58 = (v58 >> 1) ^ -(v58 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v58 = (_b >> 1) ^ -(_b & 1)
     else:
         v58, pos = _rraw(data, pos - 1, 'dsh.ToolResult.turn'); v58 = (v58 >> 1) ^ -(v58 & 1)
-    v59 = data[pos]; pos += 1
-    if v59 < 128: v59 = _ZZ[v59]
+    _b = data[pos]; pos += 1
+    if _b < 128: v59 = _ZZ[_b]
     elif data[pos] < 128:
-        v59 = (v59 & 127) | (data[pos] << 7); pos += 1; v59 = (v59 >> 1) ^ -(v59 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v59 = (_b >> 1) ^ -(_b & 1)
     else:
         v59, pos = _rraw(data, pos - 1, 'dsh.ToolResult.step'); v59 = (v59 >> 1) ^ -(v59 & 1)
     v60, pos = _dec_dsh_Message(data, pos, size)
@@ -242,10 +244,10 @@ def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n66 == 0:
         v62 = None
     elif n66 == 2:
-        n67 = data[pos]; pos += 1
-        if n67 < 128: n67 = _ZZ[n67]
+        _b = data[pos]; pos += 1
+        if _b < 128: n67 = _ZZ[_b]
         elif data[pos] < 128:
-            n67 = (n67 & 127) | (data[pos] << 7); pos += 1; n67 = (n67 >> 1) ^ -(n67 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n67 = (_b >> 1) ^ -(_b & 1)
         else:
             n67, pos = _rraw(data, pos - 1, 'dsh.ToolResult.meta (length)'); n67 = (n67 >> 1) ^ -(n67 & 1)
         if n67 < 0: raise _Bad('negative length')
@@ -258,10 +260,10 @@ def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n69 == 0:
         v63 = None
     elif n69 == 2:
-        n70 = data[pos]; pos += 1
-        if n70 < 128: n70 = _ZZ[n70]
+        _b = data[pos]; pos += 1
+        if _b < 128: n70 = _ZZ[_b]
         elif data[pos] < 128:
-            n70 = (n70 & 127) | (data[pos] << 7); pos += 1; n70 = (n70 >> 1) ^ -(n70 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n70 = (_b >> 1) ^ -(_b & 1)
         else:
             n70, pos = _rraw(data, pos - 1, 'dsh.ToolResult.extra (length)'); n70 = (n70 >> 1) ^ -(n70 & 1)
         if n70 < 0: raise _Bad('negative length')
@@ -276,27 +278,27 @@ def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n72 == 2:
         v64 = []
         while True:
-            c73 = data[pos]; pos += 1
-            if c73 < 128: c73 = _ZZ[c73]
+            _b = data[pos]; pos += 1
+            if _b < 128: c73 = _ZZ[_b]
             elif data[pos] < 128:
-                c73 = (c73 & 127) | (data[pos] << 7); pos += 1; c73 = (c73 >> 1) ^ -(c73 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c73 = (_b >> 1) ^ -(_b & 1)
             else:
                 c73, pos = _rraw(data, pos - 1, 'dsh.ToolResult.keyOrder (block count)'); c73 = (c73 >> 1) ^ -(c73 & 1)
             if c73 == 0: break
             if c73 < 0:
                 c73 = -c73
-                skip76 = data[pos]; pos += 1
-                if skip76 < 128: skip76 = _ZZ[skip76]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip76 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip76 = (skip76 & 127) | (data[pos] << 7); pos += 1; skip76 = (skip76 >> 1) ^ -(skip76 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip76 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip76, pos = _rraw(data, pos - 1, 'dsh.ToolResult.keyOrder (block size)'); skip76 = (skip76 >> 1) ^ -(skip76 & 1)
             if c73 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c73):
-                n77 = data[pos]; pos += 1
-                if n77 < 128: n77 = _ZZ[n77]
+                _b = data[pos]; pos += 1
+                if _b < 128: n77 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n77 = (n77 & 127) | (data[pos] << 7); pos += 1; n77 = (n77 >> 1) ^ -(n77 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n77 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n77, pos = _rraw(data, pos - 1, 'dsh.ToolResult.keyOrder[] (length)'); n77 = (n77 >> 1) ^ -(n77 & 1)
                 if n77 < 0: raise _Bad('negative length')
@@ -312,15 +314,16 @@ def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v64 is not None: out = _jorder(out, v64, 'dsh.ToolResult')
     return out, pos
 def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
+    cdef Py_ssize_t _b
     n92 = data[pos]; pos += 1
     if n92 > 127: n92, pos = _rraw(data, pos - 1, 'dsh.ToolError.name (union branch)')
     if n92 == 0:
         v88 = None
     elif n92 == 2:
-        n93 = data[pos]; pos += 1
-        if n93 < 128: n93 = _ZZ[n93]
+        _b = data[pos]; pos += 1
+        if _b < 128: n93 = _ZZ[_b]
         elif data[pos] < 128:
-            n93 = (n93 & 127) | (data[pos] << 7); pos += 1; n93 = (n93 >> 1) ^ -(n93 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n93 = (_b >> 1) ^ -(_b & 1)
         else:
             n93, pos = _rraw(data, pos - 1, 'dsh.ToolError.name (length)'); n93 = (n93 >> 1) ^ -(n93 & 1)
         if n93 < 0: raise _Bad('negative length')
@@ -333,10 +336,10 @@ def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n95 == 0:
         v89 = None
     elif n95 == 2:
-        n96 = data[pos]; pos += 1
-        if n96 < 128: n96 = _ZZ[n96]
+        _b = data[pos]; pos += 1
+        if _b < 128: n96 = _ZZ[_b]
         elif data[pos] < 128:
-            n96 = (n96 & 127) | (data[pos] << 7); pos += 1; n96 = (n96 >> 1) ^ -(n96 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n96 = (_b >> 1) ^ -(_b & 1)
         else:
             n96, pos = _rraw(data, pos - 1, 'dsh.ToolError.code (length)'); n96 = (n96 >> 1) ^ -(n96 & 1)
         if n96 < 0: raise _Bad('negative length')
@@ -349,10 +352,10 @@ def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n98 == 0:
         v90 = None
     elif n98 == 2:
-        n99 = data[pos]; pos += 1
-        if n99 < 128: n99 = _ZZ[n99]
+        _b = data[pos]; pos += 1
+        if _b < 128: n99 = _ZZ[_b]
         elif data[pos] < 128:
-            n99 = (n99 & 127) | (data[pos] << 7); pos += 1; n99 = (n99 >> 1) ^ -(n99 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n99 = (_b >> 1) ^ -(_b & 1)
         else:
             n99, pos = _rraw(data, pos - 1, 'dsh.ToolError.extra (length)'); n99 = (n99 >> 1) ^ -(n99 & 1)
         if n99 < 0: raise _Bad('negative length')
@@ -367,27 +370,27 @@ def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n101 == 2:
         v91 = []
         while True:
-            c102 = data[pos]; pos += 1
-            if c102 < 128: c102 = _ZZ[c102]
+            _b = data[pos]; pos += 1
+            if _b < 128: c102 = _ZZ[_b]
             elif data[pos] < 128:
-                c102 = (c102 & 127) | (data[pos] << 7); pos += 1; c102 = (c102 >> 1) ^ -(c102 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c102 = (_b >> 1) ^ -(_b & 1)
             else:
                 c102, pos = _rraw(data, pos - 1, 'dsh.ToolError.keyOrder (block count)'); c102 = (c102 >> 1) ^ -(c102 & 1)
             if c102 == 0: break
             if c102 < 0:
                 c102 = -c102
-                skip105 = data[pos]; pos += 1
-                if skip105 < 128: skip105 = _ZZ[skip105]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip105 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip105 = (skip105 & 127) | (data[pos] << 7); pos += 1; skip105 = (skip105 >> 1) ^ -(skip105 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip105 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip105, pos = _rraw(data, pos - 1, 'dsh.ToolError.keyOrder (block size)'); skip105 = (skip105 >> 1) ^ -(skip105 & 1)
             if c102 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c102):
-                n106 = data[pos]; pos += 1
-                if n106 < 128: n106 = _ZZ[n106]
+                _b = data[pos]; pos += 1
+                if _b < 128: n106 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n106 = (n106 & 127) | (data[pos] << 7); pos += 1; n106 = (n106 >> 1) ^ -(n106 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n106 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n106, pos = _rraw(data, pos - 1, 'dsh.ToolError.keyOrder[] (length)'); n106 = (n106 >> 1) ^ -(n106 & 1)
                 if n106 < 0: raise _Bad('negative length')
@@ -403,32 +406,33 @@ def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v91 is not None: out = _jorder(out, v91, 'dsh.ToolError')
     return out, pos
 def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v121 = data[pos]; pos += 1
-    if v121 < 128: v121 = _ZZ[v121]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v121 = _ZZ[_b]
     elif data[pos] < 128:
-        v121 = (v121 & 127) | (data[pos] << 7); pos += 1; v121 = (v121 >> 1) ^ -(v121 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v121 = (_b >> 1) ^ -(_b & 1)
     else:
         v121, pos = _rraw(data, pos - 1, 'dsh.ToolCall.turn'); v121 = (v121 >> 1) ^ -(v121 & 1)
-    v122 = data[pos]; pos += 1
-    if v122 < 128: v122 = _ZZ[v122]
+    _b = data[pos]; pos += 1
+    if _b < 128: v122 = _ZZ[_b]
     elif data[pos] < 128:
-        v122 = (v122 & 127) | (data[pos] << 7); pos += 1; v122 = (v122 >> 1) ^ -(v122 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v122 = (_b >> 1) ^ -(_b & 1)
     else:
         v122, pos = _rraw(data, pos - 1, 'dsh.ToolCall.step'); v122 = (v122 >> 1) ^ -(v122 & 1)
-    n128 = data[pos]; pos += 1
-    if n128 < 128: n128 = _ZZ[n128]
+    _b = data[pos]; pos += 1
+    if _b < 128: n128 = _ZZ[_b]
     elif data[pos] < 128:
-        n128 = (n128 & 127) | (data[pos] << 7); pos += 1; n128 = (n128 >> 1) ^ -(n128 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n128 = (_b >> 1) ^ -(_b & 1)
     else:
         n128, pos = _rraw(data, pos - 1, 'dsh.ToolCall.callId (length)'); n128 = (n128 >> 1) ^ -(n128 & 1)
     if n128 < 0: raise _Bad('negative length')
     e129 = pos + n128
     if e129 > size: raise _Bad('length runs past the end')
     v123 = data[pos:e129].decode(); pos = e129
-    n130 = data[pos]; pos += 1
-    if n130 < 128: n130 = _ZZ[n130]
+    _b = data[pos]; pos += 1
+    if _b < 128: n130 = _ZZ[_b]
     elif data[pos] < 128:
-        n130 = (n130 & 127) | (data[pos] << 7); pos += 1; n130 = (n130 >> 1) ^ -(n130 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n130 = (_b >> 1) ^ -(_b & 1)
     else:
         n130, pos = _rraw(data, pos - 1, 'dsh.ToolCall.name (length)'); n130 = (n130 >> 1) ^ -(n130 & 1)
     if n130 < 0: raise _Bad('negative length')
@@ -440,10 +444,10 @@ def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n132 == 0:
         v125 = None
     elif n132 == 2:
-        n133 = data[pos]; pos += 1
-        if n133 < 128: n133 = _ZZ[n133]
+        _b = data[pos]; pos += 1
+        if _b < 128: n133 = _ZZ[_b]
         elif data[pos] < 128:
-            n133 = (n133 & 127) | (data[pos] << 7); pos += 1; n133 = (n133 >> 1) ^ -(n133 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n133 = (_b >> 1) ^ -(_b & 1)
         else:
             n133, pos = _rraw(data, pos - 1, 'dsh.ToolCall.arguments (length)'); n133 = (n133 >> 1) ^ -(n133 & 1)
         if n133 < 0: raise _Bad('negative length')
@@ -456,10 +460,10 @@ def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n135 == 0:
         v126 = None
     elif n135 == 2:
-        n136 = data[pos]; pos += 1
-        if n136 < 128: n136 = _ZZ[n136]
+        _b = data[pos]; pos += 1
+        if _b < 128: n136 = _ZZ[_b]
         elif data[pos] < 128:
-            n136 = (n136 & 127) | (data[pos] << 7); pos += 1; n136 = (n136 >> 1) ^ -(n136 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n136 = (_b >> 1) ^ -(_b & 1)
         else:
             n136, pos = _rraw(data, pos - 1, 'dsh.ToolCall.extra (length)'); n136 = (n136 >> 1) ^ -(n136 & 1)
         if n136 < 0: raise _Bad('negative length')
@@ -474,27 +478,27 @@ def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n138 == 2:
         v127 = []
         while True:
-            c139 = data[pos]; pos += 1
-            if c139 < 128: c139 = _ZZ[c139]
+            _b = data[pos]; pos += 1
+            if _b < 128: c139 = _ZZ[_b]
             elif data[pos] < 128:
-                c139 = (c139 & 127) | (data[pos] << 7); pos += 1; c139 = (c139 >> 1) ^ -(c139 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c139 = (_b >> 1) ^ -(_b & 1)
             else:
                 c139, pos = _rraw(data, pos - 1, 'dsh.ToolCall.keyOrder (block count)'); c139 = (c139 >> 1) ^ -(c139 & 1)
             if c139 == 0: break
             if c139 < 0:
                 c139 = -c139
-                skip142 = data[pos]; pos += 1
-                if skip142 < 128: skip142 = _ZZ[skip142]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip142 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip142 = (skip142 & 127) | (data[pos] << 7); pos += 1; skip142 = (skip142 >> 1) ^ -(skip142 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip142 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip142, pos = _rraw(data, pos - 1, 'dsh.ToolCall.keyOrder (block size)'); skip142 = (skip142 >> 1) ^ -(skip142 & 1)
             if c139 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c139):
-                n143 = data[pos]; pos += 1
-                if n143 < 128: n143 = _ZZ[n143]
+                _b = data[pos]; pos += 1
+                if _b < 128: n143 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n143 = (n143 & 127) | (data[pos] << 7); pos += 1; n143 = (n143 >> 1) ^ -(n143 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n143 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n143, pos = _rraw(data, pos - 1, 'dsh.ToolCall.keyOrder[] (length)'); n143 = (n143 >> 1) ^ -(n143 & 1)
                 if n143 < 0: raise _Bad('negative length')
@@ -509,16 +513,17 @@ def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v127 is not None: out = _jorder(out, v127, 'dsh.ToolCall')
     return out, pos
 def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v155 = data[pos]; pos += 1
-    if v155 < 128: v155 = _ZZ[v155]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v155 = _ZZ[_b]
     elif data[pos] < 128:
-        v155 = (v155 & 127) | (data[pos] << 7); pos += 1; v155 = (v155 >> 1) ^ -(v155 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v155 = (_b >> 1) ^ -(_b & 1)
     else:
         v155, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.turn'); v155 = (v155 >> 1) ^ -(v155 & 1)
-    v156 = data[pos]; pos += 1
-    if v156 < 128: v156 = _ZZ[v156]
+    _b = data[pos]; pos += 1
+    if _b < 128: v156 = _ZZ[_b]
     elif data[pos] < 128:
-        v156 = (v156 & 127) | (data[pos] << 7); pos += 1; v156 = (v156 >> 1) ^ -(v156 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v156 = (_b >> 1) ^ -(_b & 1)
     else:
         v156, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.step'); v156 = (v156 >> 1) ^ -(v156 & 1)
     v157, pos = _dec_dsh_Message(data, pos, size)
@@ -543,10 +548,10 @@ def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n165 == 0:
         v160 = None
     elif n165 == 2:
-        n166 = data[pos]; pos += 1
-        if n166 < 128: n166 = _ZZ[n166]
+        _b = data[pos]; pos += 1
+        if _b < 128: n166 = _ZZ[_b]
         elif data[pos] < 128:
-            n166 = (n166 & 127) | (data[pos] << 7); pos += 1; n166 = (n166 >> 1) ^ -(n166 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n166 = (_b >> 1) ^ -(_b & 1)
         else:
             n166, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.extra (length)'); n166 = (n166 >> 1) ^ -(n166 & 1)
         if n166 < 0: raise _Bad('negative length')
@@ -561,27 +566,27 @@ def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n168 == 2:
         v161 = []
         while True:
-            c169 = data[pos]; pos += 1
-            if c169 < 128: c169 = _ZZ[c169]
+            _b = data[pos]; pos += 1
+            if _b < 128: c169 = _ZZ[_b]
             elif data[pos] < 128:
-                c169 = (c169 & 127) | (data[pos] << 7); pos += 1; c169 = (c169 >> 1) ^ -(c169 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c169 = (_b >> 1) ^ -(_b & 1)
             else:
                 c169, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.keyOrder (block count)'); c169 = (c169 >> 1) ^ -(c169 & 1)
             if c169 == 0: break
             if c169 < 0:
                 c169 = -c169
-                skip172 = data[pos]; pos += 1
-                if skip172 < 128: skip172 = _ZZ[skip172]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip172 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip172 = (skip172 & 127) | (data[pos] << 7); pos += 1; skip172 = (skip172 >> 1) ^ -(skip172 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip172 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip172, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.keyOrder (block size)'); skip172 = (skip172 >> 1) ^ -(skip172 & 1)
             if c169 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c169):
-                n173 = data[pos]; pos += 1
-                if n173 < 128: n173 = _ZZ[n173]
+                _b = data[pos]; pos += 1
+                if _b < 128: n173 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n173 = (n173 & 127) | (data[pos] << 7); pos += 1; n173 = (n173 >> 1) ^ -(n173 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n173 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n173, pos = _rraw(data, pos - 1, 'dsh.AssistantMessage.keyOrder[] (length)'); n173 = (n173 >> 1) ^ -(n173 & 1)
                 if n173 < 0: raise _Bad('negative length')
@@ -597,16 +602,17 @@ def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v161 is not None: out = _jorder(out, v161, 'dsh.AssistantMessage')
     return out, pos
 def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v185 = data[pos]; pos += 1
-    if v185 < 128: v185 = _ZZ[v185]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v185 = _ZZ[_b]
     elif data[pos] < 128:
-        v185 = (v185 & 127) | (data[pos] << 7); pos += 1; v185 = (v185 >> 1) ^ -(v185 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v185 = (_b >> 1) ^ -(_b & 1)
     else:
         v185, pos = _rraw(data, pos - 1, 'dsh.Usage.inputTokens'); v185 = (v185 >> 1) ^ -(v185 & 1)
-    v186 = data[pos]; pos += 1
-    if v186 < 128: v186 = _ZZ[v186]
+    _b = data[pos]; pos += 1
+    if _b < 128: v186 = _ZZ[_b]
     elif data[pos] < 128:
-        v186 = (v186 & 127) | (data[pos] << 7); pos += 1; v186 = (v186 >> 1) ^ -(v186 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v186 = (_b >> 1) ^ -(_b & 1)
     else:
         v186, pos = _rraw(data, pos - 1, 'dsh.Usage.outputTokens'); v186 = (v186 >> 1) ^ -(v186 & 1)
     n192 = data[pos]; pos += 1
@@ -614,10 +620,10 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n192 == 0:
         v187 = None
     elif n192 == 2:
-        v187 = data[pos]; pos += 1
-        if v187 < 128: v187 = _ZZ[v187]
+        _b = data[pos]; pos += 1
+        if _b < 128: v187 = _ZZ[_b]
         elif data[pos] < 128:
-            v187 = (v187 & 127) | (data[pos] << 7); pos += 1; v187 = (v187 >> 1) ^ -(v187 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; v187 = (_b >> 1) ^ -(_b & 1)
         else:
             v187, pos = _rraw(data, pos - 1, 'dsh.Usage.cacheReadTokens'); v187 = (v187 >> 1) ^ -(v187 & 1)
     else: raise _Bad('union branch index out of range')
@@ -626,10 +632,10 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n193 == 0:
         v188 = None
     elif n193 == 2:
-        v188 = data[pos]; pos += 1
-        if v188 < 128: v188 = _ZZ[v188]
+        _b = data[pos]; pos += 1
+        if _b < 128: v188 = _ZZ[_b]
         elif data[pos] < 128:
-            v188 = (v188 & 127) | (data[pos] << 7); pos += 1; v188 = (v188 >> 1) ^ -(v188 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; v188 = (_b >> 1) ^ -(_b & 1)
         else:
             v188, pos = _rraw(data, pos - 1, 'dsh.Usage.cacheWriteTokens'); v188 = (v188 >> 1) ^ -(v188 & 1)
     else: raise _Bad('union branch index out of range')
@@ -638,10 +644,10 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n194 == 0:
         v189 = None
     elif n194 == 2:
-        v189 = data[pos]; pos += 1
-        if v189 < 128: v189 = _ZZ[v189]
+        _b = data[pos]; pos += 1
+        if _b < 128: v189 = _ZZ[_b]
         elif data[pos] < 128:
-            v189 = (v189 & 127) | (data[pos] << 7); pos += 1; v189 = (v189 >> 1) ^ -(v189 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; v189 = (_b >> 1) ^ -(_b & 1)
         else:
             v189, pos = _rraw(data, pos - 1, 'dsh.Usage.reasoningTokens'); v189 = (v189 >> 1) ^ -(v189 & 1)
     else: raise _Bad('union branch index out of range')
@@ -650,10 +656,10 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n195 == 0:
         v190 = None
     elif n195 == 2:
-        n196 = data[pos]; pos += 1
-        if n196 < 128: n196 = _ZZ[n196]
+        _b = data[pos]; pos += 1
+        if _b < 128: n196 = _ZZ[_b]
         elif data[pos] < 128:
-            n196 = (n196 & 127) | (data[pos] << 7); pos += 1; n196 = (n196 >> 1) ^ -(n196 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n196 = (_b >> 1) ^ -(_b & 1)
         else:
             n196, pos = _rraw(data, pos - 1, 'dsh.Usage.extra (length)'); n196 = (n196 >> 1) ^ -(n196 & 1)
         if n196 < 0: raise _Bad('negative length')
@@ -668,27 +674,27 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n198 == 2:
         v191 = []
         while True:
-            c199 = data[pos]; pos += 1
-            if c199 < 128: c199 = _ZZ[c199]
+            _b = data[pos]; pos += 1
+            if _b < 128: c199 = _ZZ[_b]
             elif data[pos] < 128:
-                c199 = (c199 & 127) | (data[pos] << 7); pos += 1; c199 = (c199 >> 1) ^ -(c199 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c199 = (_b >> 1) ^ -(_b & 1)
             else:
                 c199, pos = _rraw(data, pos - 1, 'dsh.Usage.keyOrder (block count)'); c199 = (c199 >> 1) ^ -(c199 & 1)
             if c199 == 0: break
             if c199 < 0:
                 c199 = -c199
-                skip202 = data[pos]; pos += 1
-                if skip202 < 128: skip202 = _ZZ[skip202]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip202 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip202 = (skip202 & 127) | (data[pos] << 7); pos += 1; skip202 = (skip202 >> 1) ^ -(skip202 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip202 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip202, pos = _rraw(data, pos - 1, 'dsh.Usage.keyOrder (block size)'); skip202 = (skip202 >> 1) ^ -(skip202 & 1)
             if c199 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c199):
-                n203 = data[pos]; pos += 1
-                if n203 < 128: n203 = _ZZ[n203]
+                _b = data[pos]; pos += 1
+                if _b < 128: n203 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n203 = (n203 & 127) | (data[pos] << 7); pos += 1; n203 = (n203 >> 1) ^ -(n203 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n203 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n203, pos = _rraw(data, pos - 1, 'dsh.Usage.keyOrder[] (length)'); n203 = (n203 >> 1) ^ -(n203 & 1)
                 if n203 < 0: raise _Bad('negative length')
@@ -705,15 +711,16 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v191 is not None: out = _jorder(out, v191, 'dsh.Usage')
     return out, pos
 def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
+    cdef Py_ssize_t _b
     n223 = data[pos]; pos += 1
     if n223 > 127: n223, pos = _rraw(data, pos - 1, 'dsh.Message.id (union branch)')
     if n223 == 0:
         v217 = None
     elif n223 == 2:
-        n224 = data[pos]; pos += 1
-        if n224 < 128: n224 = _ZZ[n224]
+        _b = data[pos]; pos += 1
+        if _b < 128: n224 = _ZZ[_b]
         elif data[pos] < 128:
-            n224 = (n224 & 127) | (data[pos] << 7); pos += 1; n224 = (n224 >> 1) ^ -(n224 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n224 = (_b >> 1) ^ -(_b & 1)
         else:
             n224, pos = _rraw(data, pos - 1, 'dsh.Message.id (length)'); n224 = (n224 >> 1) ^ -(n224 & 1)
         if n224 < 0: raise _Bad('negative length')
@@ -721,10 +728,10 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
         if e225 > size: raise _Bad('length runs past the end')
         v217 = data[pos:e225].decode(); pos = e225
     else: raise _Bad('union branch index out of range')
-    n226 = data[pos]; pos += 1
-    if n226 < 128: n226 = _ZZ[n226]
+    _b = data[pos]; pos += 1
+    if _b < 128: n226 = _ZZ[_b]
     elif data[pos] < 128:
-        n226 = (n226 & 127) | (data[pos] << 7); pos += 1; n226 = (n226 >> 1) ^ -(n226 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n226 = (_b >> 1) ^ -(_b & 1)
     else:
         n226, pos = _rraw(data, pos - 1, 'dsh.Message.role (length)'); n226 = (n226 >> 1) ^ -(n226 & 1)
     if n226 < 0: raise _Bad('negative length')
@@ -738,19 +745,19 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n228 == 2:
         v219 = []
         while True:
-            c229 = data[pos]; pos += 1
-            if c229 < 128: c229 = _ZZ[c229]
+            _b = data[pos]; pos += 1
+            if _b < 128: c229 = _ZZ[_b]
             elif data[pos] < 128:
-                c229 = (c229 & 127) | (data[pos] << 7); pos += 1; c229 = (c229 >> 1) ^ -(c229 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c229 = (_b >> 1) ^ -(_b & 1)
             else:
                 c229, pos = _rraw(data, pos - 1, 'dsh.Message.content (block count)'); c229 = (c229 >> 1) ^ -(c229 & 1)
             if c229 == 0: break
             if c229 < 0:
                 c229 = -c229
-                skip232 = data[pos]; pos += 1
-                if skip232 < 128: skip232 = _ZZ[skip232]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip232 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip232 = (skip232 & 127) | (data[pos] << 7); pos += 1; skip232 = (skip232 >> 1) ^ -(skip232 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip232 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip232, pos = _rraw(data, pos - 1, 'dsh.Message.content (block size)'); skip232 = (skip232 >> 1) ^ -(skip232 & 1)
             if c229 > size - pos: raise _Bad('block count exceeds the data')
@@ -770,10 +777,10 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n234 == 0:
         v221 = None
     elif n234 == 2:
-        n235 = data[pos]; pos += 1
-        if n235 < 128: n235 = _ZZ[n235]
+        _b = data[pos]; pos += 1
+        if _b < 128: n235 = _ZZ[_b]
         elif data[pos] < 128:
-            n235 = (n235 & 127) | (data[pos] << 7); pos += 1; n235 = (n235 >> 1) ^ -(n235 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n235 = (_b >> 1) ^ -(_b & 1)
         else:
             n235, pos = _rraw(data, pos - 1, 'dsh.Message.extra (length)'); n235 = (n235 >> 1) ^ -(n235 & 1)
         if n235 < 0: raise _Bad('negative length')
@@ -788,27 +795,27 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n237 == 2:
         v222 = []
         while True:
-            c238 = data[pos]; pos += 1
-            if c238 < 128: c238 = _ZZ[c238]
+            _b = data[pos]; pos += 1
+            if _b < 128: c238 = _ZZ[_b]
             elif data[pos] < 128:
-                c238 = (c238 & 127) | (data[pos] << 7); pos += 1; c238 = (c238 >> 1) ^ -(c238 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c238 = (_b >> 1) ^ -(_b & 1)
             else:
                 c238, pos = _rraw(data, pos - 1, 'dsh.Message.keyOrder (block count)'); c238 = (c238 >> 1) ^ -(c238 & 1)
             if c238 == 0: break
             if c238 < 0:
                 c238 = -c238
-                skip241 = data[pos]; pos += 1
-                if skip241 < 128: skip241 = _ZZ[skip241]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip241 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip241 = (skip241 & 127) | (data[pos] << 7); pos += 1; skip241 = (skip241 >> 1) ^ -(skip241 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip241 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip241, pos = _rraw(data, pos - 1, 'dsh.Message.keyOrder (block size)'); skip241 = (skip241 >> 1) ^ -(skip241 & 1)
             if c238 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c238):
-                n242 = data[pos]; pos += 1
-                if n242 < 128: n242 = _ZZ[n242]
+                _b = data[pos]; pos += 1
+                if _b < 128: n242 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n242 = (n242 & 127) | (data[pos] << 7); pos += 1; n242 = (n242 >> 1) ^ -(n242 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n242 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n242, pos = _rraw(data, pos - 1, 'dsh.Message.keyOrder[] (length)'); n242 = (n242 >> 1) ^ -(n242 & 1)
                 if n242 < 0: raise _Bad('negative length')
@@ -826,10 +833,11 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v222 is not None: out = _jorder(out, v222, 'dsh.Message')
     return out, pos
 def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    n263 = data[pos]; pos += 1
-    if n263 < 128: n263 = _ZZ[n263]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: n263 = _ZZ[_b]
     elif data[pos] < 128:
-        n263 = (n263 & 127) | (data[pos] << 7); pos += 1; n263 = (n263 >> 1) ^ -(n263 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n263 = (_b >> 1) ^ -(_b & 1)
     else:
         n263, pos = _rraw(data, pos - 1, 'dsh.MessageSource.kind (length)'); n263 = (n263 >> 1) ^ -(n263 & 1)
     if n263 < 0: raise _Bad('negative length')
@@ -841,10 +849,10 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n265 == 0:
         v258 = None
     elif n265 == 2:
-        n266 = data[pos]; pos += 1
-        if n266 < 128: n266 = _ZZ[n266]
+        _b = data[pos]; pos += 1
+        if _b < 128: n266 = _ZZ[_b]
         elif data[pos] < 128:
-            n266 = (n266 & 127) | (data[pos] << 7); pos += 1; n266 = (n266 >> 1) ^ -(n266 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n266 = (_b >> 1) ^ -(_b & 1)
         else:
             n266, pos = _rraw(data, pos - 1, 'dsh.MessageSource.provider (length)'); n266 = (n266 >> 1) ^ -(n266 & 1)
         if n266 < 0: raise _Bad('negative length')
@@ -857,10 +865,10 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n268 == 0:
         v259 = None
     elif n268 == 2:
-        n269 = data[pos]; pos += 1
-        if n269 < 128: n269 = _ZZ[n269]
+        _b = data[pos]; pos += 1
+        if _b < 128: n269 = _ZZ[_b]
         elif data[pos] < 128:
-            n269 = (n269 & 127) | (data[pos] << 7); pos += 1; n269 = (n269 >> 1) ^ -(n269 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n269 = (_b >> 1) ^ -(_b & 1)
         else:
             n269, pos = _rraw(data, pos - 1, 'dsh.MessageSource.model (length)'); n269 = (n269 >> 1) ^ -(n269 & 1)
         if n269 < 0: raise _Bad('negative length')
@@ -873,10 +881,10 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n271 == 0:
         v260 = None
     elif n271 == 2:
-        n272 = data[pos]; pos += 1
-        if n272 < 128: n272 = _ZZ[n272]
+        _b = data[pos]; pos += 1
+        if _b < 128: n272 = _ZZ[_b]
         elif data[pos] < 128:
-            n272 = (n272 & 127) | (data[pos] << 7); pos += 1; n272 = (n272 >> 1) ^ -(n272 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n272 = (_b >> 1) ^ -(_b & 1)
         else:
             n272, pos = _rraw(data, pos - 1, 'dsh.MessageSource.callId (length)'); n272 = (n272 >> 1) ^ -(n272 & 1)
         if n272 < 0: raise _Bad('negative length')
@@ -889,10 +897,10 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n274 == 0:
         v261 = None
     elif n274 == 2:
-        n275 = data[pos]; pos += 1
-        if n275 < 128: n275 = _ZZ[n275]
+        _b = data[pos]; pos += 1
+        if _b < 128: n275 = _ZZ[_b]
         elif data[pos] < 128:
-            n275 = (n275 & 127) | (data[pos] << 7); pos += 1; n275 = (n275 >> 1) ^ -(n275 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n275 = (_b >> 1) ^ -(_b & 1)
         else:
             n275, pos = _rraw(data, pos - 1, 'dsh.MessageSource.extra (length)'); n275 = (n275 >> 1) ^ -(n275 & 1)
         if n275 < 0: raise _Bad('negative length')
@@ -907,27 +915,27 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n277 == 2:
         v262 = []
         while True:
-            c278 = data[pos]; pos += 1
-            if c278 < 128: c278 = _ZZ[c278]
+            _b = data[pos]; pos += 1
+            if _b < 128: c278 = _ZZ[_b]
             elif data[pos] < 128:
-                c278 = (c278 & 127) | (data[pos] << 7); pos += 1; c278 = (c278 >> 1) ^ -(c278 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c278 = (_b >> 1) ^ -(_b & 1)
             else:
                 c278, pos = _rraw(data, pos - 1, 'dsh.MessageSource.keyOrder (block count)'); c278 = (c278 >> 1) ^ -(c278 & 1)
             if c278 == 0: break
             if c278 < 0:
                 c278 = -c278
-                skip281 = data[pos]; pos += 1
-                if skip281 < 128: skip281 = _ZZ[skip281]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip281 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip281 = (skip281 & 127) | (data[pos] << 7); pos += 1; skip281 = (skip281 >> 1) ^ -(skip281 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip281 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip281, pos = _rraw(data, pos - 1, 'dsh.MessageSource.keyOrder (block size)'); skip281 = (skip281 >> 1) ^ -(skip281 & 1)
             if c278 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c278):
-                n282 = data[pos]; pos += 1
-                if n282 < 128: n282 = _ZZ[n282]
+                _b = data[pos]; pos += 1
+                if _b < 128: n282 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n282 = (n282 & 127) | (data[pos] << 7); pos += 1; n282 = (n282 >> 1) ^ -(n282 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n282 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n282, pos = _rraw(data, pos - 1, 'dsh.MessageSource.keyOrder[] (length)'); n282 = (n282 >> 1) ^ -(n282 & 1)
                 if n282 < 0: raise _Bad('negative length')
@@ -944,10 +952,11 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v262 is not None: out = _jorder(out, v262, 'dsh.MessageSource')
     return out, pos
 def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    n314 = data[pos]; pos += 1
-    if n314 < 128: n314 = _ZZ[n314]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: n314 = _ZZ[_b]
     elif data[pos] < 128:
-        n314 = (n314 & 127) | (data[pos] << 7); pos += 1; n314 = (n314 >> 1) ^ -(n314 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n314 = (_b >> 1) ^ -(_b & 1)
     else:
         n314, pos = _rraw(data, pos - 1, 'dsh.Block.type (length)'); n314 = (n314 >> 1) ^ -(n314 & 1)
     if n314 < 0: raise _Bad('negative length')
@@ -959,10 +968,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n316 == 0:
         v305 = None
     elif n316 == 2:
-        n317 = data[pos]; pos += 1
-        if n317 < 128: n317 = _ZZ[n317]
+        _b = data[pos]; pos += 1
+        if _b < 128: n317 = _ZZ[_b]
         elif data[pos] < 128:
-            n317 = (n317 & 127) | (data[pos] << 7); pos += 1; n317 = (n317 >> 1) ^ -(n317 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n317 = (_b >> 1) ^ -(_b & 1)
         else:
             n317, pos = _rraw(data, pos - 1, 'dsh.Block.text (length)'); n317 = (n317 >> 1) ^ -(n317 & 1)
         if n317 < 0: raise _Bad('negative length')
@@ -975,10 +984,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n319 == 0:
         v306 = None
     elif n319 == 2:
-        n320 = data[pos]; pos += 1
-        if n320 < 128: n320 = _ZZ[n320]
+        _b = data[pos]; pos += 1
+        if _b < 128: n320 = _ZZ[_b]
         elif data[pos] < 128:
-            n320 = (n320 & 127) | (data[pos] << 7); pos += 1; n320 = (n320 >> 1) ^ -(n320 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n320 = (_b >> 1) ^ -(_b & 1)
         else:
             n320, pos = _rraw(data, pos - 1, 'dsh.Block.id (length)'); n320 = (n320 >> 1) ^ -(n320 & 1)
         if n320 < 0: raise _Bad('negative length')
@@ -991,10 +1000,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n322 == 0:
         v307 = None
     elif n322 == 2:
-        n323 = data[pos]; pos += 1
-        if n323 < 128: n323 = _ZZ[n323]
+        _b = data[pos]; pos += 1
+        if _b < 128: n323 = _ZZ[_b]
         elif data[pos] < 128:
-            n323 = (n323 & 127) | (data[pos] << 7); pos += 1; n323 = (n323 >> 1) ^ -(n323 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n323 = (_b >> 1) ^ -(_b & 1)
         else:
             n323, pos = _rraw(data, pos - 1, 'dsh.Block.name (length)'); n323 = (n323 >> 1) ^ -(n323 & 1)
         if n323 < 0: raise _Bad('negative length')
@@ -1007,10 +1016,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n325 == 0:
         v308 = None
     elif n325 == 2:
-        n326 = data[pos]; pos += 1
-        if n326 < 128: n326 = _ZZ[n326]
+        _b = data[pos]; pos += 1
+        if _b < 128: n326 = _ZZ[_b]
         elif data[pos] < 128:
-            n326 = (n326 & 127) | (data[pos] << 7); pos += 1; n326 = (n326 >> 1) ^ -(n326 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n326 = (_b >> 1) ^ -(_b & 1)
         else:
             n326, pos = _rraw(data, pos - 1, 'dsh.Block.arguments (length)'); n326 = (n326 >> 1) ^ -(n326 & 1)
         if n326 < 0: raise _Bad('negative length')
@@ -1023,10 +1032,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n328 == 0:
         v309 = None
     elif n328 == 2:
-        n329 = data[pos]; pos += 1
-        if n329 < 128: n329 = _ZZ[n329]
+        _b = data[pos]; pos += 1
+        if _b < 128: n329 = _ZZ[_b]
         elif data[pos] < 128:
-            n329 = (n329 & 127) | (data[pos] << 7); pos += 1; n329 = (n329 >> 1) ^ -(n329 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n329 = (_b >> 1) ^ -(_b & 1)
         else:
             n329, pos = _rraw(data, pos - 1, 'dsh.Block.toolCallId (length)'); n329 = (n329 >> 1) ^ -(n329 & 1)
         if n329 < 0: raise _Bad('negative length')
@@ -1039,10 +1048,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n331 == 0:
         v310 = None
     elif n331 == 2:
-        n332 = data[pos]; pos += 1
-        if n332 < 128: n332 = _ZZ[n332]
+        _b = data[pos]; pos += 1
+        if _b < 128: n332 = _ZZ[_b]
         elif data[pos] < 128:
-            n332 = (n332 & 127) | (data[pos] << 7); pos += 1; n332 = (n332 >> 1) ^ -(n332 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n332 = (_b >> 1) ^ -(_b & 1)
         else:
             n332, pos = _rraw(data, pos - 1, 'dsh.Block.content (length)'); n332 = (n332 >> 1) ^ -(n332 & 1)
         if n332 < 0: raise _Bad('negative length')
@@ -1064,10 +1073,10 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n336 == 0:
         v312 = None
     elif n336 == 2:
-        n337 = data[pos]; pos += 1
-        if n337 < 128: n337 = _ZZ[n337]
+        _b = data[pos]; pos += 1
+        if _b < 128: n337 = _ZZ[_b]
         elif data[pos] < 128:
-            n337 = (n337 & 127) | (data[pos] << 7); pos += 1; n337 = (n337 >> 1) ^ -(n337 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n337 = (_b >> 1) ^ -(_b & 1)
         else:
             n337, pos = _rraw(data, pos - 1, 'dsh.Block.extra (length)'); n337 = (n337 >> 1) ^ -(n337 & 1)
         if n337 < 0: raise _Bad('negative length')
@@ -1082,27 +1091,27 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n339 == 2:
         v313 = []
         while True:
-            c340 = data[pos]; pos += 1
-            if c340 < 128: c340 = _ZZ[c340]
+            _b = data[pos]; pos += 1
+            if _b < 128: c340 = _ZZ[_b]
             elif data[pos] < 128:
-                c340 = (c340 & 127) | (data[pos] << 7); pos += 1; c340 = (c340 >> 1) ^ -(c340 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c340 = (_b >> 1) ^ -(_b & 1)
             else:
                 c340, pos = _rraw(data, pos - 1, 'dsh.Block.keyOrder (block count)'); c340 = (c340 >> 1) ^ -(c340 & 1)
             if c340 == 0: break
             if c340 < 0:
                 c340 = -c340
-                skip343 = data[pos]; pos += 1
-                if skip343 < 128: skip343 = _ZZ[skip343]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip343 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip343 = (skip343 & 127) | (data[pos] << 7); pos += 1; skip343 = (skip343 >> 1) ^ -(skip343 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip343 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip343, pos = _rraw(data, pos - 1, 'dsh.Block.keyOrder (block size)'); skip343 = (skip343 >> 1) ^ -(skip343 & 1)
             if c340 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c340):
-                n344 = data[pos]; pos += 1
-                if n344 < 128: n344 = _ZZ[n344]
+                _b = data[pos]; pos += 1
+                if _b < 128: n344 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n344 = (n344 & 127) | (data[pos] << 7); pos += 1; n344 = (n344 >> 1) ^ -(n344 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n344 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n344, pos = _rraw(data, pos - 1, 'dsh.Block.keyOrder[] (length)'); n344 = (n344 >> 1) ^ -(n344 & 1)
                 if n344 < 0: raise _Bad('negative length')
@@ -1123,22 +1132,23 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v313 is not None: out = _jorder(out, v313, 'dsh.Block')
     return out, pos
 def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v355 = data[pos]; pos += 1
-    if v355 < 128: v355 = _ZZ[v355]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v355 = _ZZ[_b]
     elif data[pos] < 128:
-        v355 = (v355 & 127) | (data[pos] << 7); pos += 1; v355 = (v355 >> 1) ^ -(v355 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v355 = (_b >> 1) ^ -(_b & 1)
     else:
         v355, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.turn'); v355 = (v355 >> 1) ^ -(v355 & 1)
-    v356 = data[pos]; pos += 1
-    if v356 < 128: v356 = _ZZ[v356]
+    _b = data[pos]; pos += 1
+    if _b < 128: v356 = _ZZ[_b]
     elif data[pos] < 128:
-        v356 = (v356 & 127) | (data[pos] << 7); pos += 1; v356 = (v356 >> 1) ^ -(v356 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v356 = (_b >> 1) ^ -(_b & 1)
     else:
         v356, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.step'); v356 = (v356 >> 1) ^ -(v356 & 1)
-    n360 = data[pos]; pos += 1
-    if n360 < 128: n360 = _ZZ[n360]
+    _b = data[pos]; pos += 1
+    if _b < 128: n360 = _ZZ[_b]
     elif data[pos] < 128:
-        n360 = (n360 & 127) | (data[pos] << 7); pos += 1; n360 = (n360 >> 1) ^ -(n360 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n360 = (_b >> 1) ^ -(_b & 1)
     else:
         n360, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.chunk (length)'); n360 = (n360 >> 1) ^ -(n360 & 1)
     if n360 < 0: raise _Bad('negative length')
@@ -1150,10 +1160,10 @@ def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n362 == 0:
         v358 = None
     elif n362 == 2:
-        n363 = data[pos]; pos += 1
-        if n363 < 128: n363 = _ZZ[n363]
+        _b = data[pos]; pos += 1
+        if _b < 128: n363 = _ZZ[_b]
         elif data[pos] < 128:
-            n363 = (n363 & 127) | (data[pos] << 7); pos += 1; n363 = (n363 >> 1) ^ -(n363 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n363 = (_b >> 1) ^ -(_b & 1)
         else:
             n363, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.extra (length)'); n363 = (n363 >> 1) ^ -(n363 & 1)
         if n363 < 0: raise _Bad('negative length')
@@ -1168,27 +1178,27 @@ def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n365 == 2:
         v359 = []
         while True:
-            c366 = data[pos]; pos += 1
-            if c366 < 128: c366 = _ZZ[c366]
+            _b = data[pos]; pos += 1
+            if _b < 128: c366 = _ZZ[_b]
             elif data[pos] < 128:
-                c366 = (c366 & 127) | (data[pos] << 7); pos += 1; c366 = (c366 >> 1) ^ -(c366 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c366 = (_b >> 1) ^ -(_b & 1)
             else:
                 c366, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.keyOrder (block count)'); c366 = (c366 >> 1) ^ -(c366 & 1)
             if c366 == 0: break
             if c366 < 0:
                 c366 = -c366
-                skip369 = data[pos]; pos += 1
-                if skip369 < 128: skip369 = _ZZ[skip369]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip369 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip369 = (skip369 & 127) | (data[pos] << 7); pos += 1; skip369 = (skip369 >> 1) ^ -(skip369 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip369 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip369, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.keyOrder (block size)'); skip369 = (skip369 >> 1) ^ -(skip369 & 1)
             if c366 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c366):
-                n370 = data[pos]; pos += 1
-                if n370 < 128: n370 = _ZZ[n370]
+                _b = data[pos]; pos += 1
+                if _b < 128: n370 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n370 = (n370 & 127) | (data[pos] << 7); pos += 1; n370 = (n370 >> 1) ^ -(n370 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n370 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n370, pos = _rraw(data, pos - 1, 'dsh.AssistantChunk.keyOrder[] (length)'); n370 = (n370 >> 1) ^ -(n370 & 1)
                 if n370 < 0: raise _Bad('negative length')
@@ -1202,10 +1212,11 @@ def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v359 is not None: out = _jorder(out, v359, 'dsh.AssistantChunk')
     return out, pos
 def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v379 = data[pos]; pos += 1
-    if v379 < 128: v379 = _ZZ[v379]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v379 = _ZZ[_b]
     elif data[pos] < 128:
-        v379 = (v379 & 127) | (data[pos] << 7); pos += 1; v379 = (v379 >> 1) ^ -(v379 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v379 = (_b >> 1) ^ -(_b & 1)
     else:
         v379, pos = _rraw(data, pos - 1, 'dsh.TurnEnd.turn'); v379 = (v379 >> 1) ^ -(v379 & 1)
     v380, pos = _dec_dsh_EndReason(data, pos, size)
@@ -1214,10 +1225,10 @@ def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n383 == 0:
         v381 = None
     elif n383 == 2:
-        n384 = data[pos]; pos += 1
-        if n384 < 128: n384 = _ZZ[n384]
+        _b = data[pos]; pos += 1
+        if _b < 128: n384 = _ZZ[_b]
         elif data[pos] < 128:
-            n384 = (n384 & 127) | (data[pos] << 7); pos += 1; n384 = (n384 >> 1) ^ -(n384 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n384 = (_b >> 1) ^ -(_b & 1)
         else:
             n384, pos = _rraw(data, pos - 1, 'dsh.TurnEnd.extra (length)'); n384 = (n384 >> 1) ^ -(n384 & 1)
         if n384 < 0: raise _Bad('negative length')
@@ -1232,27 +1243,27 @@ def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n386 == 2:
         v382 = []
         while True:
-            c387 = data[pos]; pos += 1
-            if c387 < 128: c387 = _ZZ[c387]
+            _b = data[pos]; pos += 1
+            if _b < 128: c387 = _ZZ[_b]
             elif data[pos] < 128:
-                c387 = (c387 & 127) | (data[pos] << 7); pos += 1; c387 = (c387 >> 1) ^ -(c387 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c387 = (_b >> 1) ^ -(_b & 1)
             else:
                 c387, pos = _rraw(data, pos - 1, 'dsh.TurnEnd.keyOrder (block count)'); c387 = (c387 >> 1) ^ -(c387 & 1)
             if c387 == 0: break
             if c387 < 0:
                 c387 = -c387
-                skip390 = data[pos]; pos += 1
-                if skip390 < 128: skip390 = _ZZ[skip390]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip390 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip390 = (skip390 & 127) | (data[pos] << 7); pos += 1; skip390 = (skip390 >> 1) ^ -(skip390 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip390 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip390, pos = _rraw(data, pos - 1, 'dsh.TurnEnd.keyOrder (block size)'); skip390 = (skip390 >> 1) ^ -(skip390 & 1)
             if c387 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c387):
-                n391 = data[pos]; pos += 1
-                if n391 < 128: n391 = _ZZ[n391]
+                _b = data[pos]; pos += 1
+                if _b < 128: n391 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n391 = (n391 & 127) | (data[pos] << 7); pos += 1; n391 = (n391 >> 1) ^ -(n391 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n391 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n391, pos = _rraw(data, pos - 1, 'dsh.TurnEnd.keyOrder[] (length)'); n391 = (n391 >> 1) ^ -(n391 & 1)
                 if n391 < 0: raise _Bad('negative length')
@@ -1266,10 +1277,11 @@ def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v382 is not None: out = _jorder(out, v382, 'dsh.TurnEnd')
     return out, pos
 def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    n403 = data[pos]; pos += 1
-    if n403 < 128: n403 = _ZZ[n403]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: n403 = _ZZ[_b]
     elif data[pos] < 128:
-        n403 = (n403 & 127) | (data[pos] << 7); pos += 1; n403 = (n403 >> 1) ^ -(n403 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n403 = (_b >> 1) ^ -(_b & 1)
     else:
         n403, pos = _rraw(data, pos - 1, 'dsh.EndReason.kind (length)'); n403 = (n403 >> 1) ^ -(n403 & 1)
     if n403 < 0: raise _Bad('negative length')
@@ -1281,10 +1293,10 @@ def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n405 == 0:
         v401 = None
     elif n405 == 2:
-        n406 = data[pos]; pos += 1
-        if n406 < 128: n406 = _ZZ[n406]
+        _b = data[pos]; pos += 1
+        if _b < 128: n406 = _ZZ[_b]
         elif data[pos] < 128:
-            n406 = (n406 & 127) | (data[pos] << 7); pos += 1; n406 = (n406 >> 1) ^ -(n406 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n406 = (_b >> 1) ^ -(_b & 1)
         else:
             n406, pos = _rraw(data, pos - 1, 'dsh.EndReason.extra (length)'); n406 = (n406 >> 1) ^ -(n406 & 1)
         if n406 < 0: raise _Bad('negative length')
@@ -1299,27 +1311,27 @@ def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n408 == 2:
         v402 = []
         while True:
-            c409 = data[pos]; pos += 1
-            if c409 < 128: c409 = _ZZ[c409]
+            _b = data[pos]; pos += 1
+            if _b < 128: c409 = _ZZ[_b]
             elif data[pos] < 128:
-                c409 = (c409 & 127) | (data[pos] << 7); pos += 1; c409 = (c409 >> 1) ^ -(c409 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c409 = (_b >> 1) ^ -(_b & 1)
             else:
                 c409, pos = _rraw(data, pos - 1, 'dsh.EndReason.keyOrder (block count)'); c409 = (c409 >> 1) ^ -(c409 & 1)
             if c409 == 0: break
             if c409 < 0:
                 c409 = -c409
-                skip412 = data[pos]; pos += 1
-                if skip412 < 128: skip412 = _ZZ[skip412]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip412 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip412 = (skip412 & 127) | (data[pos] << 7); pos += 1; skip412 = (skip412 >> 1) ^ -(skip412 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip412 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip412, pos = _rraw(data, pos - 1, 'dsh.EndReason.keyOrder (block size)'); skip412 = (skip412 >> 1) ^ -(skip412 & 1)
             if c409 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c409):
-                n413 = data[pos]; pos += 1
-                if n413 < 128: n413 = _ZZ[n413]
+                _b = data[pos]; pos += 1
+                if _b < 128: n413 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n413 = (n413 & 127) | (data[pos] << 7); pos += 1; n413 = (n413 >> 1) ^ -(n413 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n413 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n413, pos = _rraw(data, pos - 1, 'dsh.EndReason.keyOrder[] (length)'); n413 = (n413 >> 1) ^ -(n413 & 1)
                 if n413 < 0: raise _Bad('negative length')
@@ -1333,16 +1345,17 @@ def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v402 is not None: out = _jorder(out, v402, 'dsh.EndReason')
     return out, pos
 def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v422 = data[pos]; pos += 1
-    if v422 < 128: v422 = _ZZ[v422]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v422 = _ZZ[_b]
     elif data[pos] < 128:
-        v422 = (v422 & 127) | (data[pos] << 7); pos += 1; v422 = (v422 >> 1) ^ -(v422 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v422 = (_b >> 1) ^ -(_b & 1)
     else:
         v422, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.turn'); v422 = (v422 >> 1) ^ -(v422 & 1)
-    v423 = data[pos]; pos += 1
-    if v423 < 128: v423 = _ZZ[v423]
+    _b = data[pos]; pos += 1
+    if _b < 128: v423 = _ZZ[_b]
     elif data[pos] < 128:
-        v423 = (v423 & 127) | (data[pos] << 7); pos += 1; v423 = (v423 >> 1) ^ -(v423 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v423 = (_b >> 1) ^ -(_b & 1)
     else:
         v423, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.step'); v423 = (v423 >> 1) ^ -(v423 & 1)
     n426 = data[pos]; pos += 1
@@ -1350,10 +1363,10 @@ def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n426 == 0:
         v424 = None
     elif n426 == 2:
-        n427 = data[pos]; pos += 1
-        if n427 < 128: n427 = _ZZ[n427]
+        _b = data[pos]; pos += 1
+        if _b < 128: n427 = _ZZ[_b]
         elif data[pos] < 128:
-            n427 = (n427 & 127) | (data[pos] << 7); pos += 1; n427 = (n427 >> 1) ^ -(n427 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n427 = (_b >> 1) ^ -(_b & 1)
         else:
             n427, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.extra (length)'); n427 = (n427 >> 1) ^ -(n427 & 1)
         if n427 < 0: raise _Bad('negative length')
@@ -1368,27 +1381,27 @@ def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n429 == 2:
         v425 = []
         while True:
-            c430 = data[pos]; pos += 1
-            if c430 < 128: c430 = _ZZ[c430]
+            _b = data[pos]; pos += 1
+            if _b < 128: c430 = _ZZ[_b]
             elif data[pos] < 128:
-                c430 = (c430 & 127) | (data[pos] << 7); pos += 1; c430 = (c430 >> 1) ^ -(c430 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c430 = (_b >> 1) ^ -(_b & 1)
             else:
                 c430, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.keyOrder (block count)'); c430 = (c430 >> 1) ^ -(c430 & 1)
             if c430 == 0: break
             if c430 < 0:
                 c430 = -c430
-                skip433 = data[pos]; pos += 1
-                if skip433 < 128: skip433 = _ZZ[skip433]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip433 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip433 = (skip433 & 127) | (data[pos] << 7); pos += 1; skip433 = (skip433 >> 1) ^ -(skip433 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip433 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip433, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.keyOrder (block size)'); skip433 = (skip433 >> 1) ^ -(skip433 & 1)
             if c430 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c430):
-                n434 = data[pos]; pos += 1
-                if n434 < 128: n434 = _ZZ[n434]
+                _b = data[pos]; pos += 1
+                if _b < 128: n434 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n434 = (n434 & 127) | (data[pos] << 7); pos += 1; n434 = (n434 >> 1) ^ -(n434 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n434 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n434, pos = _rraw(data, pos - 1, 'dsh.StepBoundary.keyOrder[] (length)'); n434 = (n434 >> 1) ^ -(n434 & 1)
                 if n434 < 0: raise _Bad('negative length')
@@ -1402,10 +1415,11 @@ def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v425 is not None: out = _jorder(out, v425, 'dsh.StepBoundary')
     return out, pos
 def _dec_dsh_TurnStart(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v442 = data[pos]; pos += 1
-    if v442 < 128: v442 = _ZZ[v442]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v442 = _ZZ[_b]
     elif data[pos] < 128:
-        v442 = (v442 & 127) | (data[pos] << 7); pos += 1; v442 = (v442 >> 1) ^ -(v442 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v442 = (_b >> 1) ^ -(_b & 1)
     else:
         v442, pos = _rraw(data, pos - 1, 'dsh.TurnStart.turn'); v442 = (v442 >> 1) ^ -(v442 & 1)
     n445 = data[pos]; pos += 1
@@ -1413,10 +1427,10 @@ def _dec_dsh_TurnStart(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if n445 == 0:
         v443 = None
     elif n445 == 2:
-        n446 = data[pos]; pos += 1
-        if n446 < 128: n446 = _ZZ[n446]
+        _b = data[pos]; pos += 1
+        if _b < 128: n446 = _ZZ[_b]
         elif data[pos] < 128:
-            n446 = (n446 & 127) | (data[pos] << 7); pos += 1; n446 = (n446 >> 1) ^ -(n446 & 1)
+            _b = (_b & 127) | (data[pos] << 7); pos += 1; n446 = (_b >> 1) ^ -(_b & 1)
         else:
             n446, pos = _rraw(data, pos - 1, 'dsh.TurnStart.extra (length)'); n446 = (n446 >> 1) ^ -(n446 & 1)
         if n446 < 0: raise _Bad('negative length')
@@ -1431,27 +1445,27 @@ def _dec_dsh_TurnStart(bytes data, Py_ssize_t pos, Py_ssize_t size):
     elif n448 == 2:
         v444 = []
         while True:
-            c449 = data[pos]; pos += 1
-            if c449 < 128: c449 = _ZZ[c449]
+            _b = data[pos]; pos += 1
+            if _b < 128: c449 = _ZZ[_b]
             elif data[pos] < 128:
-                c449 = (c449 & 127) | (data[pos] << 7); pos += 1; c449 = (c449 >> 1) ^ -(c449 & 1)
+                _b = (_b & 127) | (data[pos] << 7); pos += 1; c449 = (_b >> 1) ^ -(_b & 1)
             else:
                 c449, pos = _rraw(data, pos - 1, 'dsh.TurnStart.keyOrder (block count)'); c449 = (c449 >> 1) ^ -(c449 & 1)
             if c449 == 0: break
             if c449 < 0:
                 c449 = -c449
-                skip452 = data[pos]; pos += 1
-                if skip452 < 128: skip452 = _ZZ[skip452]
+                _b = data[pos]; pos += 1
+                if _b < 128: skip452 = _ZZ[_b]
                 elif data[pos] < 128:
-                    skip452 = (skip452 & 127) | (data[pos] << 7); pos += 1; skip452 = (skip452 >> 1) ^ -(skip452 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; skip452 = (_b >> 1) ^ -(_b & 1)
                 else:
                     skip452, pos = _rraw(data, pos - 1, 'dsh.TurnStart.keyOrder (block size)'); skip452 = (skip452 >> 1) ^ -(skip452 & 1)
             if c449 > size - pos: raise _Bad('block count exceeds the data')
             for _ in range(c449):
-                n453 = data[pos]; pos += 1
-                if n453 < 128: n453 = _ZZ[n453]
+                _b = data[pos]; pos += 1
+                if _b < 128: n453 = _ZZ[_b]
                 elif data[pos] < 128:
-                    n453 = (n453 & 127) | (data[pos] << 7); pos += 1; n453 = (n453 >> 1) ^ -(n453 & 1)
+                    _b = (_b & 127) | (data[pos] << 7); pos += 1; n453 = (_b >> 1) ^ -(_b & 1)
                 else:
                     n453, pos = _rraw(data, pos - 1, 'dsh.TurnStart.keyOrder[] (length)'); n453 = (n453 >> 1) ^ -(n453 & 1)
                 if n453 < 0: raise _Bad('negative length')
@@ -1465,10 +1479,11 @@ def _dec_dsh_TurnStart(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v444 is not None: out = _jorder(out, v444, 'dsh.TurnStart')
     return out, pos
 def _dec_dsh_JsonPayload(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    n458 = data[pos]; pos += 1
-    if n458 < 128: n458 = _ZZ[n458]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: n458 = _ZZ[_b]
     elif data[pos] < 128:
-        n458 = (n458 & 127) | (data[pos] << 7); pos += 1; n458 = (n458 >> 1) ^ -(n458 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; n458 = (_b >> 1) ^ -(_b & 1)
     else:
         n458, pos = _rraw(data, pos - 1, 'dsh.JsonPayload.data (length)'); n458 = (n458 >> 1) ^ -(n458 & 1)
     if n458 < 0: raise _Bad('negative length')
@@ -1477,16 +1492,17 @@ def _dec_dsh_JsonPayload(bytes data, Py_ssize_t pos, Py_ssize_t size):
     v457 = data[pos:e459].decode(); pos = e459
     return _jtext(v457, 'payload'), pos
 def _dec_dsh_SurfaceReplace(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    v462 = data[pos]; pos += 1
-    if v462 < 128: v462 = _ZZ[v462]
+    cdef Py_ssize_t _b
+    _b = data[pos]; pos += 1
+    if _b < 128: v462 = _ZZ[_b]
     elif data[pos] < 128:
-        v462 = (v462 & 127) | (data[pos] << 7); pos += 1; v462 = (v462 >> 1) ^ -(v462 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v462 = (_b >> 1) ^ -(_b & 1)
     else:
         v462, pos = _rraw(data, pos - 1, 'dsh.SurfaceReplace.start'); v462 = (v462 >> 1) ^ -(v462 & 1)
-    v463 = data[pos]; pos += 1
-    if v463 < 128: v463 = _ZZ[v463]
+    _b = data[pos]; pos += 1
+    if _b < 128: v463 = _ZZ[_b]
     elif data[pos] < 128:
-        v463 = (v463 & 127) | (data[pos] << 7); pos += 1; v463 = (v463 >> 1) ^ -(v463 & 1)
+        _b = (_b & 127) | (data[pos] << 7); pos += 1; v463 = (_b >> 1) ^ -(_b & 1)
     else:
         v463, pos = _rraw(data, pos - 1, 'dsh.SurfaceReplace.end'); v463 = (v463 >> 1) ^ -(v463 & 1)
     return {'start': v462, 'end': v463}, pos

@@ -13,8 +13,9 @@ the decoder source and of the constants it reads, equals its own, i.e. when they
 very code it would execute; it then hands the compiled module the same helpers and
 constants. Otherwise (another schema or version, a generator changed since the build, no
 compiler at install time) the generated Python decodes. The Cython text differs from the
-Python in three ways only: each function's signature (``data`` is ``bytes``, ``pos`` and
-``size`` C integers; callers pass bytes); helpers that set a slot (the Event's fields)
+Python in four ways only: each function's signature (``data`` is ``bytes``, ``pos`` and
+``size`` C integers; callers pass bytes); the first two bytes of a long read into a C
+integer; helpers that set a slot (the Event's fields)
 store through the slot's descriptor directly (:func:`is_slot_store`); and the varint
 reader of :mod:`pipeline.codec.binary_runtime` is a compiled copy (:class:`InC`), with the
 same results and errors (the tests hold both paths to the same outcome on every input they
@@ -43,6 +44,21 @@ from pipeline.codec.binary_runtime import Malformed, _read_varint_tail, read_raw
 MODULE: Final = "pipeline.codec._native_events"
 PYX_FILE: Final = Path(__file__).with_name("_native_events.pyx")
 _SIGNATURE: Final = re.compile(r"^def (_dec_\w+)\(data, pos, size\):$", re.MULTILINE)
+_TYPED_SIGNATURE: Final = (r"def \1(bytes data, Py_ssize_t pos, Py_ssize_t size):\n"
+                           r"    cdef Py_ssize_t _b")
+# A long's first two bytes, read inline (binary._Compiler.emit_read_long): in C, the
+# value boxed once at the end instead of every byte.
+_SHORT_VARINT: Final = re.compile(
+    r"^( *)(\w+) = data\[pos\]; pos \+= 1\n"
+    r"\1if \2 < 128: \2 = _ZZ\[\2\]\n"
+    r"\1elif data\[pos\] < 128:\n"
+    r"\1    \2 = \(\2 & 127\) \| \(data\[pos\] << 7\); pos \+= 1; "
+    r"\2 = \(\2 >> 1\) \^ -\(\2 & 1\)\n", re.MULTILINE)
+_SHORT_VARINT_IN_C: Final = (
+    r"\1_b = data[pos]; pos += 1\n"
+    r"\1if _b < 128: \2 = _ZZ[_b]\n"
+    r"\1elif data[pos] < 128:\n"
+    r"\1    _b = (_b & 127) | (data[pos] << 7); pos += 1; \2 = (_b >> 1) ^ -(_b & 1)\n")
 _DEFINED: Final = re.compile(r"^(?:def )?(_\w+)\b", re.MULTILINE)
 _NAME: Final = re.compile(r"\b_[A-Za-z]\w*\b")
 _CALL: Final = re.compile(r"\b(_dec_\w+|_U\d+)\b")
@@ -181,7 +197,7 @@ def native_source(source: str, namespace: Mapping[str, Any], root: str) -> str |
             f"{name}_slot = None",
             f"cdef inline int {name}(object obj, object value) except -1:",
             f"    return _store_slot({name}_slot, obj, value)")),
-        _SIGNATURE.sub(r"def \1(bytes data, Py_ssize_t pos, Py_ssize_t size):", source),
+        _SHORT_VARINT.sub(_SHORT_VARINT_IN_C, _SIGNATURE.sub(_TYPED_SIGNATURE, source)),
     ]
     return "\n".join(lines) + "\n"
 

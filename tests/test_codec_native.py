@@ -178,3 +178,17 @@ def test_helpers_compiled_in_are_used_only_for_the_helpers_they_replace(helper: 
     assert compiled_decoder(binary.decoder_source, namespace, root) is not None
     namespace[helper] = lambda *args: None
     assert compiled_decoder(binary.decoder_source, namespace, root) is None
+
+
+def test_branch_indexes_and_boolean_bytes_are_read_alike_on_both_paths(path: str) -> None:
+    """Union branch indexes and boolean bytes (C integers in the compiled build): a
+    branch index written in two bytes, one far beyond the union, a boolean byte of 2."""
+    data = SERDE.encode("s", Event("t/x", 0, 1, None))
+    assert data[10:21] == b"\x02s\x00\x02\x06t/x\x00\x00\x00"  # ..., surfaceOp, sources, ignorable
+    event = SERDE.decode(data)[1]
+    assert SERDE.decode(data[:18] + b"\x80\x00" + data[19:])[1] == event
+    assert SERDE.decode(data[:20] + b"\x02\x01" + data[21:])[1].ignorable is True
+    with pytest.raises(CodecError, match="union branch index out of range"):
+        SERDE.decode(data[:18] + b"\xff" * 9 + b"\x01" + data[19:])
+    with pytest.raises(CodecError, match="a boolean byte must be 0 or 1"):
+        SERDE.decode(data[:20] + b"\x02\x02" + data[21:])

@@ -72,8 +72,10 @@ cdef inline int _set6(object obj, object value) except -1:
 _set7_slot = None
 cdef inline int _set7(object obj, object value) except -1:
     return _store_slot(_set7_slot, obj, value)
+
 def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    cdef Py_ssize_t _b
+    cdef Py_ssize_t _b, b38
+    cdef unsigned long long n30, n32, n37, n39, n40
     _b = data[pos]; pos += 1
     if _b < 128: n26 = _ZZ[_b]
     elif data[pos] < 128:
@@ -219,6 +221,7 @@ def _dec_dsh_SessionEvent(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return (v17, ev), pos
 def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n65, n66, n69, n72
     _b = data[pos]; pos += 1
     if _b < 128: v58 = _ZZ[_b]
     elif data[pos] < 128:
@@ -315,6 +318,7 @@ def _dec_dsh_ToolResult(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n92, n95, n98, n101
     n92 = data[pos]; pos += 1
     if n92 > 127: n92, pos = _rraw(data, pos - 1, 'dsh.ToolError.name (union branch)')
     if n92 == 0:
@@ -407,6 +411,7 @@ def _dec_dsh_ToolError(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n132, n135, n138
     _b = data[pos]; pos += 1
     if _b < 128: v121 = _ZZ[_b]
     elif data[pos] < 128:
@@ -513,7 +518,8 @@ def _dec_dsh_ToolCall(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v127 is not None: out = _jorder(out, v127, 'dsh.ToolCall')
     return out, pos
 def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    cdef Py_ssize_t _b
+    cdef Py_ssize_t _b, b164
+    cdef unsigned long long n162, n163, n165, n168
     _b = data[pos]; pos += 1
     if _b < 128: v155 = _ZZ[_b]
     elif data[pos] < 128:
@@ -603,6 +609,7 @@ def _dec_dsh_AssistantMessage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n192, n193, n194, n195, n198
     _b = data[pos]; pos += 1
     if _b < 128: v185 = _ZZ[_b]
     elif data[pos] < 128:
@@ -712,6 +719,7 @@ def _dec_dsh_Usage(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n223, n228, n233, n234, n237
     n223 = data[pos]; pos += 1
     if n223 > 127: n223, pos = _rraw(data, pos - 1, 'dsh.Message.id (union branch)')
     if n223 == 0:
@@ -834,6 +842,7 @@ def _dec_dsh_Message(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n265, n268, n271, n274, n277
     _b = data[pos]; pos += 1
     if _b < 128: n263 = _ZZ[_b]
     elif data[pos] < 128:
@@ -952,7 +961,8 @@ def _dec_dsh_MessageSource(bytes data, Py_ssize_t pos, Py_ssize_t size):
     if v262 is not None: out = _jorder(out, v262, 'dsh.MessageSource')
     return out, pos
 def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
-    cdef Py_ssize_t _b
+    cdef Py_ssize_t _b, b335
+    cdef unsigned long long n316, n319, n322, n325, n328, n331, n334, n336, n339
     _b = data[pos]; pos += 1
     if _b < 128: n314 = _ZZ[_b]
     elif data[pos] < 128:
@@ -1133,6 +1143,7 @@ def _dec_dsh_Block(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n362, n365
     _b = data[pos]; pos += 1
     if _b < 128: v355 = _ZZ[_b]
     elif data[pos] < 128:
@@ -1213,6 +1224,7 @@ def _dec_dsh_AssistantChunk(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n383, n386
     _b = data[pos]; pos += 1
     if _b < 128: v379 = _ZZ[_b]
     elif data[pos] < 128:
@@ -1278,6 +1290,7 @@ def _dec_dsh_TurnEnd(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n405, n408
     _b = data[pos]; pos += 1
     if _b < 128: n403 = _ZZ[_b]
     elif data[pos] < 128:
@@ -1346,6 +1359,7 @@ def _dec_dsh_EndReason(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n426, n429
     _b = data[pos]; pos += 1
     if _b < 128: v422 = _ZZ[_b]
     elif data[pos] < 128:
@@ -1416,6 +1430,7 @@ def _dec_dsh_StepBoundary(bytes data, Py_ssize_t pos, Py_ssize_t size):
     return out, pos
 def _dec_dsh_TurnStart(bytes data, Py_ssize_t pos, Py_ssize_t size):
     cdef Py_ssize_t _b
+    cdef unsigned long long n445, n448
     _b = data[pos]; pos += 1
     if _b < 128: v442 = _ZZ[_b]
     elif data[pos] < 128:

@@ -237,7 +237,10 @@ def compiled_decoder(source: str, namespace: Mapping[str, Any], root: str
     """The compiled build of the decoder ``source`` defines (entry point ``root``), its
     helpers and constants taken from ``namespace``; None unless exactly that was built."""
     module = _compiled_module()
-    if module is None or root != module.ROOT or decoder_key(source, namespace) != module.KEY:
+    if module is None or root != module.ROOT:
+        return None
+    if decoder_key(source, namespace) != module.KEY:
+        _log_not_built_from(root)
         return None
     handed: dict[str, Any] = {}  # module attribute -> value
     for name in _free_names(source, namespace):
@@ -255,6 +258,12 @@ def compiled_decoder(source: str, namespace: Mapping[str, Any], root: str
     decoder: Callable[[bytes, int, int], tuple[Any, int]] = getattr(module, root)
     _log_in_use(root)
     return decoder
+
+
+@cache
+def _log_not_built_from(root: str) -> None:
+    _LOG.info("Avro decoders: generated Python for a %s the compiled decoder was not built "
+              "from (another schema version, or a build older than the code)", root)
 
 
 @cache

@@ -17,8 +17,9 @@ setup: $(STAMP) artifacts
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Re-run the (idempotent) editable install when pyproject.toml changes.
-$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+# Re-run the (idempotent) editable install when pyproject.toml changes, or the compiled
+# decoder's source (setup.py builds it; pipeline/codec/binary_native.py).
+$(STAMP): pyproject.toml constraints.txt setup.py pipeline/codec/_native_events.pyx | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,rocksdb]'
 	touch $(STAMP)
 

@@ -192,3 +192,20 @@ def dashboard_worker(kafka_bootstrap: str, topic_prefix: str,
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(scope="module", params=["compiled", "python"])
+def decoder_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs a module's tests with the compiled session-event decoder, then with the generated
+    Python (the two paths of pipeline.codec.binary_native); the compiled run is skipped,
+    saying so, where the install could not build it."""
+    from pipeline.codec.binary import use_compiled_decoders
+    from pipeline.codec.schemas import current_event_schema
+
+    if request.param == "compiled" and current_event_schema().binary.compiled_decoder is None:
+        pytest.skip("the compiled decoder is not built (no Cython or C compiler at install)")
+    use_compiled_decoders(request.param == "compiled")
+    try:
+        yield request.param
+    finally:
+        use_compiled_decoders(True)

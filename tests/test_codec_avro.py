@@ -28,6 +28,9 @@ from pipeline.codec.schemas import SchemaTable, current_event_schema, schema_fin
 from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.events import APPEND, Event, JsonValue, Replace, event_from_json
 
+# Both decoders of the session-event schema: compiled, and the generated Python.
+pytestmark = pytest.mark.usefixtures("decoder_path")
+
 FIXTURES = (SHARED_DIR / "fixtures")
 SINGLE = EventSerde()
 CONFLUENT = EventSerde(schema_id=4242)

@@ -19,6 +19,9 @@ from pipeline.codec.schemas import current_event_schema
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, Replace, event_from_json
 
+# Both decoders of the session-event schema: compiled, and the generated Python.
+pytestmark = pytest.mark.usefixtures("decoder_path")
+
 FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
 SERDE = EventSerde(schema_id=1)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Literal
 
+from pipeline.codec.binary import DECODE_ERRORS, trailing_bytes, undecodable
 from pipeline.codec.envelope import (
     DIRECT_DECLINES,
     EventWriter,
@@ -170,8 +171,14 @@ class EventSerde:
         # Keys: the 10 bytes of a single-object prefix, the 5 of a Confluent one.
         known = self._by_prefix.get(data[:SINGLE_OBJECT_HEADER_LEN]) or self._by_prefix.get(
             data[:CONFLUENT_HEADER_LEN]) or self._learn_prefix(data)
-        decoded = known[0].binary.decode(data, known[1])
-        if type(decoded) is tuple:  # the usual: the compiled decoder built the event itself
+        size = len(data)
+        try:  # the decoder in use itself, not CompiledSchema.decode: a call less per record
+            decoded, end = known[0].binary.decoder(data, known[1], size)
+        except DECODE_ERRORS as exc:
+            raise undecodable(exc) from None
+        if end != size:
+            raise trailing_bytes(size - end)
+        if type(decoded) is tuple:  # the usual: the decoder built the event itself
             return decoded
         return _from_record(decoded, known[0])
 

@@ -8,7 +8,9 @@ record that reads or writes exactly that record: varints of one byte inlined, un
 int, long, float, double, bytes, string, record, enum, array, map, union, fixed; logical
 types are read as their base type). fastavro stays the reference implementation: the tests
 check that both agree byte for byte. The helpers the generated code calls (varints, which
-refuse a value beyond 64 bits) are in :mod:`pipeline.codec.binary_runtime`.
+refuse a value beyond 64 bits) are in :mod:`pipeline.codec.binary_runtime`. The install
+compiles the decoder source of the session-event schema with Cython where it can, and a
+schema whose source is exactly that one decodes with it (:mod:`pipeline.codec.binary_native`).
 
 Value conventions (those of fastavro): records are dicts; a union value is ``None`` for
 null, a ``(name, value)`` tuple naming the branch, or a value whose Python type picks the
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 import re
 import struct
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
+from pipeline.codec.binary_native import compiled_decoder
 from pipeline.codec.binary_runtime import (
     INT_MAX,
     INT_MIN,
@@ -49,6 +53,8 @@ class AvroBinaryError(CodecError):
     """Bytes that are not a valid encoding of the schema, or a value that does not fit it."""
 
 
+# A generated decoder: (data, start, len(data)) -> (value, position after it).
+Decoder = Callable[[bytes, int, int], tuple[Any, int]]
 # A union read with a table of decoders instead of an if chain from this many branches.
 _UNION_TABLE_FROM: Final = 4
 
@@ -97,7 +103,8 @@ class _Compiler:
     def __init__(self, named: Mapping[str, Any], builder: RecordBuilder | None = None) -> None:
         self.named = named
         self.builder = builder
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # encoders
+        self.decoder_lines: list[str] = []
         self.tables: list[str] = []  # module-level lines, after every function
         self.consts: dict[str, Any] = {}
         self.done: set[str] = set()
@@ -150,7 +157,8 @@ class _Compiler:
                 out.append(f"    {v} = d[{field['name']!r}]")
             self.emit_write(out, field["type"], v, "    ")
         out.append("    return None")
-        out.append(f"def {dec}(data, pos, size):")
+        self.lines.extend(out)
+        out = [f"def {dec}(data, pos, size):"]
         fields = [(field, self.var("v")) for field in record["fields"]]
         for field, v in fields:
             tag = self.builder is None or not self.builder.untagged(record, field)
@@ -161,7 +169,7 @@ class _Compiler:
             items = ", ".join(f"{field['name']!r}: {v}" for field, v in fields)
             tail = [f"    return {{{items}}}, pos"]
         out.extend(tail)
-        self.lines.extend(out)
+        self.decoder_lines.extend(out)
 
     # -- writing ---------------------------------------------------------------------------
     def emit_write(self, out: list[str], schema: Any, v: str, ind: str) -> None:
@@ -408,7 +416,11 @@ _PY_TYPES: Final[dict[str, tuple[type, ...]]] = {
 
 
 class CompiledSchema:
-    """Encoder and decoder of one record schema (parsed by fastavro, names resolved)."""
+    """Encoder and decoder of one record schema (parsed by fastavro, names resolved).
+
+    Decodes with the compiled build of its generated decoder when the install built one for
+    exactly this source (:mod:`pipeline.codec.binary_native`), else with the generated
+    Python; :func:`use_compiled_decoders` chooses between them for every live instance."""
 
     def __init__(self, parsed: Mapping[str, Any], builder: RecordBuilder | None = None
                  ) -> None:
@@ -416,12 +428,26 @@ class CompiledSchema:
         compiler.emit_all(parsed)
         helpers = builder.helpers if builder is not None else {}
         namespace: dict[str, Any] = {**_HELPERS, **helpers, **compiler.consts}
-        source = "\n".join(compiler.lines + compiler.tables)
-        exec(source, namespace)  # our own generated code, no input text
+        self.decoder_source = "\n".join(compiler.decoder_lines + compiler.tables)
+        exec("\n".join([*compiler.lines, self.decoder_source]), namespace)  # our own code
         self._encode: Callable[[bytearray, Any], None] = namespace[
             compiler.fname("enc", parsed)]
-        self._decode: Callable[[bytes, int, int], tuple[Any, int]] = namespace[
-            compiler.fname("dec", parsed)]
+        root = compiler.fname("dec", parsed)
+        self.python_decoder: Decoder = namespace[root]
+        self.compiled_decoder: Decoder | None = compiled_decoder(
+            self.decoder_source, namespace, root)
+        self.decoder = self.python_decoder
+        _LIVE.add(self)
+        self._choose()
+
+    def _choose(self) -> None:
+        compiled = self.compiled_decoder
+        self.decoder = compiled if compiled is not None and _CHOICE["compiled"] else (
+            self.python_decoder)
+
+    @property
+    def compiled_in_use(self) -> bool:
+        return self.decoder is not self.python_decoder
 
     def encode_into(self, buf: bytearray, record: Any) -> None:
         """Append the encoding of ``record``. Raises AvroBinaryError if it does not fit;
@@ -439,31 +465,53 @@ class CompiledSchema:
 
     def decode(self, data: bytes, start: int = 0) -> Any:
         """The one record encoded in ``data[start:]``; trailing bytes are an error."""
+        if type(data) is not bytes:  # the compiled decoder reads bytes only
+            data = bytes(data)
         size = len(data)
         try:  # not through decode_at: a call less on the hot path
-            record, end = self._decode(data, start, size)
-        except _DECODE_ERRORS as exc:
-            raise _undecodable(exc) from None
+            record, end = self.decoder(data, start, size)
+        except DECODE_ERRORS as exc:
+            raise undecodable(exc) from None
         if end != size:
-            raise AvroBinaryError(f"{size - end} trailing bytes after the Avro record")
+            raise trailing_bytes(size - end)
         return record
 
     def decode_at(self, data: bytes, start: int) -> tuple[Any, int]:
         """The record encoded at ``data[start:]`` and the position after it, where the
         next record of a sequence (a container file's block) starts."""
+        if type(data) is not bytes:
+            data = bytes(data)
         try:
-            result: tuple[Any, int] = self._decode(data, start, len(data))
-        except _DECODE_ERRORS as exc:
-            raise _undecodable(exc) from None
+            result: tuple[Any, int] = self.decoder(data, start, len(data))
+        except DECODE_ERRORS as exc:
+            raise undecodable(exc) from None
         return result
 
 
+_LIVE: Final[weakref.WeakSet[CompiledSchema]] = weakref.WeakSet()
+_CHOICE: Final = {"compiled": True}
+
+
+def use_compiled_decoders(enabled: bool) -> None:
+    """Decode with the compiled decoders where the install built them (the default), or
+    with the generated Python everywhere (the reference both are tested against), from now
+    on and in every live :class:`CompiledSchema`."""
+    _CHOICE["compiled"] = enabled
+    for schema in list(_LIVE):
+        schema._choose()
+
+
 # What generated decoders raise on bytes that are not an encoding of their schema.
-_DECODE_ERRORS: Final = (Malformed, IndexError, UnicodeDecodeError, struct.error, RecursionError,
+DECODE_ERRORS: Final = (Malformed, IndexError, UnicodeDecodeError, struct.error, RecursionError,
                          MemoryError)
 
 
-def _undecodable(exc: BaseException) -> AvroBinaryError:
+def trailing_bytes(count: int) -> AvroBinaryError:
+    return AvroBinaryError(f"{count} trailing bytes after the Avro record")
+
+
+def undecodable(exc: BaseException) -> AvroBinaryError:
+    """The error of a generated decoder's exception (one of DECODE_ERRORS)."""
     if isinstance(exc, Malformed):
         return AvroBinaryError(f"undecodable Avro data: {exc}")
     if isinstance(exc, IndexError):

@@ -5,13 +5,16 @@ bench_driver_kafka.py, which stay runnable on their own."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import bench_driver_kafka
 import bench_processors
 import bench_runner
-from suite_core import Context, Figure, percentile
+from suite_core import BENCH_DIR, Context, Figure, percentile
 from suite_kafka import fresh_topic, mean_avro_size, synth_mix
 from suite_tools import ToolError, consumer_performance, end_to_end_latency
 
@@ -163,6 +166,21 @@ def bench_driver(ctx: Context) -> list[Figure]:
     return [steps, loaded, p50, p99, *_driver_over_kafka(ctx)]
 
 
+def driver_run_in_child(bootstrap: str, sessions: int, budget: int) -> dict[str, float]:
+    """One run of bench/bench_driver_kafka.py (6 partitions, linger 25 ms) in a process of
+    its own, as a driver runs: not in the suite's process, whose heap holds what earlier
+    benchmarks left."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "bench_driver_kafka.py"), "--bootstrap", bootstrap,
+         "--sessions", str(sessions), "--warmup", "0", "--steps-per-transaction", str(budget)],
+        capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_driver_kafka.py exited with {done.returncode}: "
+                           f"{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def _driver_over_kafka(ctx: Context) -> list[Figure]:
     """The driver as it ships (step budget on), each run followed by the same load with no
     step budget (``--steps-per-transaction 0``) as the anchor: A/B alternating in one run."""
@@ -192,14 +210,14 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
     # (docs/decisions/driver-latency.md, session 11); a long-running broker, which the
     # figure is about, has done both.
     for _ in range(ctx.size(DRIVER_WARM_UP_RUNS, 1)):
-        warm = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0))
+        warm = driver_run_in_child(ctx.bootstrap, sessions,
+                                   bench_driver_kafka.STEPS_PER_TRANSACTION)
         ctx.log(f"  driver over Kafka, warm-up (not in the figures): "
                 f"p99 {warm['visible_ms_p99']} ms, {warm['steps_per_s']} steps/s, "
                 f"transaction p99 {warm.get('committing_ms_p99')} ms")
     for _ in range(ctx.latency_runs):
         for budget in (bench_driver_kafka.STEPS_PER_TRANSACTION, 0):
-            result = asyncio.run(bench_driver_kafka.run(ctx.bootstrap, sessions, 6, 25.0,
-                                                        steps_per_transaction=budget))
+            result = driver_run_in_child(ctx.bootstrap, sessions, budget)
             if result["invalid_logs"]:
                 raise RuntimeError(f"driver over Kafka wrote {result['invalid_logs']} "
                                    "invalid logs")
@@ -218,7 +236,9 @@ def _driver_over_kafka(ctx: Context) -> list[Figure]:
     steps.note = visible.note = (f"transactional producer per inbox partition, linger 25 ms, "
                                  f"at most {bench_driver_kafka.STEPS_PER_TRANSACTION} steps "
                                  "begun per partition and transaction, 6 partitions; a "
-                                 "two-step tool turn per session, all sent at once; the "
+                                 "two-step tool turn per session, all sent at once; each "
+                                 "run a process of its own, after ten unmeasured warm-up "
+                                 "runs on the same broker; the "
                                  "reader, a process of its own, counts turn/end by header "
                                  "and decodes and validates every log after the timed part "
                                  "(bench/bench_driver_kafka.py)")

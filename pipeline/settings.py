@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from pipeline.core.errors import ConfigError
 
-__all__ = ["MASK", "PROCESSORS_APP_NAME", "Secret", "Settings", "TopicNames"]
+__all__ = ["MASK", "Secret", "Settings", "TopicNames"]
 
 MASK: Final = "********"
 # The processors' default app name: the end of their consumer group id.

@@ -5,7 +5,6 @@ on valid and malformed input alike."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -116,18 +115,8 @@ def _with_seq_varint(varint: bytes) -> bytes:
     return data[:12] + varint + data[13:]
 
 
-@pytest.fixture(params=["compiled", "python"])
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "compiled" and not BUILT:
-        pytest.skip("the compiled decoder is not built")
-    use_compiled_decoders(request.param == "compiled")
-    try:
-        yield request.param
-    finally:
-        use_compiled_decoders(True)
 
-
-def test_longs_beyond_64_bits_are_refused_on_both_paths(path: str) -> None:
+def test_longs_beyond_64_bits_are_refused_on_both_paths(decoder_path: str) -> None:
     long_max = b"\xfe" + b"\xff" * 8 + b"\x01"
     assert SERDE.decode(_with_seq_varint(long_max))[1].seq == 2**63 - 1
     assert SERDE.decode(_with_seq_varint(b"\xc8\x01"))[1].seq == 100  # two bytes, inline
@@ -180,7 +169,7 @@ def test_helpers_compiled_in_are_used_only_for_the_helpers_they_replace(helper: 
     assert compiled_decoder(binary.decoder_source, namespace, root) is None
 
 
-def test_branch_indexes_and_boolean_bytes_are_read_alike_on_both_paths(path: str) -> None:
+def test_branch_indexes_and_boolean_bytes_are_read_alike_on_both_paths(decoder_path: str) -> None:
     """Union branch indexes and boolean bytes (C integers in the compiled build): a
     branch index written in two bytes, one far beyond the union, a boolean byte of 2."""
     data = SERDE.encode("s", Event("t/x", 0, 1, None))

@@ -31,6 +31,7 @@ import aiokafka.consumer.fetcher as aiokafka_fetcher
 import aiokafka.consumer.subscription_state as aiokafka_subscriptions
 import faust
 import faust.streams
+import faust.tables.base as faust_tables
 import faust.topics
 import faust.transport.consumer as faust_consumer
 import faust.transport.drivers.aiokafka as faust_aiokafka
@@ -79,6 +80,13 @@ OVERRIDDEN: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
     (faust_aiokafka.Producer, "_settings_extra", ()),
     # faust's per-write producer lookup: no setting skips its start-up guard.
     (faust.Topic, "_get_producer", ()),
+    # Where an acknowledged table write moves the store's changelog offset, and where a
+    # recovery or standby read applies changelog records (public name, internal use):
+    # no hook for either (adapters/faust/tables.py, a changelog with two writers).
+    (faust_tables.Collection, "_on_changelog_sent", ("fut",)),
+    (faust_tables.Collection, "apply_changelog_batch", ("batch",)),
+    # The table's own key normalisation of changelog keys, as its stores apply them.
+    (faust_tables.Collection, "_to_key", ("k",)),
     # A wait for newly buffered records that is not a hand-out: aiokafka's public getmany
     # waits *inside* the hand-out, where a concurrent seek would fake a batch's span.
     (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),

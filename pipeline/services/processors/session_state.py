@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from pipeline.core.errors import EventError
-from pipeline.core.events import SURFACE_TYPES, Event, JsonValue
+from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import MessageChange, slot_changes, with_session
 from pipeline.core.surface import Replaced, SurfaceFold
 from pipeline.core.usage import SessionUsage, UsageSample
+from pipeline.core.validation import projected_message
 
 USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
 # What a session's table record and its Kafka key take beyond its surface and its strings
@@ -24,6 +25,9 @@ USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
 RECORD_FIXED_BYTES: Final = 2_048
 JSON_BYTES_PER_CHAR: Final = 6   # the worst case of a character in JSON: \uXXXX
 NODE_RESULT_BYTES: Final = 27    # a surface node's result digest in JSON (24 hex digits)
+# An event's message as JSON is at most this many times the event's Avro bytes (a field's
+# name is in the JSON only: a few characters against at least one byte in Avro).
+MESSAGE_BYTES_PER_EVENT_BYTE: Final = 24
 
 Table = MutableMapping[str, Any]
 
@@ -109,6 +113,17 @@ def kept_chars_after(state: SessionState, event: Event) -> int:
     return kept_chars(usage, fleet)
 
 
+def session_record_older(held: Any, incoming: Any) -> bool:
+    """Whether a ``sessions`` record is older than the one held: it expects an earlier seq
+    (a session's record only moves forward; two records of one seq are equal folds)."""
+    return int(incoming["next"]) < int(held["next"])
+
+
+def chunk_mark_older(held: Any, incoming: Any) -> bool:
+    """Whether a ``chunk_marks`` cursor is behind the one held."""
+    return int(incoming) < int(held)
+
+
 def next_expected(tables: SessionTables, session_id: str) -> int:
     """The seq the session's next record must carry (0 for an unknown session)."""
     state = tables.sessions.get(session_id)
@@ -147,3 +162,31 @@ def plan_event(state: SessionState, event: Event) -> FoldPlan:
     plan.fleet_changed = fleet.apply(event)
     state.fleet = fleet
     return plan
+
+
+def refuse_oversize(state: SessionState, event: Event, event_bytes: int, limit: int) -> None:
+    """Raise :class:`EventError` for an event after which the session's table record, or
+    its message's ``nodes`` record, might exceed ``limit`` (the producer's record limit):
+    the session stops there, dead-lettered, as at an invalid event. Written anyway, that
+    record would be refused at the next commit, and a refused table write stops every later
+    one of the worker (faust's producer buffer dies with it)."""
+    advice = ("the session stops here (a larger producer max request size, and max.message"
+              ".bytes on the changelog topics, lets it go on)")
+    # The event's strings replace some of those kept: it bounds what they can add.
+    bound = record_bytes_bound(state, event.seq,
+                               kept_chars(state.usage, state.fleet) + event_bytes)
+    if bound > limit:   # a large event or session: what it really keeps, then
+        bound = record_bytes_bound(state, event.seq, kept_chars_after(state, event))
+    if bound > limit:
+        raise EventError(f"folded, it could make the session's table record {bound:,} "
+                         f"bytes, above the {limit:,}-byte record limit of the producer; "
+                         f"{advice}", seq=event.seq, type=event.type,
+                         rule="session-record-size")
+    if event.type not in SURFACE_TYPES or MESSAGE_BYTES_PER_EVENT_BYTE * event_bytes + \
+            RECORD_FIXED_BYTES <= limit:
+        return   # its message cannot be that large: not worth serialising it
+    size = len(dumps_json(projected_message(event)).encode()) + RECORD_FIXED_BYTES
+    if size > limit:
+        raise EventError(f"its message takes {size:,} bytes as a table record, above "
+                         f"the {limit:,}-byte record limit of the producer; {advice}",
+                         seq=event.seq, type=event.type, rule="message-record-size")

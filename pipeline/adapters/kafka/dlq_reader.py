@@ -35,8 +35,10 @@ async def dead_lettered_offsets(settings: Settings, source_topic: str, partition
                                 since: int, *, timeout_s: float = 30.0) -> set[int]:
     """Offsets at or above ``since`` of ``source_topic``[``partition``] that its
     dead-letter topic holds. Raises :class:`BrokerError` when the topic cannot be read."""
+    # Read committed: a letter whose writer was fenced before it committed was never written.
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                isolation_level="read_committed")
     tp = TopicPartition(f"{source_topic}.dlq", partition)
     try:
         with broker_errors(f"read {tp.topic}[{partition}]", timeout_s=timeout_s):

@@ -47,10 +47,13 @@ class PartitionProducer:
     """The transactional producer of one owned inbox partition."""
 
     def __init__(self, settings: Settings, *, group_id: str, partition: int,
-                 transaction_timeout_ms: int = 60_000, request_timeout_s: float = 30.0) -> None:
+                 transaction_timeout_ms: int = 60_000, request_timeout_s: float = 30.0,
+                 transactional_id: str | None = None,
+                 owner: str = "driver owns inbox partition") -> None:
         self.group_id = group_id
         self.partition = partition
-        self.transactional_id = transactional_id_for(group_id, partition)
+        self.transactional_id = transactional_id or transactional_id_for(group_id, partition)
+        self.owner = owner   # what another owner is when this one is fenced
         self._settings = settings
         self._transaction_timeout_ms = transaction_timeout_ms
         self._request_timeout_s = request_timeout_s
@@ -140,7 +143,7 @@ class PartitionProducer:
             self.fenced = True
             raise FencedError(
                 f"producer {self.transactional_id} was fenced while trying to {what}: another "
-                f"driver owns inbox partition {self.partition} now "
+                f"{self.owner} {self.partition} now "
                 f"({type(exc.__cause__).__name__})") from exc.__cause__
 
     async def close(self) -> None:

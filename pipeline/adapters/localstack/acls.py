@@ -87,7 +87,9 @@ def _processors(s: Settings) -> list[AclRule]:
         AclRule("processors", "group", app, ("Read", "Describe"),
                 "faust's consumer group (the app id)", prefixed=True),
         AclRule("processors", "transactional-id", app, ("Write", "Describe"),
-                "faust's producers, should exactly-once be turned on", prefixed=True),
+                "the dead letters' producers, one per partition (`<app>-dlq-p<p>`: "
+                "a new owner fences the old); faust's, should exactly-once be turned on",
+                prefixed=True),
     ]
 
 

@@ -29,13 +29,14 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import faust
 
 from pipeline.adapters.faust.flushing import DirectTopic
+from pipeline.adapters.faust.tables import ChangelogTable, Older
 from pipeline.adapters.faust.transport import (
     before_assignment,
     forget_on_rebalance,
@@ -48,8 +49,10 @@ from pipeline.adapters.faust.transport import (
 )
 from pipeline.adapters.kafka.admin import retrying_transient
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
+from pipeline.adapters.kafka.dlq_writer import DeadLetterWriter
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.session_span import session_records_before
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.codec.outputs import OutputCodecs
 from pipeline.core.errors import ConfigError
@@ -68,7 +71,11 @@ from pipeline.services.processors.folding import (
 )
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
-from pipeline.services.processors.session_state import SessionTables
+from pipeline.services.processors.session_state import (
+    SessionTables,
+    chunk_mark_older,
+    session_record_older,
+)
 from pipeline.services.processors.web import register_views
 from pipeline.services.processors.worker import Processors
 from pipeline.settings import Settings
@@ -77,6 +84,10 @@ log = logging.getLogger(__name__)
 
 SESSION_TABLES = ("sessions", "nodes", "chunk-marks")
 USAGE_TABLE = "usage-agg"
+# How each session table tells a stale changelog record (a late write of a worker that lost
+# the partition) from the value it holds: see pipeline.adapters.faust.tables.
+TABLE_RECORD_OLDER: dict[str, Older] = {"sessions": session_record_older,
+                                        "chunk-marks": chunk_mark_older}
 
 
 def faust_broker_options(settings: Settings) -> dict[str, Any]:
@@ -139,6 +150,7 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         producer_max_request_size=settings.max_record_bytes,
         consumer_max_fetch_size=settings.max_record_bytes,
         Topic=DirectTopic,   # table writes skip a per-write event-loop detour
+        Table=ChangelogTable,   # changelogs with two writers at once (its module doc)
         # A killed worker's partitions move once its session expires: keep that short.
         broker_session_timeout=options.session_timeout_s,
         broker_heartbeat_interval=min(3.0, options.session_timeout_s / 3),
@@ -153,8 +165,8 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
     return app
 
 
-def _table(app: Any, name: str, partitions: int) -> Any:
-    table = app.Table(name, default=None, partitions=partitions, key_type=str)
+def _table(app: Any, name: str, partitions: int, older: Older | None = None) -> Any:
+    table = app.Table(name, default=None, partitions=partitions, key_type=str, older=older)
     # Raw UTF-8 keys (faust would JSON-quote them): the changelog key is then the session id
     # itself, so faust's router hashes it like the session topic's partitioner does and
     # forwards an HTTP request to the worker that really owns the session.
@@ -175,7 +187,8 @@ def build_processors(settings: Settings, decode: Decoder,
         raise ConfigError(f"usage window sizes must be positive, got {sizes}")
     app = _new_app(settings, options)
     parts = settings.partitions
-    tables = SessionTables(*(_table(app, name, parts) for name in SESSION_TABLES))
+    tables = SessionTables(*(_table(app, name, parts, TABLE_RECORD_OLDER.get(name))
+                             for name in SESSION_TABLES))
     processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts),
                             decode)
 
@@ -228,7 +241,10 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
                            route, outputs=outputs,
                            max_record_bytes=app.conf.producer_max_request_size,
                            dead_lettered=partial(dead_lettered_offsets, settings,
-                                                 settings.topics.session_events))
+                                                 settings.topics.session_events),
+                           read_back=partial(_read_back, settings,
+                                             processors.options.heal_span_max),
+                           dead_letter_sink=_dead_letter_writer(processors))
     processors.folder = folder
     folder.book.on_refused = stop_when_refused(stop, settings)
     folder.book.on_lost_write = stop_when_write_lost(stop)
@@ -252,6 +268,28 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
             release_records(event.message)
 
     app.agent(source, name="fold-sessions")(fold_sessions)
+
+
+def _dead_letter_writer(processors: Processors) -> DeadLetterWriter:
+    """The worker's writer of dead letters (one transactional producer per claimed
+    partition), stopped with the worker."""
+    writer = DeadLetterWriter(processors.settings,
+                              processors.options.app_id(processors.settings))
+
+    class WritingDeadLetters(faust.Service):
+        async def on_stop(self) -> None:
+            await writer.release()
+
+    processors.app.service(WritingDeadLetters)
+    return writer
+
+
+async def _read_back(settings: Settings, span_max: int, partition: int, session_id: str,
+                     from_seq: int, before_offset: int) -> Sequence[Any]:
+    """The heal's read of a session's records from the session topic (:mod:`.folding`)."""
+    return await session_records_before(settings, settings.topics.session_events, partition,
+                                        session_id, from_seq, before_offset,
+                                        max_span=span_max)
 
 
 async def _reread_pointer(follow: ProjectionFollow) -> None:

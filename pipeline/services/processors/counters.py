@@ -22,6 +22,9 @@ class DeliveryCounters:
     chunks_skipped_undecoded: int = _counted("Assistant chunks admitted without decoding them")
     duplicates: int = _counted("Events seen again (a seq already folded) and ignored")
     gaps: int = _counted("Seq gaps found (reported, the session waits)")
+    sessions_healed: int = _counted(
+        "Gaps between a worker's state and a valid log healed by reading the log back")
+    records_healed: int = _counted("Records read back from the log and folded by a heal")
     dead_letters: int = _counted("Records sent to the dead-letter topic")
     dead_letters_skipped: int = _counted(
         "Records read again after a crash that were dead-lettered before it")

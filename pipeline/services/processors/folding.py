@@ -9,12 +9,17 @@ worker hands over everything one fetch returned for a partition (see
 :meth:`SessionFolder.handle` is the same for a single record.
 
 Delivery rules (DESIGN.md section 2): a seq below the next expected one is a duplicate
-(skipped, counted); a seq above it is a gap (counted, logged, dead-lettered with the reason,
-never folded past); an ``assistant/chunk`` is recognised by its ``dsh.type`` header and only
-advances the session's cursor, without being decoded; a record that does not decode, or an
-event that breaks a surface rule, is dead-lettered and processing goes on. So is an event
-after which the session's table records could exceed the producer's record limit
-(:meth:`SessionFolder._refuse_oversize`): its session stops there, like at a broken rule.
+(skipped, counted). A seq above it means the worker's state is behind the log, and **the
+log is right**: the worker reads the session's missing records back from the session topic
+(``read_back``, a search back bounded by the session's own span) and folds them, with a
+metric and a log line naming the session (:meth:`SessionFolder._heal`). Only a gap the log
+itself has, or one after an event the session stopped at, is reported (counted, logged,
+dead-lettered with the reason, never folded past). An ``assistant/chunk`` is recognised by
+its ``dsh.type`` header and only advances the session's cursor, without being decoded; a
+record that does not decode, or an event that breaks a surface rule, is dead-lettered and
+processing goes on. So is an event after which the session's table records could exceed
+the producer's record limit (:func:`.session_state.refuse_oversize`): its session stops
+there, like at a broken rule. A record is dead-lettered at most once (:mod:`.dead_letters`).
 
 **Crash consistency.** The tables' changelogs are separate topics, so a kill -9 can lose
 any of the table writes not yet acknowledged; a batch's offsets are committed only after
@@ -47,8 +52,6 @@ failed provider attempt, or of a stream cut by a crash and closed by crash repai
 by no message.) Cursors are also cached in memory (``SessionTables.chunks``) together with
 the decoded states; both run ahead of the tables until the next persist (the HTTP views read
 them, :meth:`SessionFolder.current`) and are dropped on every rebalance.
-
-A record is dead-lettered once, also when read again after a crash (:mod:`.dead_letters`).
 """
 
 from __future__ import annotations
@@ -57,16 +60,15 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
+from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES
 from pipeline.adapters.kafka.records import (
     Headers,
-    InboxRecord,
     OutRecord,
-    headers_of,
 )
+from pipeline.adapters.kafka.session_span import record_seq
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import (
     HEADER_SEQ,
@@ -77,22 +79,22 @@ from pipeline.codec.records import (
 )
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
-from pipeline.core.events import SURFACE_TYPES, Event, dumps_json
+from pipeline.core.events import Event, dumps_json
 from pipeline.core.usage import session_record
-from pipeline.core.validation import projected_message
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.dead_letters import DeadLetterBook, DeadLettered
+from pipeline.services.processors.dead_letters import (
+    DeadLetterBook,
+    DeadLettered,
+    DeadLetterSink,
+)
 from pipeline.services.processors.persisting import BatchDone, ChangeBook
 from pipeline.services.processors.session_state import (
-    RECORD_FIXED_BYTES,
     FoldPlan,
     SessionState,
     SessionTables,
-    kept_chars,
-    kept_chars_after,
     next_expected,
     plan_event,
-    record_bytes_bound,
+    refuse_oversize,
 )
 from pipeline.settings import TopicNames
 
@@ -100,9 +102,6 @@ log = logging.getLogger(__name__)
 
 CHUNK: Final = "assistant/chunk"
 _CHUNK_TYPE: Final = CHUNK.encode()
-# An event's message as JSON is at most this many times the event's Avro bytes (a field's
-# name is in the JSON only: a few characters against at least one byte in Avro).
-MESSAGE_BYTES_PER_EVENT_BYTE: Final = 24
 STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unpersisted ones)
 
 Decoder = Callable[[bytes], tuple[str, Event]]
@@ -111,6 +110,12 @@ Decoder = Callable[[bytes], tuple[str, Event]]
 # Returns, when the sender has one, the record's delivery (awaitable until the broker
 # acknowledged it): see *Outputs before state* in SessionFolder.
 Send = Callable[[OutRecord], Awaitable[object]]
+
+
+# (partition, session, first seq wanted, below offset) -> the session's records from that
+# seq on below that offset, one per seq in seq order (the heal's read of the log:
+# :func:`pipeline.adapters.kafka.session_span.session_records_before` in the worker).
+ReadBack = Callable[[int, str, int, int], Awaitable[Sequence[ConsumedRecord]]]
 
 
 class DerivedRoute(Protocol):
@@ -169,8 +174,12 @@ class SessionFolder:
                  route: DerivedRoute | None = None, *,
                  outputs: OutputCodecs | None = None,
                  max_record_bytes: int = MAX_RECORD_BYTES,
-                 dead_lettered: DeadLettered | None = None) -> None:
+                 dead_lettered: DeadLettered | None = None,
+                 read_back: ReadBack | None = None,
+                 dead_letter_sink: DeadLetterSink | None = None) -> None:
         self.tables = tables
+        self.read_back = read_back   # the heal's reader of the log (None: gaps reported)
+        self.healing = False
         # Avro encoders of the output topics (single-object encoding unless given ones
         # with registry ids); the internal usage-by-model topic stays JSON.
         self.outputs = outputs or default_output_codecs()
@@ -184,7 +193,9 @@ class SessionFolder:
         self.states: dict[str, SessionState] = {}  # decoded, as folded so far; see forget()
         self.deliveries: list[Awaitable[object]] = []  # this batch's unacknowledged outputs
         self.book = ChangeBook(counters, self._drop_sessions)
-        self.dead_letters = DeadLetterBook(dead_lettered)
+        self.dead_letters = DeadLetterBook(dead_lettered, dead_letter_sink,
+                                           send=self._send, counters=counters,
+                                           max_record_bytes=max_record_bytes)
 
     async def persist(self) -> None:
         """Write what the folds changed to the tables (see :mod:`.persisting`)."""
@@ -199,6 +210,8 @@ class SessionFolder:
             self.states.clear()
             self.deliveries.clear()
             self.dead_letters.forget()
+        if self.dead_letters.sink is not None:   # claimed again before the next letter
+            await self.dead_letters.sink.release()
         if dropped:
             log.info("%d folded batches not persisted before the rebalance: their "
                      "partitions' owners fold them again from the committed offset", dropped)
@@ -235,19 +248,16 @@ class SessionFolder:
             try:
                 for record in records:
                     self.counters.records += 1
-                    seq = chunk_seq(record.headers)
-                    session_id = _session_of(record.key) if seq is not None else None
-                    if seq is not None and session_id is not None:
-                        await self._chunk(batch, record, session_id, seq)
-                    else:
-                        await self._event(batch, record)
+                    await self._fold_record(batch, record)
                 await self._publish_last_values(
                     batch, source_headers(first.partition, records[-1].offset))
+                await self.dead_letters.write_batch(first.partition)
                 self._finish(batch, first.partition, done)
             except BaseException:
                 # The cached states of the partition may hold changes half made: the
                 # partition's unpersisted batches are given up with this one.
                 self.deliveries = []
+                self.dead_letters.drop_batch()
                 self._drop_sessions(self.book.give_up_partition(first.partition)
                                     | set(batch.started))
                 raise
@@ -276,18 +286,30 @@ class SessionFolder:
             batch.cursors[session_id] = batch.started[session_id] = cursor
         return cursor
 
-    def _admit(self, batch: _Batch, session_id: str, seq: int) -> Delivery:
+    async def _fold_record(self, batch: _Batch, record: ConsumedRecord) -> None:
+        seq = chunk_seq(record.headers)
+        session_id = _session_of(record.key) if seq is not None else None
+        if seq is not None and session_id is not None:
+            await self._chunk(batch, record, session_id, seq)
+        else:
+            await self._event(batch, record)
+
+    async def _admit(self, batch: _Batch, record: ConsumedRecord, session_id: str, seq: int,
+                     type_: str) -> Delivery:
+        """Whether to apply the record: a gap is healed from the log when it can be
+        (:meth:`_heal`), else reported."""
         verdict = classify(self._cursor(batch, session_id), seq)
         if verdict is Delivery.DUPLICATE:
             self.counters.duplicates += 1
+        elif verdict is Delivery.GAP:
+            if await self._heal(batch, record, session_id, seq):
+                return Delivery.APPLY
+            await self._report_gap(batch, record, session_id, seq, type_)
         return verdict
 
     async def _chunk(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      seq: int) -> None:
-        verdict = self._admit(batch, session_id, seq)
-        if verdict is Delivery.GAP:
-            await self._report_gap(batch, record, session_id, seq, CHUNK)
-        elif verdict is Delivery.APPLY:
+        if await self._admit(batch, record, session_id, seq, CHUNK) is Delivery.APPLY:
             batch.cursors[session_id] = seq + 1
             self.counters.chunks_skipped_undecoded += 1
 
@@ -297,11 +319,42 @@ class SessionFolder:
         except CodecError as exc:
             await self._dead_letter(record, exc)
             return
-        verdict = self._admit(batch, session_id, event.seq)
-        if verdict is Delivery.GAP:
-            await self._report_gap(batch, record, session_id, event.seq, event.type)
-        elif verdict is Delivery.APPLY and await self._apply(batch, record, session_id, event):
+        verdict = await self._admit(batch, record, session_id, event.seq, event.type)
+        if verdict is Delivery.APPLY and await self._apply(batch, record, session_id, event):
             batch.cursors[session_id] = event.seq + 1
+
+    async def _heal(self, batch: _Batch, record: ConsumedRecord, session_id: str,
+                    seq: int) -> bool:
+        """The session's state is behind its log (a gap on a valid log, or an unknown
+        session whose first record is not seq 0): the log is right. Reads the missing
+        records back (``read_back``) and folds them; True when the session now expects
+        ``seq``. Not for a session stopped at an invalid event or a real gap (its later
+        seqs are gaps of the log's own), nor while healing (no nesting). A read that fails
+        raises: the batch is folded again, nothing is dead-lettered for it."""
+        if self.read_back is None or self.healing or self._state(batch, session_id).stalled:
+            return False
+        expected = self._cursor(batch, session_id)
+        earlier = await self.read_back(record.partition, session_id, expected, record.offset)
+        self.healing = True
+        try:
+            for found in earlier:
+                cursor = self._cursor(batch, session_id)
+                if cursor >= seq or record_seq(found) != cursor:
+                    break   # done, or a hole in the log below the record
+                await self._fold_record(batch, found)
+                if self._cursor(batch, session_id) == cursor:
+                    break   # refused by the fold (the log's own fault, handled back then)
+        finally:
+            self.healing = False
+        healed = self._cursor(batch, session_id) == seq
+        self.counters.sessions_healed += healed
+        self.counters.records_healed += self._cursor(batch, session_id) - expected
+        log.warning("session %s: the worker expected seq %d at %s[%d] offset %d, found %d: "
+                    "%s %d records read back from the log", session_id, expected, record.topic,
+                    record.partition, record.offset, seq,
+                    "rebuilt from" if healed else "NOT healed (a hole in the log) after",
+                    self._cursor(batch, session_id) - expected)
+        return healed
 
     def _state(self, batch: _Batch, session_id: str) -> SessionState:
         state = batch.states.get(session_id) or self.states.get(session_id)
@@ -332,23 +385,15 @@ class SessionFolder:
         await self._dead_letter(record, error)
 
     async def _dead_letter(self, record: ConsumedRecord, error: Exception) -> None:
-        if await self.dead_letters.already(record.partition, record.offset):
-            self.counters.dead_letters_skipped += 1
-            return
-        self.counters.dead_letters += 1
-        if not isinstance(error, SequenceError):
-            log.warning("dead letter from %s[%d]@%d: %s: %s", record.topic, record.partition,
-                        record.offset, type(error).__name__, error)
-        letter = dead_letter(_inbox_record(record), error, self.max_record_bytes)
-        await self._send(replace(letter, partition=record.partition))
-        await self.dead_letters.add(record.partition, record.offset)
+        if not self.healing:   # read back below the committed offset: handled back then
+            await self.dead_letters.letter(record, error)
 
     async def _apply(self, batch: _Batch, record: ConsumedRecord, session_id: str,
                      event: Event) -> bool:
         """Fold ``event``; False when it breaks a rule (dead-lettered, nothing changed)."""
         state = self._state(batch, session_id)
         try:
-            self._refuse_oversize(state, event, len(record.value or b""))
+            refuse_oversize(state, event, len(record.value or b""), self.max_record_bytes)
             plan = plan_event(state, event)
         except EventError as exc:
             # The fold cannot go on correctly: the session stops here (later seqs are gaps).
@@ -377,34 +422,6 @@ class SessionFolder:
         for out in outgoing:
             await self._send(out)
         return True
-
-    def _refuse_oversize(self, state: SessionState, event: Event, event_bytes: int) -> None:
-        """Raise :class:`EventError` for an event after which the session's table record,
-        or its message's ``nodes`` record, might exceed the producer's record limit: the
-        session stops there, dead-lettered, as at an invalid event. Written anyway, that
-        record would be refused at the next commit, and a refused table write stops every
-        later one of the worker (faust's producer buffer dies with it)."""
-        limit, advice = self.max_record_bytes, (
-            "the session stops here (a larger producer max request size, and max.message"
-            ".bytes on the changelog topics, lets it go on)")
-        # The event's strings replace some of those kept: it bounds what they can add.
-        bound = record_bytes_bound(state, event.seq,
-                                   kept_chars(state.usage, state.fleet) + event_bytes)
-        if bound > limit:   # a large event or session: what it really keeps, then
-            bound = record_bytes_bound(state, event.seq, kept_chars_after(state, event))
-        if bound > limit:
-            raise EventError(f"folded, it could make the session's table record {bound:,} "
-                             f"bytes, above the {limit:,}-byte record limit of the producer; "
-                             f"{advice}", seq=event.seq, type=event.type,
-                             rule="session-record-size")
-        if event.type not in SURFACE_TYPES or MESSAGE_BYTES_PER_EVENT_BYTE * event_bytes + \
-                RECORD_FIXED_BYTES <= limit:
-            return   # its message cannot be that large: not worth serialising it
-        size = len(dumps_json(projected_message(event)).encode()) + RECORD_FIXED_BYTES
-        if size > limit:
-            raise EventError(f"its message takes {size:,} bytes as a table record, above "
-                             f"the {limit:,}-byte record limit of the producer; {advice}",
-                             seq=event.seq, type=event.type, rule="message-record-size")
 
     def _outputs(self, session_id: str, seq: int, plan: FoldPlan, record: ConsumedRecord
                  ) -> list[OutRecord]:
@@ -490,8 +507,3 @@ def _session_of(key: bytes | None) -> str | None:
         return None  # decoding decides (and dead-letters)
 
 
-def _inbox_record(record: ConsumedRecord) -> InboxRecord:
-    if isinstance(record, InboxRecord):
-        return record
-    return InboxRecord(record.topic, record.partition, record.offset, record.key,
-                       record.value, headers_of(record.headers))

@@ -39,6 +39,9 @@ class ProcessorsOptions:
     ``bench/bench_processors.py``; docs/decisions/benchmark-notes-sessions-5-9.md). A backlog
     is fetched in full-size fetches either way.
     ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
+    ``heal_span_max``: how far back (in offsets of the session's partition) a worker reads
+    the log to heal a session whose state is behind it (:mod:`.folding`); a session whose
+    missing records lie further back is reported as a gap instead.
     """
 
     web_port: int = 6066
@@ -54,6 +57,7 @@ class ProcessorsOptions:
     fetch_max_wait_ms: int = 5
     fetch_min_bytes: int = 8_192
     freeze_gc: bool = True
+    heal_span_max: int = 10_000_000
     data_dir: str = ".cache/state/processors"
     app_name: str = PROCESSORS_APP_NAME
 
@@ -74,6 +78,8 @@ class ProcessorsOptions:
         if not 0 < self.fetch_min_bytes <= MAX_FETCH_MIN_BYTES:
             raise ConfigError(f"fetch min bytes must be 1..{MAX_FETCH_MIN_BYTES}, got "
                               f"{self.fetch_min_bytes}")
+        if self.heal_span_max < 1:
+            raise ConfigError(f"heal span must be >= 1 offset, got {self.heal_span_max}")
         if self.producer_buffer < 1:
             raise ConfigError(f"producer buffer must be >= 1 record, got {self.producer_buffer}")
         if not self.store.startswith(("memory://", "rocksdb://")):

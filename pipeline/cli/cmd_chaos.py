@@ -22,9 +22,9 @@ from types import FrameType
 from typing import Any, Final
 
 from pipeline.adapters.localstack.artifacts import default_cache_dir
-from pipeline.cli.chaos.campaign import Campaign, CampaignOptions, derive_seed
+from pipeline.cli.chaos.campaign import Campaign, CampaignOptions, Outcome, derive_seed
 from pipeline.cli.chaos.fleet import DEFAULT_STORE
-from pipeline.cli.chaos.report import write_raw, write_report
+from pipeline.cli.chaos.report import write_raw, write_report, write_seeds_report
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -41,6 +41,10 @@ def register(subparsers: Any) -> None:
                         help="minutes of load: 15%% without faults, the rest with (15)")
     parser.add_argument("--seed", type=int, default=None, metavar="S",
                         help="seed of the load and the faults (default: a random one, printed)")
+    parser.add_argument("--seeds", type=int, default=None, metavar="N",
+                        help="run N campaigns in a row, each with a seed taken from the clock, "
+                             "and report each seed with its result (one report: a summary, "
+                             "then each campaign's section); exit 1 if any failed")
     parser.add_argument("--sessions", type=int, default=200, metavar="N",
                         help="agent sessions receiving inbox commands (200)")
     parser.add_argument("--rate", type=float, default=4.0, metavar="R",
@@ -54,22 +58,52 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--report", type=Path, default=Path("CHAOS.md"), metavar="FILE",
                         help="where to write the report (CHAOS.md)")
     parser.add_argument("--workdir", type=Path, default=None, metavar="DIR",
-                        help="logs and broker data (default <cache>/chaos/<seed>-<time>)")
+                        help="logs and broker data (default <cache>/chaos/<seed>-<time>; "
+                             "with --seeds, DIR/<seed>-<time> for each campaign)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.minutes <= 0 or args.sessions < 1 or args.rate <= 0:
         raise ConfigError("--minutes and --rate must be positive and --sessions at least 1")
-    seed = derive_seed(args.seed)
+    if args.seeds is None:
+        outcome, command = _campaign(args, settings, derive_seed(args.seed))
+        write_report(outcome, args.report, command)
+        _progress(f"report: {args.report}")
+        return 0 if outcome.ok else 1
+    if args.seeds < 1 or args.seed is not None:
+        raise ConfigError("--seeds takes a count of at least 1, and no --seed with it")
+    runs: list[tuple[Outcome, str]] = []
+    for number in range(1, args.seeds + 1):
+        seed = clock_seed()
+        _progress(f"campaign {number} of {args.seeds}: seed {seed}")
+        runs.append(_campaign(args, settings, seed))
+        write_seeds_report(runs, args.seeds, args.report)   # after each: a stop keeps it
+        _progress(f"campaign {number} of {args.seeds}, seed {seed}: "
+                  f"{'PASS' if runs[-1][0].ok else 'FAIL'} (report: {args.report})")
+    failed = [outcome.options.seed for outcome, _ in runs if not outcome.ok]
+    _progress(f"{args.seeds - len(failed)} of {args.seeds} campaigns passed"
+              + (f"; failed seeds: {', '.join(map(str, failed))}" if failed else ""))
+    return 1 if failed else 0
+
+
+def clock_seed() -> int:
+    """A seed nobody chose: the clock's milliseconds, folded into 1..999,999."""
+    return int(time.time() * 1000) % 999_999 + 1
+
+
+def _campaign(args: argparse.Namespace, settings: Settings, seed: int
+              ) -> tuple[Outcome, str]:
+    """One campaign with ``seed``: its outcome and the command that reruns it."""
     total_s = args.minutes * 60
     baseline_s = max(MIN_BASELINE_S, BASELINE_SHARE * total_s)
-    workdir = args.workdir or (default_cache_dir() / "chaos"
-                               / f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_name = f"{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    workdir = (default_cache_dir() / "chaos" / run_name if args.workdir is None
+               else args.workdir / run_name if args.seeds else args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     # The campaign's own clients log every refused connection while a node is down: to a
     # file, so that the progress lines stay readable.
-    logging.basicConfig(filename=workdir / "campaign.log", level=logging.WARNING,
+    logging.basicConfig(filename=workdir / "campaign.log", level=logging.WARNING, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = CampaignOptions(seed=seed, sessions=args.sessions, baseline_s=baseline_s,
                               fault_s=max(30.0, total_s - baseline_s), workdir=workdir,
@@ -85,7 +119,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                f"--sessions {args.sessions} --rate {args.rate:g}")
     if args.store != DEFAULT_STORE:
         command += f" --store {shlex.quote(args.store)}"
-    write_report(outcome, args.report, command)
     write_raw(outcome, workdir)
     for result in [*outcome.results, *outcome.periodic]:
         mark = "held" if result.ok else "VIOLATED"
@@ -94,8 +127,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             _progress(f"  {violation}")
         for note in result.notes:
             _progress(f"  note: {note}")
-    _progress(f"report: {args.report}")
-    return 0 if outcome.ok else 1
+    return outcome, command
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -197,6 +197,35 @@ def _fault_log(outcome: Outcome) -> list[str]:
     return lines
 
 
+def render_seeds(runs: Sequence[tuple[Outcome, str]], planned: int) -> str:
+    """The report of ``--seeds``: a row per campaign (seed, result, what failed, the
+    command to rerun it), then each campaign's own report one heading level down, under a
+    heading that names its seed and result."""
+    passed = sum(outcome.ok for outcome, _ in runs)
+    lines = ["# CHAOS.md: chaos campaigns with seeds from the clock", "",
+             f"{len(runs)} of {planned} campaigns run, {passed} passed "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}).",
+             "", "| # | seed | result | invariants violated | faults | rerun |",
+             "|---:|---:|---|---|---:|---|"]
+    for number, (outcome, command) in enumerate(runs, 1):
+        violated = [r.name for r in [*outcome.results, *outcome.periodic] if not r.ok]
+        faults = len(outcome.faults.log) if outcome.faults else 0
+        lines.append(f"| {number} | {outcome.options.seed} | "
+                     f"{'PASS' if outcome.ok else '**FAIL**'} | "
+                     f"{'; '.join(violated) or '-'} | {faults} | `{command}` |")
+    for number, (outcome, command) in enumerate(runs, 1):
+        body = render(outcome, command).splitlines()[1:]   # its own title goes
+        lines += ["", f"## Campaign {number}: seed {outcome.options.seed}, "
+                      f"{'PASS' if outcome.ok else 'FAIL'}",
+                  *(("#" + line) if line.startswith("#") else line for line in body)]
+    return "\n".join(lines) + "\n"
+
+
+def write_seeds_report(runs: Sequence[tuple[Outcome, str]], planned: int, path: Path
+                       ) -> None:
+    path.write_text(render_seeds(runs, planned), encoding="utf-8")
+
+
 def write_report(outcome: Outcome, path: Path, command: str) -> None:
     path.write_text(render(outcome, command), encoding="utf-8")
 

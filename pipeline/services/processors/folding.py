@@ -184,7 +184,7 @@ class SessionFolder:
         # with registry ids); the internal usage-by-model topic stays JSON.
         self.outputs = outputs or default_output_codecs()
         self.route = route  # None: always the derived-messages topic of ``topics``
-        self.max_record_bytes = max_record_bytes
+        self._max_record_bytes = max_record_bytes
         self.send = send
         self.decode = decode
         self.topics = topics
@@ -196,6 +196,15 @@ class SessionFolder:
         self.dead_letters = DeadLetterBook(dead_lettered, dead_letter_sink,
                                            send=self._send, counters=counters,
                                            max_record_bytes=max_record_bytes)
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The producer's record limit: no table record, output or dead letter above it."""
+        return self._max_record_bytes
+
+    @max_record_bytes.setter
+    def max_record_bytes(self, limit: int) -> None:
+        self._max_record_bytes = self.dead_letters.max_record_bytes = limit
 
     async def persist(self) -> None:
         """Write what the folds changed to the tables (see :mod:`.persisting`)."""

@@ -48,7 +48,8 @@ from pipeline.core.usage import (
     window_record,
 )
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.folding import Send, json_bytes
+from pipeline.services.processors.folding import Send
+from pipeline.services.processors.records import json_bytes
 from pipeline.services.processors.session_state import Table
 
 log = logging.getLogger(__name__)

@@ -21,24 +21,18 @@ processing goes on. So is an event after which the session's table records could
 the producer's record limit (:func:`.session_state.refuse_oversize`): its session stops
 there, like at a broken rule. A record is dead-lettered at most once (:mod:`.dead_letters`).
 
-**Crash consistency.** The tables' changelogs are separate topics, so a kill -9 can lose
-any of the table writes not yet acknowledged; a batch's offsets are committed only after
-its table writes were made and acknowledged, and a session's record only after the nodes it
-names (:mod:`.persisting`). Everything the batches decide for one session
-(next seq, surface slots, usage, fleet status) is ONE record of the ``sessions`` table,
-written once per commit by :mod:`.persisting` (which also says why): after a crash it holds
-all of the session's events since the previous commit or none, and redelivery from the
-committed offset skips what it holds and applies the rest once. ``nodes`` (the projected
-message of each LIVE surface node: a replace deletes the nodes it takes off) is written by
-the same persist, before the records, and is idempotent. Nothing a session keeps grows with
-its number of events: the record holds the live surface
-(:class:`~pipeline.core.surface.SurfaceFold`, no history), and ``?at_seq=`` is read back
-from the session topic. Outputs are sent at once and acknowledged before the state is
-written, so a crash can only repeat them (same key and value on the compacted topics; the
-per-model stage drops a repeated sample by seq). Fleet status and session usage are
-published once per session per batch (their last value: the topics are compacted); derived-
-message changes one record per change. Output values are Avro
-(:mod:`pipeline.codec.outputs`); usage samples to the internal per-model topic stay JSON.
+**Crash consistency** (the rules are :mod:`.persisting`'s): a batch's offsets are committed
+only once its outputs are acknowledged and its table writes made and acknowledged (nodes
+before the session records that name them). Everything the batches decide for one session
+is ONE ``sessions`` record, written once per commit: after a crash it holds all of the
+session's events since the previous commit or none, and redelivery from the committed
+offset skips what it holds and applies the rest once. ``nodes`` holds the projected message
+of each LIVE surface node only; nothing a session keeps grows with its number of events
+(``?at_seq=`` is read back from the session topic). Outputs are sent at once, so a crash can
+only repeat them (same key and value on the compacted topics; the per-model stage drops a
+repeated sample by seq). Fleet status and session usage are published once per session per
+batch, derived-message changes one record per change; values are Avro
+(:mod:`pipeline.codec.outputs`), usage samples to the internal per-model topic JSON.
 
 **Chunks and gaps after a kill -9.** Chunks (about 80% of the records) change no table but
 move the session's cursor. At every persist the cursor of each session they moved is
@@ -71,15 +65,12 @@ from pipeline.adapters.kafka.records import (
 from pipeline.adapters.kafka.session_span import record_seq
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import (
-    HEADER_SEQ,
-    HEADER_TYPE,
     ConsumedRecord,
-    session_id_of_key,
     source_headers,
 )
 from pipeline.core.dedup import Delivery
 from pipeline.core.errors import BrokerError, CodecError, EventError, SequenceError
-from pipeline.core.events import Event, dumps_json
+from pipeline.core.events import Event
 from pipeline.core.usage import session_record
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.dead_letters import (
@@ -88,6 +79,13 @@ from pipeline.services.processors.dead_letters import (
     DeadLetterSink,
 )
 from pipeline.services.processors.persisting import BatchDone, ChangeBook
+from pipeline.services.processors.records import (
+    CHUNK,
+    chunk_seq,
+    classify,
+    json_bytes,
+    session_of,
+)
 from pipeline.services.processors.session_state import (
     FoldPlan,
     SessionState,
@@ -100,8 +98,6 @@ from pipeline.settings import TopicNames
 
 log = logging.getLogger(__name__)
 
-CHUNK: Final = "assistant/chunk"
-_CHUNK_TYPE: Final = CHUNK.encode()
 STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unpersisted ones)
 
 Decoder = Callable[[bytes], tuple[str, Event]]
@@ -124,34 +120,6 @@ class DerivedRoute(Protocol):
 
     async def gate(self, partition: int, offset: int) -> str | None: ...
     def topic_for(self, partition: int, offset: int) -> str | None: ...
-
-
-def classify(expected: int, seq: int) -> Delivery:
-    if seq < expected:
-        return Delivery.DUPLICATE
-    return Delivery.GAP if seq > expected else Delivery.APPLY
-
-
-def json_bytes(value: Any) -> bytes | None:
-    return None if value is None else dumps_json(value).encode("utf-8")
-
-
-def chunk_seq(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
-    """The seq of a chunk record from its headers; None for any other or unreadable record.
-
-    The hot path of the worker (most records are chunks), hence no general header parsing:
-    as in :func:`pipeline.codec.records.read_headers` the last header of a name wins, and a
-    record whose headers are malformed is left to decoding, which decides (and dead-letters).
-    """
-    type_ = seq = None
-    for name, value in headers or ():
-        if name == HEADER_TYPE:
-            type_ = value
-        elif name == HEADER_SEQ:
-            seq = value
-    if type_ != _CHUNK_TYPE or seq is None or len(seq) > 20 or not seq.isdigit():
-        return None
-    return int(seq)
 
 
 @dataclass(slots=True)
@@ -297,7 +265,7 @@ class SessionFolder:
 
     async def _fold_record(self, batch: _Batch, record: ConsumedRecord) -> None:
         seq = chunk_seq(record.headers)
-        session_id = _session_of(record.key) if seq is not None else None
+        session_id = session_of(record.key) if seq is not None else None
         if seq is not None and session_id is not None:
             await self._chunk(batch, record, session_id, seq)
         else:
@@ -507,12 +475,3 @@ class SessionFolder:
 
 def _nothing() -> None:
     """The "folded" mark of a batch nobody waits for (unit tests, a record alone)."""
-
-
-def _session_of(key: bytes | None) -> str | None:
-    try:
-        return session_id_of_key(key)
-    except CodecError:
-        return None  # decoding decides (and dead-letters)
-
-

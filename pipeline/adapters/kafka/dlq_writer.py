@@ -43,14 +43,15 @@ class DeadLetterWriter:
 
     async def claim(self, partition: int) -> None:
         """Fence every earlier writer of ``partition``'s dead letters (a new producer, even
-        if this worker had one: another may have claimed the partition since)."""
-        await self._release(partition)
+        if this worker had one: another may have claimed the partition since). The new one
+        starts first: this worker's old one is fenced by it, then closed."""
         producer = PartitionProducer(self._settings, group_id=self._app_id,
                                      partition=partition, owner="processors worker claimed "
                                      "the dead letters of partition",
                                      transactional_id=dlq_transactional_id(self._app_id,
                                                                            partition))
         await producer.start()
+        await self._release(partition)
         self._producers[partition] = producer
 
     async def write(self, partition: int, letters: Sequence[OutRecord]) -> None:

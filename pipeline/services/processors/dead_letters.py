@@ -66,9 +66,11 @@ class DeadLetterBook:
         self.first_offsets.setdefault(partition, offset)
 
     def forget(self) -> None:
-        """Partitions moved: the next batches start again from the committed offsets."""
+        """Partitions moved: the next batches start again from the committed offsets, and a
+        partition's next dead letter claims it again (another owner may have had it)."""
         self.first_offsets.clear()
         self.dead.clear()
+        self.letters = []
 
     async def letter(self, record: ConsumedRecord, error: Exception) -> None:
         """Dead-letter ``record`` for ``error``, unless it was before: with a sink at the

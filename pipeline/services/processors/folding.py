@@ -187,8 +187,6 @@ class SessionFolder:
             self.states.clear()
             self.deliveries.clear()
             self.dead_letters.forget()
-        if self.dead_letters.sink is not None:   # claimed again before the next letter
-            await self.dead_letters.sink.release()
         if dropped:
             log.info("%d folded batches not persisted before the rebalance: their "
                      "partitions' owners fold them again from the committed offset", dropped)

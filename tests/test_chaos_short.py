@@ -88,6 +88,7 @@ async def test_each_provider_fault_reaches_the_adapter_as_an_error(kind: str) ->
 def test_every_fault_kind_is_planned_at_least_once_in_the_short_run() -> None:
     plan = FaultPlan.for_duration(100)
     assert plan.service_kills >= 4 and plan.broker_kills >= 1 and plan.stops >= 1
+    assert plan.processors_stops >= 1
     assert plan.toxics >= len(TOXICS)
     assert plan.provider_windows >= len(FAULT_KINDS)
     assert plan.garbage >= 2 * len(GARBAGE)  # each kind into the inbox and the session topic
@@ -137,6 +138,7 @@ def test_short_campaign_holds_every_invariant(campaign: Campaign) -> None:
     text = campaign.report
     assert text, f"no report; exit {campaign.returncode}\n{campaign.stderr[-6000:]}"
     for kind in ("kill-driver", "kill-processors", "kill-broker", "stop-driver",
+                 "stop-processors",
                  *(f"net-{t}" for t in TOXICS), *(f"provider-{k}" for k in FAULT_KINDS),
                  *(f"garbage-{g}" for g in GARBAGE)):
         assert re.search(rf"^\| {re.escape(kind)} \| [1-9]", text, re.M), kind

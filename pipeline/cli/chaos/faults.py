@@ -8,6 +8,10 @@ One loop per family, each bounded by a count and by the phase's deadline:
 - ``kill-broker``: ``kill -9`` of one node (never two at once), restarted after a pause;
 - ``stop-driver``: ``SIGSTOP`` of a driver for longer than its group session timeout, then
   ``SIGCONT``: the zombie must be fenced (its lines mentioning fencing are counted);
+- ``stop-processors``: the same for a processors worker, which folds no transactions: the
+  zombie resumes with fetched batches and table writes in flight, and writes to changelog
+  partitions that another worker owns by then (a changelog with two writers; drawn from a
+  random stream of its own, so that the other families draw as before);
 - ``net-<toxic>``: a Toxiproxy toxic on one broker's proxy for a few seconds (latency with
   jitter, timeout, reset_peer, bandwidth), in turn;
 - ``provider-<kind>``: the provider answers with that fault at a high rate for a while
@@ -32,7 +36,12 @@ import aiohttp
 from pipeline.adapters.chaos.answers import FAULT_KINDS
 from pipeline.adapters.chaos.cluster import ProxiedKafka
 from pipeline.adapters.chaos.sender import Sender
-from pipeline.cli.chaos.fleet import DRIVER_SESSION_TIMEOUT_MS, Fleet, Service
+from pipeline.cli.chaos.fleet import (
+    DRIVER_SESSION_TIMEOUT_MS,
+    PROCESSORS_SESSION_TIMEOUT_S,
+    Fleet,
+    Service,
+)
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import DshError
@@ -79,6 +88,7 @@ class FaultPlan:
     toxics: int
     provider_windows: int
     garbage: int
+    processors_stops: int = 0
 
     @classmethod
     def for_duration(cls, seconds: float) -> FaultPlan:
@@ -86,7 +96,8 @@ class FaultPlan:
                    broker_kills=max(1, round(seconds / 65)), stops=max(1, round(seconds / 150)),
                    toxics=max(4, round(seconds / 15)),
                    provider_windows=max(len(FAULT_KINDS), round(seconds / 30)),
-                   garbage=max(2 * len(GARBAGE), round(seconds / 20)))
+                   garbage=max(2 * len(GARBAGE), round(seconds / 20)),
+                   processors_stops=max(1, round(seconds / 100)))
 
 
 class Faults:
@@ -97,6 +108,7 @@ class Faults:
         self.fleet = fleet
         self.sender = sender
         self.rng = random.Random(seed ^ 0x5EED)
+        self.stop_rng = random.Random(seed ^ 0x5709)   # stop-processors' own draws
         self.progress = progress
         self.log: list[FaultRecord] = []
         self.garbage: list[GarbageRecord] = []
@@ -111,17 +123,22 @@ class Faults:
             (plan.stops, self._stop_driver), (plan.toxics, self._toxic),
             (plan.provider_windows, self._provider_window), (plan.garbage, self._garbage)]
         await asyncio.gather(*(self._paced(count, action, plan.seconds, deadline)
-                               for count, action in families))
+                               for count, action in families),
+                             self._paced(plan.processors_stops, self._stop_processors,
+                                         plan.seconds, deadline, self.stop_rng))
         if self._measuring:
             await asyncio.wait(self._measuring, timeout=TAKEOVER_BUDGET_S)
 
     async def _paced(self, count: int, action: Callable[[int], Awaitable[None]],
-                     seconds: float, deadline: float) -> None:
+                     seconds: float, deadline: float, rng: random.Random | None = None
+                     ) -> None:
         """``count`` faults, one per slot of ``seconds / count``, at a random point of it."""
-        slot = seconds / count
+        if count < 1:
+            return
+        slot, rng = seconds / count, rng or self.rng
         began = time.monotonic()
         for n in range(count):
-            at = began + slot * n + self.rng.uniform(0.05, 0.6) * slot
+            at = began + slot * n + rng.uniform(0.05, 0.6) * slot
             await asyncio.sleep(max(0.0, at - time.monotonic()))
             if time.monotonic() >= deadline:
                 return
@@ -211,6 +228,18 @@ class Faults:
         await asyncio.sleep(5.0)
         record.detail["fenced_lines"] = _count_after(victim.log_path, size,
                                                      ("fenced", "Fenced", "revoked"))
+
+    async def _stop_processors(self, n: int) -> None:
+        workers = [s for s in self.fleet.services.values() if s.kind == "processors"]
+        if not await _until(lambda: all(s.alive() and not s.stopped for s in workers)):
+            return
+        victim = self.stop_rng.choice(workers)
+        seconds = PROCESSORS_SESSION_TIMEOUT_S + self.stop_rng.uniform(3.0, 8.0)
+        record = self._record("stop-processors", victim.name, stopped_s=round(seconds, 2))
+        self.fleet.pause(victim)
+        await asyncio.sleep(seconds)
+        self.fleet.resume(victim)
+        record.ended = time.monotonic()
 
     # -- network, provider, garbage -------------------------------------------------------
 

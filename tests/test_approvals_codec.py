@@ -14,6 +14,7 @@ from pipeline.core.errors import EventError
 from pipeline.core.events import Event
 from pipeline.core.fleet import FleetStatus, fleet_counters
 from pipeline.core.inbox import Approve, Configure, Deny, FollowUp, command_from_json
+from pipeline.sdk import PendingApproval, pending_approvals
 
 COMMANDS = [
     Approve("s1", "a1", "call-1"),
@@ -62,3 +63,13 @@ def test_the_fleet_row_shows_the_pending_approval_until_it_is_decided() -> None:
                                                   "callId": "c2"}))
     status.apply(Event("turn/end", 4, 60, {"turn": 1, "reason": {"kind": "interrupted"}}))
     assert status.approval_call_id is None
+
+
+def test_the_sdk_lists_pending_approvals_oldest_first() -> None:
+    rows = {"s1": FleetStatus("s1").to_json(),
+            "s2": {**FleetStatus("s2").to_json(), "approval_call_id": "c2",
+                   "approval_tool": "bash", "approval_since_ms": 200},
+            "s3": {**FleetStatus("s3").to_json(), "approval_call_id": "c3",
+                   "approval_tool": None, "approval_since_ms": 100}}
+    assert pending_approvals(rows) == [PendingApproval("s3", "c3", None, 100),
+                                       PendingApproval("s2", "c2", "bash", 200)]

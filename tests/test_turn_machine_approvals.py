@@ -9,6 +9,7 @@ from test_turn_machine_harness import CONFIG, counter_ids, text_reply, tool_repl
 
 from pipeline.core.approvals import ApprovalRules, waiting_approval
 from pipeline.core.events import Event
+from pipeline.core.genai_spans import SessionTraces, build_spans
 from pipeline.core.inbox import Approve, Cancel, Configure, Deny, FollowUp, Steer
 from pipeline.core.log import SessionLog
 from pipeline.core.repair import repair_closers
@@ -254,3 +255,20 @@ def test_an_approve_with_nothing_waiting_is_refused() -> None:
     driven.run()
     [refused] = of_type(driven.events, "dsh-pipeline/approval-refused")
     assert refused.data["refusal"] == "refused: tool call 'nope' is not waiting for approval"
+
+
+def test_otel_records_the_wait_as_span_events_of_the_tool_span() -> None:
+    driven, _ = started_waiting(("c1", "bash", "{}"))
+    driven.time += 5_000  # the person takes 5 s
+    driven.submit(Approve("s1", "a1", "c1"))
+    driven.run()
+    traces = SessionTraces("s1")
+    ended = [t for i, e in enumerate(driven.machine.log.events)
+             if (t := traces.add(e, i)) is not None]
+    [tool_span] = [s for s in build_spans(ended[0]) if s.name == "execute_tool bash"]
+    asked, decided = tool_span.events
+    assert asked.name == "dsh.approval.asked" and decided.name == "dsh.approval.decided"
+    assert asked.attributes["dsh.approval.reason"] == \
+        'tool "bash" matches the approval rule "bash"'
+    assert decided.attributes["dsh.approval.outcome"] == "allowed-once"
+    assert decided.attributes["dsh.approval.wait_ms"] >= 5_000

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -222,6 +223,29 @@ async def test_two_decisions_race_one_wins_the_other_is_refused(driver: Approval
     assert refused["messageId"] == "race-b"
     assert refused["refusal"] == (f"refused: tool call {call_id!r} was already approved by "
                                   "user a (message race-a)")
+    # a third person, with the CLI: told at once, on stderr, exit 1
+    late = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipeline.cli.main", "send", session, "--deny", call_id,
+        "--by", "carol", "--wait", env=driver_env(driver.settings),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(late.communicate(), 60)
+    assert late.returncode == 1, err
+    assert err.decode().strip() == (f"send: refused: tool call {call_id!r} was already "
+                                    "approved by user a (message race-a)")
+    assert json.loads(out)["refused"].startswith("refused: ")
+
+
+async def test_send_wait_prints_the_outcome(driver: ApprovalDriver) -> None:
+    session = f"s-wait-{uuid.uuid4().hex[:6]}"
+    await driver.start(session)
+    call_id = await driver.waiting(session)
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipeline.cli.main", "send", session, "--approve", call_id,
+        "--reason", "fine", "--wait", env=driver_env(driver.settings),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(done.communicate(), 60)
+    assert done.returncode == 0, err
+    assert json.loads(out)["outcome"] == "allowed-once"
 
 
 async def start_driver(settings: Settings, *args: str) -> asyncio.subprocess.Process:

@@ -10,13 +10,19 @@ See docs/approvals.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
+import json
+import sys
 from typing import Any
 
-from pipeline.cli.common import add_duration
-from pipeline.core.approvals import POLICIES, ApprovalRules
+from pipeline.adapters.kafka.decision_answer import send_and_wait
+from pipeline.adapters.kafka.records import OutRecord
+from pipeline.cli.common import EXIT_FAILED, EXIT_OK, add_duration
+from pipeline.core.approvals import POLICIES, REFUSED_TYPE, ApprovalRules
 from pipeline.core.errors import ConfigError
 from pipeline.core.inbox import Approve, Deny
+from pipeline.settings import Settings
 
 CONFIGURE_APPROVAL_OPTIONS = ("require_approval", "approval_policy")
 
@@ -48,6 +54,12 @@ def add_send_approval_options(send: argparse.ArgumentParser, kind: Any) -> None:
                                        "reason goes to the model)")
     send.add_argument("--by", help="with --approve/--deny: who decides, for the log "
                                    "(default: the login name)")
+    send.add_argument("--wait", action="store_true",
+                      help="with --approve/--deny: wait for the driver's answer in the session "
+                           "log and print it (exit 1 when the decision was refused, e.g. "
+                           "another decision came first)")
+    add_duration(send, "--wait-timeout", default=30.0, dest="wait_timeout",
+                 help="with --wait: how long to wait for the answer")
     send.add_argument("--require-approval", action="append", metavar="PATTERN",
                       dest="require_approval",
                       help="with --configure: this session's calls of matching tools wait for "
@@ -62,8 +74,9 @@ def decision_from_args(args: argparse.Namespace, common: dict[str, Any]
     """The ``--approve``/``--deny`` command, or None (another kind)."""
     call_id = args.approve or args.deny
     if call_id is None:
-        if args.reason is not None or args.by is not None:
-            raise ConfigError("send --reason and --by only go with --approve or --deny")
+        if args.reason is not None or args.by is not None or args.wait:
+            raise ConfigError("send --reason, --by and --wait only go with --approve or "
+                              "--deny")
         return None
     source = {"kind": "user", "name": args.by or _login()}
     decision = Approve if args.approve else Deny
@@ -75,3 +88,18 @@ def _login() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container): say nothing wrong
         return "unknown"
+
+
+def send_decision_and_wait(settings: Settings, command: Approve, record: OutRecord,
+                           timeout_s: float) -> int:
+    """``send --approve/--deny --wait``: print the usual line plus the driver's answer."""
+    partition, offset, answer = asyncio.run(send_and_wait(
+        settings, record, command.session_id, command.message_id, timeout_s))
+    out = {"sessionId": command.session_id, "messageId": command.message_id,
+           "kind": command.kind, "partition": partition, "offset": offset}
+    if answer["type"] == REFUSED_TYPE:
+        print(json.dumps({**out, "refused": answer.get("refusal")}))
+        print(f"send: {answer.get('refusal')}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps({**out, "outcome": answer.get("outcome")}))
+    return EXIT_OK

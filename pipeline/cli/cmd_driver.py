@@ -42,6 +42,7 @@ from pipeline.cli.approval_options import (
     add_send_approval_options,
     approval_rules,
     decision_from_args,
+    send_decision_and_wait,
 )
 from pipeline.cli.common import (
     add_duration,
@@ -55,7 +56,15 @@ from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError, SessionFileError
-from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import (
+    Approve,
+    Cancel,
+    Configure,
+    FollowUp,
+    InboxCommand,
+    Inject,
+    Steer,
+)
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
@@ -264,6 +273,8 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
         codec = InboxCodec()
     record = OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
                        codec.encode(command))
+    if isinstance(command, Approve) and args.wait:
+        return send_decision_and_wait(settings, command, record, args.wait_timeout)
     [(partition, offset)] = asyncio.run(send_records(settings, [record]))
     print(json.dumps({"sessionId": command.session_id, "messageId": command.message_id,
                       "kind": command.kind, "partition": partition, "offset": offset}))

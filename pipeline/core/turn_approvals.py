@@ -79,11 +79,15 @@ class ApprovalGate:
     def needs_approval(self, tool_name: str) -> bool:
         return self.book.rule_for(self.rules, tool_name) is not None
 
-    def ask(self, call: ToolCall, question_id: str, now: int, append: Appender) -> GateAnswer:
-        """After ``call``'s ``tool/call``: RUN it, WAIT for a person, or its denial."""
+    def ask(self, call: ToolCall, new_id: Callable[[], str], now: int, append: Appender
+            ) -> GateAnswer:
+        """After ``call``'s ``tool/call``: RUN it, WAIT for a person, or its denial.
+        ``new_id`` makes the question's id (only when there is a question: an ungated call
+        takes no id, so the ids of a log without approvals stay as they were)."""
         rule = self.book.rule_for(self.rules, call.name)
         if rule is None:
             return RUN
+        question_id = new_id()
         append(ASKED, {"id": question_id, "toolName": call.name, "callId": call.call_id,
                        "reason": f'tool "{call.name}" matches the approval rule "{rule}"'},
                now, False)

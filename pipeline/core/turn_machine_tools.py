@@ -99,7 +99,7 @@ class ToolsPhase:
         self._tools.started[call_id] = self._append("tool/call", {
             "turn": self._turn, "step": self._step, "callId": call.call_id, "name": call.name,
             "arguments": call.arguments}, now)
-        answer = self._gate.ask(call, self._new_id(), now, self._gate_append)
+        answer = self._gate.ask(call, self._new_id, now, self._gate_append)
         if answer == RUN:
             return True
         self._tools.dispatched = False

@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from suite_approval import bench_approval
 from suite_browser import bench_browser
 from suite_core import CHECKOUT, Context, Figure, load_average, wait_quiet
 from suite_dashboard import bench_dashboard
@@ -57,6 +58,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
     "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
     "restart": (bench_restart_time, True),
+    "approval": (bench_approval, True),
 }
 
 

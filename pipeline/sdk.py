@@ -72,6 +72,15 @@ keeps a preview in the log and ``meta.spill`` naming the full text on ``<prefix>
     for ref in spill_refs(events):                   # SpillRef per spilled tool result
         text = await read_spill(settings, ref)      # the whole text, hash-checked
 
+Tool calls waiting for a person's approval (docs/approvals.md) are in the fleet rows::
+
+    async for item in follow_fleet(settings):
+        view = item.view
+        for waiting in pending_approvals(view.values):   # PendingApproval, oldest first
+            print(waiting.session_id, waiting.tool_name, waiting.call_id, waiting.since_ms)
+
+and :func:`decide_approval` puts a decision on the session's inbox (as ``send --approve``).
+
 To keep your own dedup state across restarts, use :class:`SeqTracker` (``check`` ->
 :class:`Delivery` APPLY/DUPLICATE/GAP, then ``applied``) and persist its last seqs with
 your results.
@@ -79,7 +88,8 @@ your results.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+import uuid
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 
 from pipeline.adapters.kafka.compacted import CompactedFollow
@@ -94,10 +104,13 @@ from pipeline.adapters.kafka.event_stream import (
     session_events,
     session_records,
 )
+from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.projection_pointer import active_derived_messages
+from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.spill import SpillRef, read_spill, spill_refs
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.avro import EventSerde
+from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.output_views import (
     Conversation,
     DerivedView,
@@ -115,6 +128,7 @@ from pipeline.core.dedup import Delivery, SeqTracker
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.core.events import Event
 from pipeline.core.events import JsonValue as JsonValue
+from pipeline.core.inbox import Approve, Deny
 from pipeline.core.projection import ActivePointer
 from pipeline.settings import Settings
 
@@ -123,10 +137,11 @@ ActiveVersion = ActivePointer  # ``version`` and ``topic`` (and what a rebuild c
 __all__ = [
     "ActiveVersion", "At", "CodecError", "Conversation", "Delivery", "DerivedView", "Event",
     "EventRecord", "EventSerde", "EventStream", "OutputChange", "OutputDecoder",
-    "OutputSchemaTable", "OutputView", "SeqTracker", "SessionGap", "Settings", "Snapshot",
-    "SourcePosition", "Start", "active_version", "catch_up", "derived_conversations",
-    "follow_derived", "follow_fleet", "follow_usage", "open_stream", "output_decoder",
-    "partition_for", "process_at_least_once", "session_events", "session_records",
+    "OutputSchemaTable", "OutputView", "PendingApproval", "SeqTracker", "SessionGap",
+    "Settings", "Snapshot", "SourcePosition", "Start", "active_version", "catch_up",
+    "decide_approval", "derived_conversations", "follow_derived", "follow_fleet",
+    "follow_usage", "open_stream", "output_decoder", "partition_for", "pending_approvals",
+    "process_at_least_once", "session_events", "session_records",
 ]
 
 _DEFAULT_SERDE: EventSerde | None = None
@@ -227,3 +242,44 @@ async def _follow(settings: Settings, topic: str, view: OutputView
 
 
 __all__ += ["SpillRef", "read_spill", "spill_refs"]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A tool call waiting for a person (from a fleet row: ``approval_*``)."""
+
+    session_id: str
+    call_id: str
+    tool_name: str | None
+    since_ms: int | None
+
+
+def pending_approvals(fleet_rows: Mapping[str, Mapping[str, JsonValue]]
+                      ) -> list[PendingApproval]:
+    """The calls waiting for approval in fleet rows (``{session id: status}``), oldest first."""
+    found = []
+    for session_id, row in fleet_rows.items():
+        call_id, tool, since = (row.get("approval_call_id"), row.get("approval_tool"),
+                                row.get("approval_since_ms"))
+        if isinstance(call_id, str):
+            found.append(PendingApproval(session_id, call_id,
+                                         tool if isinstance(tool, str) else None,
+                                         since if isinstance(since, int) else None))
+    return sorted(found, key=lambda p: (p.since_ms or 0, p.session_id))
+
+
+async def decide_approval(settings: Settings, session_id: str, call_id: str, *, approve: bool,
+                          reason: str | None = None, by: str | None = None,
+                          message_id: str | None = None) -> str:
+    """Approve or deny a waiting call (an inbox command); returns its message id. The session
+    log says what came of it: ``dsh-pipeline/approval`` (taken) or
+    ``dsh-pipeline/approval-refused`` (another decision came first)."""
+    kind = Approve if approve else Deny
+    source: dict[str, JsonValue] = {"kind": "user"}
+    if by is not None:
+        source["name"] = by
+    command = kind(session_id, message_id or str(uuid.uuid4()), call_id, reason=reason,
+                   source=source)
+    await send_records(settings, [OutRecord(settings.topics.inbox, session_id.encode("utf-8"),
+                                            InboxCodec().encode(command))])
+    return command.message_id

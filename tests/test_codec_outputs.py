@@ -70,7 +70,9 @@ def _samples() -> dict[str, list[dict[str, Any]]]:
                                      closed=True),
                        window_record(["hour", 0, 3_600_000, "p", "m"], TokenCounts(),
                                      closed=False)],
-        FLEET_STATUS: [FleetStatus("s-2").to_json(), fleet.to_json()],
+        FLEET_STATUS: [FleetStatus("s-2").to_json(), fleet.to_json(), FleetStatus(
+            "s-3", "in-turn", 1, 1, None, None, 1_800_000_000_000, 9, 1, 1, 0, 0, 0,
+            "call-1", "mcp__git__push", 1_800_000_000_000).to_json()],  # waits for approval
     }
 
 

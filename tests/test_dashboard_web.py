@@ -107,6 +107,9 @@ async def test_nothing_can_be_written(kafka_bootstrap: str, topic_prefix: str) -
             status = await asyncio.to_thread(_request, dashboard.url + "api/fleet", method)
             assert status == 405, method
         assert (await aget(dashboard.url + "api/fleet"))[0] == 200  # no token configured
+        decision = dashboard.url + "api/sessions/s1/approvals/c1"  # the one POST route
+        assert await asyncio.to_thread(_request, decision, "GET") == 405
+        assert await asyncio.to_thread(_request, decision, "POST") == 403  # needs a token
         assert (await aget(dashboard.url + "api/sessions/unknown"))[0] == 404
 
         async def no_processors() -> Any:  # no worker runs in this test: it says so

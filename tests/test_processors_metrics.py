@@ -40,7 +40,7 @@ def test_counters_and_gauges_are_exposed_at_each_scrape(tmp_path: Path) -> None:
     gauges = {n: f for n, f in second.items() if f.type == "gauge"}
     assert set(gauges) == {f"dsh_processors_{name}" for name in (
         "in_recovery", "recovery_remaining_offsets", "partitions_owned", "sessions",
-        "turns_in_flight", "steps_in_flight")}
+        "turns_in_flight", "steps_in_flight", "pending_approvals")}
     replicas = {s.labels["replica"]: s.value
                 for s in gauges["dsh_processors_recovery_remaining_offsets"].samples}
     assert replicas == {"active": 0, "standby": 0}

@@ -19,6 +19,7 @@ PUBLIC: dict[str, list[str]] = {
         "derived_conversations", "follow_derived", "follow_fleet", "follow_usage", "open_stream",
         "output_decoder", "partition_for", "process_at_least_once", "read_spill",
         "session_events", "session_records", "spill_refs",
+        "PendingApproval", "pending_approvals", "decide_approval",  # issue 32: approvals
     ],
     "pipeline.settings": ["MASK", "Secret", "Settings", "TopicNames"],
     "pipeline.core.events": [

@@ -8,7 +8,8 @@ for ``--grace`` seconds, commits or aborts, closes producers, leaves the group).
 ``--inject TEXT`` (or the text from a file or stdin: ``--followup --text-file F|-``, for texts
 longer than a command line may be), ``--cancel [--keep-queue]`` or ``--configure`` with any
 of ``--provider``, ``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``,
-``--max-tokens``. It prints
+``--max-tokens``, ``--require-approval P``, ``--approval-policy``, or ``--approve CALL_ID`` /
+``--deny CALL_ID`` (approval options: :mod:`pipeline.cli.approval_options`). It prints
 one JSON line ``{"sessionId", "messageId", "kind", "partition", "offset"}``.
 """
 
@@ -35,6 +36,14 @@ from pipeline.adapters.registry.client import (
     event_serde_for_topic,
     value_subject,
 )
+from pipeline.cli.approval_options import (
+    CONFIGURE_APPROVAL_OPTIONS,
+    add_driver_approval_options,
+    add_send_approval_options,
+    approval_rules,
+    decision_from_args,
+    send_decision_and_wait,
+)
 from pipeline.cli.common import (
     add_duration,
     add_listen_options,
@@ -45,8 +54,17 @@ from pipeline.cli.common import (
 )
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
+from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError, SessionFileError
-from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import (
+    Approve,
+    Cancel,
+    Configure,
+    FollowUp,
+    InboxCommand,
+    Inject,
+    Steer,
+)
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
@@ -104,6 +122,7 @@ def _register_driver(subparsers: Any) -> None:
                  help="group session timeout: how long a dead driver keeps partitions")
     driver.add_argument("--session-timeout-ms", type=int, dest="session_timeout_ms",
                         help=argparse.SUPPRESS)
+    add_driver_approval_options(driver)
     _add_driver_io_options(driver)
     driver.set_defaults(func=run_driver)
 
@@ -142,7 +161,8 @@ def _register_send(subparsers: Any) -> None:
         "send", help="put one command on a session's inbox",
         description="Put one command on the inbox topic, keyed by SESSION: a follow-up, a "
                     "steer, an inject (text as an argument, or from --text-file FILE or stdin "
-                    "with -), a cancel or a configure. Prints one JSON line {sessionId, "
+                    "with -), a cancel, a configure, or a decision on a tool call waiting for "
+                    "approval. Prints one JSON line {sessionId, "
                     "messageId, kind, partition, offset}.")
     add_session_argument(send)
     kind = send.add_mutually_exclusive_group(required=True)
@@ -163,6 +183,7 @@ def _register_send(subparsers: Any) -> None:
         send.add_argument(f"--{name}", help=f"with --configure: the {what}")
     send.add_argument("--tools", help="with --configure: comma-separated tool names ('' = none)")
     send.add_argument("--max-tokens", type=int, help="with --configure: the output token limit")
+    add_send_approval_options(send, kind)
     send.add_argument("--message-id", help="the command's message id (default: a new UUID)")
     send.add_argument("--registry", action="store_true",
                       help="Confluent framing with the id registered at DSH_REGISTRY_URL")
@@ -176,6 +197,9 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     """The command ``send``'s arguments describe (ConfigError when they do not fit)."""
     _check_send_options(args)
     common = {"session_id": args.session, "message_id": args.message_id or str(uuid.uuid4())}
+    decision = decision_from_args(args, common)
+    if decision is not None:
+        return decision
     for flag, cls in (("followup", FollowUp), ("steer", Steer), ("inject", Inject)):
         text = getattr(args, flag)
         if text is not None:
@@ -186,10 +210,14 @@ def command_from_args(args: argparse.Namespace) -> InboxCommand:
     tools = None if args.tools is None else tuple(t for t in args.tools.split(",") if t)
     configure = Configure(**common, provider=args.provider, model=args.model,
                           system=args.system, tools=tools,
-                          reasoning_effort=args.reasoning_effort, max_tokens=args.max_tokens)
+                          reasoning_effort=args.reasoning_effort, max_tokens=args.max_tokens,
+                          require_approval=(None if args.require_approval is None
+                                            else tuple(args.require_approval)),
+                          approval_policy=args.approval_policy)
     if all(getattr(configure, f) is None for f in CONFIGURE_OPTIONS):
         raise ConfigError("send --configure needs at least one of --provider, --model, "
-                          "--system, --tools, --reasoning-effort, --max-tokens")
+                          "--system, --tools, --reasoning-effort, --max-tokens, "
+                          "--require-approval, --approval-policy")
     return configure
 
 
@@ -217,7 +245,8 @@ def _text_of(flag: str, given: str, text_file: str | None) -> str:
                                f"{exc.start})", path=text_file) from None
 
 
-CONFIGURE_OPTIONS = ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens")
+CONFIGURE_OPTIONS = ("provider", "model", "system", "tools", "reasoning_effort", "max_tokens",
+                     *CONFIGURE_APPROVAL_OPTIONS)
 
 
 def _check_send_options(args: argparse.Namespace) -> None:
@@ -244,6 +273,8 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
         codec = InboxCodec()
     record = OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
                        codec.encode(command))
+    if isinstance(command, Approve) and args.wait:
+        return send_decision_and_wait(settings, command, record, args.wait_timeout)
     [(partition, offset)] = asyncio.run(send_records(settings, [record]))
     print(json.dumps({"sessionId": command.session_id, "messageId": command.message_id,
                       "kind": command.kind, "partition": partition, "offset": offset}))
@@ -270,13 +301,15 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                    codecs: tuple[EventSerde, InboxCodec] | None = None,
                    pipelined_flush: bool = False,
                    rebuild_mode: Mode = "strict",
-                   steps_per_transaction: int = STEPS_PER_TRANSACTION) -> PartitionContext:
+                   steps_per_transaction: int = STEPS_PER_TRANSACTION,
+                   approvals: ApprovalRules | None = None) -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
     ``script`` drives the scripted provider (the default provider of the settings);
     ``codecs`` default to the single-object encoding (no registry needed);
     ``steps_per_transaction``: at most about this many sessions of a partition begin a step
-    while its transaction commits (``admission.StepBudget``; 0: no bound).
+    while its transaction commits (``admission.StepBudget``; 0: no bound);
+    ``approvals``: which tool calls wait for a person (None: none).
     """
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
@@ -293,7 +326,8 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     def runner_factory(log: SessionLog, sink: PartitionSink) -> SessionRunner:
         admit = sink.admit_step if steps_per_transaction > 0 else None
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
-                             config=default_config, metrics=metrics.runner, admit=admit)
+                             config=default_config, metrics=metrics.runner, admit=admit,
+                             approvals=approvals)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
@@ -323,7 +357,8 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                              script=_delayed(SCRIPTS[args.script], args.script_chunk_delay_ms),
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
                              rebuild_mode=args.rebuild_mode,
-                             steps_per_transaction=args.steps_per_transaction)
+                             steps_per_transaction=args.steps_per_transaction,
+                             approvals=approval_rules(args))
         service = DriverService(ctx, config)
         port = settings.driver_metrics_port if args.port is None else args.port
         asyncio.run(_serve(settings, service, args.host, port))

@@ -40,7 +40,8 @@ SCHEMA_FILE: Final = "dsh.InboxCommand.avsc"
 HISTORY_GLOB: Final = "dsh.InboxCommand.v*.avsc"
 _JSON_FIELDS: Final = ("content", "source")
 _OPTIONAL_FIELDS: Final = ("content", "source", "keepQueue", "provider", "model", "system",
-                           "tools", "reasoningEffort", "maxTokens")
+                           "tools", "reasoningEffort", "maxTokens", "requireApproval",
+                           "approvalPolicy", "callId", "reason")
 
 
 def load_inbox_schema(path: Path | None = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Fleet status: per session, where it is (idle or in a turn, which step), and fleet counters.
 
 Folded from the boundary events (``turn/*``, ``step/*``), errors (``turn/end`` with an error
-reason, ``tool/result`` with an error, ``llm/retry``) and the time of every folded event.
+reason, ``tool/result`` with an error, ``llm/retry``), approvals (``approval/asked`` until its
+``approval/decided``: the call waiting for a person) and the time of every folded event.
 ``assistant/chunk`` events are not folded here (the processors skip them by header without
 decoding), so ``last_activity_ms`` is the time of the last non-chunk event.
 """
@@ -36,6 +37,9 @@ class FleetStatus:
     turn_errors: int = 0
     tool_errors: int = 0
     retries: int = 0
+    approval_call_id: str | None = None  # the call waiting for a person's approval
+    approval_tool: str | None = None
+    approval_since_ms: int | None = None
 
     def apply(self, event: Event) -> bool:
         """Fold one event; True when the status is worth publishing: after every event but a
@@ -46,6 +50,7 @@ class FleetStatus:
         handler = _HANDLERS.get(event.type)
         if handler is not None:
             handler(self, data)
+
         return event.type != CHUNK_TYPE
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -72,6 +77,7 @@ def _turn_start(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
 
 def _turn_end(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
     status.state, status.step = IDLE, None
+    _approval_closed(status, data)
     reason = data.get("reason")
     kind = reason.get("kind") if isinstance(reason, Mapping) else None
     status.last_end_reason = kind if isinstance(kind, str) else None
@@ -105,9 +111,21 @@ def _retry(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
     status.retries += 1
 
 
+def _approval_asked(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    call_id, tool = data.get("callId"), data.get("toolName")
+    status.approval_call_id = call_id if isinstance(call_id, str) else "?"
+    status.approval_tool = tool if isinstance(tool, str) else None
+    status.approval_since_ms = status.last_activity_ms  # the asking event's time
+
+
+def _approval_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.approval_call_id = status.approval_tool = status.approval_since_ms = None
+
+
 _HANDLERS: Final = {
     "turn/start": _turn_start, "turn/end": _turn_end, "step/start": _step_start,
     "step/end": _step_end, "tool/result": _tool_result, "llm/retry": _retry,
+    "approval/asked": _approval_asked, "approval/decided": _approval_closed,
 }
 
 
@@ -121,6 +139,7 @@ class FleetCounters:
     steps_in_flight: int
     turn_errors: int
     steps_per_second: float
+    pending_approvals: int = 0  # sessions whose tool call waits for a person
 
     def to_json(self) -> dict[str, JsonValue]:
         return asdict(self)
@@ -129,7 +148,7 @@ class FleetCounters:
 def fleet_counters(statuses: Iterable[FleetStatus], *, now_ms: int, active_within_ms: int,
                    steps_per_second: float = 0.0) -> FleetCounters:
     """Active = in a turn, or any activity within ``active_within_ms`` before ``now_ms``."""
-    sessions = active = turns = steps = errors = 0
+    sessions = active = turns = steps = errors = approvals = 0
     for status in statuses:
         sessions += 1
         recent = (status.last_activity_ms is not None
@@ -138,7 +157,8 @@ def fleet_counters(statuses: Iterable[FleetStatus], *, now_ms: int, active_withi
         turns += status.state == IN_TURN
         steps += status.step is not None
         errors += status.turn_errors
-    return FleetCounters(sessions, active, turns, steps, errors, steps_per_second)
+        approvals += status.approval_call_id is not None
+    return FleetCounters(sessions, active, turns, steps, errors, steps_per_second, approvals)
 
 
 @dataclass(slots=True)

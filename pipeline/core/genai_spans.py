@@ -156,7 +156,7 @@ def _tool_span(turn: TurnBuilder, tool: ToolState, trace: bytes, root_id: bytes,
     end = tool.end_ms if tool.end_ms is not None else turn.end_ms
     return Span(trace, span_id_of(turn.session_id, turn.turn, tool.step, tool.call_id),
                 root_id, f"execute_tool {tool.name}", "INTERNAL", start, max(start, end),
-                attributes, (), tool.error)
+                attributes, tuple(tool.events), tool.error)
 
 
 def _chat_content(attributes: dict[str, AttrValue], step: StepState) -> None:

@@ -14,7 +14,10 @@ opt-in for it is ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``):
 - every span has ``gen_ai.conversation.id`` = the session id; a failed operation has
   status ERROR and ``error.type`` (the provider error's code, the tool error's code,
   ``interrupted`` for a turn closed by crash repair); retries (``llm/retry``,
-  ``llm/retry-started``) and cancels are span events.
+  ``llm/retry-started``) and cancels are span events;
+- a tool call's wait for a person's approval is two span events of its ``execute_tool`` span:
+  ``dsh.approval.asked`` (``dsh.approval.id``, ``dsh.approval.reason``) when it began and
+  ``dsh.approval.decided`` (``dsh.approval.outcome``, ``dsh.approval.wait_ms``) when it ended.
 
 Ids are derived from (session, turn, step, call id) with SHA-256, so exporting the same log
 again (a replay, a restart) gives the same trace and span ids: a receiver that keys spans by
@@ -48,7 +51,8 @@ AGENT_SPAN: Final = "invoke_agent"
 # The event types a span is built from; every other type (the many chunks) is skipped unread.
 SPAN_EVENT_TYPES: Final = frozenset({
     "turn/start", "turn/end", "step/start", "step/end", "user/message", "assistant/message",
-    "tool/call", "tool/result", "request/header", "llm/retry", "llm/retry-started"})
+    "tool/call", "tool/result", "request/header", "llm/retry", "llm/retry-started",
+    "approval/asked", "approval/decided"})
 AttrValue = str | int | float | bool | tuple[str, ...]
 _TRACEPARENT: Final = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -135,6 +139,7 @@ class ToolState:
     arguments: str | None = None
     result: JsonValue = None
     error: str | None = None
+    events: list[SpanEvent] = field(default_factory=list)  # the approval wait
 
 
 @dataclass(slots=True)
@@ -162,6 +167,7 @@ class TurnBuilder:
     parent: TraceParent | None = None
     steps: dict[int, StepState] = field(default_factory=dict)
     tools: dict[str, ToolState] = field(default_factory=dict)
+    asked: dict[str, tuple[str, int]] = field(default_factory=dict)  # approval id -> call, ms
     end: Mapping[str, JsonValue] | None = None
     end_ms: int = 0
 
@@ -281,6 +287,30 @@ def _on_retry(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValue]) ->
     step.events.append(SpanEvent(name, event.time, attributes))
 
 
+def _on_approval_asked(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValue]
+                       ) -> None:
+    approval_id, call_id = data.get("id"), data.get("callId")
+    tool = turn.tools.get(call_id) if isinstance(call_id, str) else None
+    if tool is None or not isinstance(approval_id, str):
+        return  # an ask about no recorded call (dsh's own asks may have none): no span
+    turn.asked[approval_id] = (tool.call_id, event.time)
+    attributes: dict[str, AttrValue] = {"dsh.approval.id": approval_id}
+    if isinstance(data.get("reason"), str):
+        attributes["dsh.approval.reason"] = str(data["reason"])
+    tool.events.append(SpanEvent("dsh.approval.asked", event.time, attributes))
+
+
+def _on_approval_decided(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValue]
+                         ) -> None:
+    asked = turn.asked.pop(str(data.get("id")), None)
+    if asked is None:
+        return
+    outcome = data.get("outcome")
+    turn.tools[asked[0]].events.append(SpanEvent("dsh.approval.decided", event.time, {
+        "dsh.approval.outcome": outcome if isinstance(outcome, str) else UNKNOWN,
+        "dsh.approval.wait_ms": event.time - asked[1]}))
+
+
 def _on_turn_end(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValue]) -> None:
     reason = data.get("reason")
     turn.end = reason if isinstance(reason, Mapping) else {"kind": UNKNOWN}
@@ -291,7 +321,8 @@ _HANDLERS: Final = {
     "step/start": _on_step_start, "step/end": _on_step_end, "user/message": _on_user_message,
     "assistant/message": _on_assistant, "tool/call": _on_tool_call,
     "tool/result": _on_tool_result, "llm/retry": _on_retry, "llm/retry-started": _on_retry,
-    "turn/end": _on_turn_end,
+    "turn/end": _on_turn_end, "approval/asked": _on_approval_asked,
+    "approval/decided": _on_approval_decided,
 }
 
 

@@ -13,8 +13,10 @@ Because the lists are logged, they are rebuilt from the log after a restart
 
 Commands (frozen dataclasses, one per kind of ``dsh.inbox`` record): :class:`FollowUp` (next
 turn, wakes the driver), :class:`Steer` (next step, wakes), :class:`Inject` (next step, does
-not wake), :class:`Cancel` and :class:`Configure`. :func:`command_from_json` /
-:func:`command_to_json` are the JSON form (the Avro schema of the inbox topic mirrors it).
+not wake), :class:`Cancel`, :class:`Configure`, and :class:`Approve` / :class:`Deny` (a
+person's decision on a tool call waiting for approval, :mod:`pipeline.core.approvals`).
+:func:`command_from_json` / :func:`command_to_json` are the JSON form (the Avro schema of the
+inbox topic mirrors it).
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ class Configure:
     tools: tuple[str, ...] | None = None
     reasoning_effort: str | None = None
     max_tokens: int | None = None
+    require_approval: tuple[str, ...] | None = None  # the session's approval globs
+    approval_policy: str | None = None  # "ask" | "never" (an ``approval/policy`` event)
 
     kind: ClassVar[str] = "configure"
 
@@ -162,17 +166,57 @@ class Configure:
             raise _bad(self.kind, f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.tools is not None and not all(isinstance(t, str) and t for t in self.tools):
             raise _bad(self.kind, "tools must be a list of tool names")
+        if self.require_approval is not None and not all(
+                isinstance(p, str) and p for p in self.require_approval):
+            raise _bad(self.kind, "requireApproval must be a list of tool-name patterns")
+        if self.approval_policy not in (None, "ask", "never"):
+            raise _bad(self.kind, f"approvalPolicy must be ask or never, got "
+                                  f"{self.approval_policy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Approve:
+    """A person lets a tool call waiting for approval run (once). ``source`` says who
+    (``{kind, name?}``; absent: ``{kind:"user"}``), ``reason`` why; both go to the log."""
+
+    session_id: str
+    message_id: str
+    call_id: str
+    reason: str | None = None
+    source: Mapping[str, JsonValue] | None = None
+
+    kind: ClassVar[str] = "approve"
+
+    def __post_init__(self) -> None:
+        _check_ids(self.kind, self.session_id, self.message_id)
+        if not isinstance(self.call_id, str) or not self.call_id:
+            raise _bad(self.kind, "callId must be a non-empty string")
+        if self.reason is not None and not isinstance(self.reason, str):
+            raise _bad(self.kind, "reason must be a string")
+        if self.source is not None and not (isinstance(self.source, Mapping)
+                                            and isinstance(self.source.get("kind"), str)):
+            raise _bad(self.kind, "source must be an object with a string 'kind'")
+
+
+@dataclass(frozen=True, slots=True)
+class Deny(Approve):
+    """A person refuses a tool call waiting for approval: the model gets an error result
+    with the ``reason``."""
+
+    kind: ClassVar[str] = "deny"
 
 
 MessageCommand: TypeAlias = FollowUp | Steer | Inject
-InboxCommand: TypeAlias = FollowUp | Steer | Inject | Cancel | Configure
+InboxCommand: TypeAlias = FollowUp | Steer | Inject | Cancel | Configure | Approve | Deny
 _MESSAGE_KINDS: Final[dict[str, type[FollowUp] | type[Steer] | type[Inject]]] = {
     "followup": FollowUp, "steer": Steer, "inject": Inject,
 }
 _CONFIG_FIELDS: Final = {
     "provider": "provider", "model": "model", "system": "system", "tools": "tools",
     "reasoningEffort": "reasoning_effort", "maxTokens": "max_tokens",
+    "requireApproval": "require_approval", "approvalPolicy": "approval_policy",
 }
+_LIST_FIELDS: Final = ("tools", "require_approval")
 
 
 def command_to_json(command: InboxCommand) -> dict[str, JsonValue]:
@@ -186,11 +230,17 @@ def command_to_json(command: InboxCommand) -> dict[str, JsonValue]:
             out["source"] = dict(command.source)
     elif isinstance(command, Cancel):
         out["keepQueue"] = command.keep_queue
+    elif isinstance(command, Approve):
+        out["callId"] = command.call_id
+        if command.reason is not None:
+            out["reason"] = command.reason
+        if command.source is not None:
+            out["source"] = dict(command.source)
     else:
         for key, attr in _CONFIG_FIELDS.items():
             value = getattr(command, attr)
             if value is not None:
-                out[key] = list(value) if attr == "tools" else value
+                out[key] = list(value) if attr in _LIST_FIELDS else value
     return out
 
 
@@ -215,13 +265,18 @@ def command_from_json(obj: JsonValue) -> InboxCommand:
         return Cancel(**common, keep_queue=keep)
     if kind == "configure":
         fields = {attr: obj[key] for key, attr in _CONFIG_FIELDS.items() if key in obj}
-        if "tools" in fields:
-            if not isinstance(fields["tools"], list):
-                raise _bad("configure", "tools must be a list of tool names")
-            fields["tools"] = tuple(fields["tools"])
+        for name in _LIST_FIELDS:
+            if name in fields:
+                if not isinstance(fields[name], list):
+                    raise _bad("configure", f"{name} must be a list of strings")
+                fields[name] = tuple(fields[name])
         return Configure(**common, **fields)
+    if kind in ("approve", "deny"):
+        decision = Approve if kind == "approve" else Deny
+        common["call_id"] = obj.get("callId")  # checked by the command itself
+        return decision(**common, reason=obj.get("reason"), source=obj.get("source"))
     raise _bad(str(kind), f"unknown command kind {dumps_json(kind)[:40]}; expected one of "
-                          "followup, steer, inject, cancel, configure")
+                          "followup, steer, inject, cancel, configure, approve, deny")
 
 
 @dataclass(slots=True)

@@ -5,14 +5,19 @@
 ``tool/call`` was recorded, else ``TOOL_NOT_STARTED``), ``step/end`` when a step is open, then
 ``turn/end {kind:"interrupted"}``. Seqs continue the log; times are the last event's time, as
 dsh writes them, unless the caller passes one.
+
+A turn that waits for a person's approval of a tool call (:mod:`pipeline.core.approvals`) is not
+interrupted work: it gets no closers and goes on waiting (DESIGN.md section 4).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
+from pipeline.core.approvals import waiting_approval
 from pipeline.core.events import APPEND, Event
 from pipeline.core.log import SessionLog
+from pipeline.core.turn_approvals import resume_wait
 from pipeline.core.turns import PendingCall
 
 TOOL_OUTCOME_UNKNOWN: Final = "TOOL_OUTCOME_UNKNOWN"
@@ -30,12 +35,15 @@ NOT_STARTED_TEXT: Final = (
 
 
 def repair_closers(log: SessionLog, time_ms: int | None = None) -> list[Event]:
-    """The crash-repair closers for ``log`` exactly as dsh writes them; [] if no turn is open.
+    """The crash-repair closers for ``log`` exactly as dsh writes them; [] if no turn is open
+    (or it waits for approval).
 
     ``time_ms`` None (the default) stamps them with the last event's time, as dsh does.
     """
     state = log.turn
     if state.turn is None or not log.events:
+        return []
+    if resume_wait(log, waiting_approval(log.events)) is not None:
         return []
     last = log.events[-1]
     time = last.time if time_ms is None else time_ms

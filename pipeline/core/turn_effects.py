@@ -150,8 +150,19 @@ class StepBoundary:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitApproval:
+    """A tool call waits for a person: nothing to do until a decision (an approve or deny
+    command, a cancel) or ``deadline`` (epoch ms; None: no timeout, then ``expire_approval``).
+    The wait is in the log: the runner may return and the session leave memory."""
+
+    call_id: str
+    deadline: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Idle:
     """No woken work: the turn (if any) is closed; wait for the next command."""
 
 
-Effect: TypeAlias = RunPreStepHooks | CallModel | RunTools | Sleep | StepBoundary | Idle
+Effect: TypeAlias = (RunPreStepHooks | CallModel | RunTools | Sleep | StepBoundary | Idle
+                     | AwaitApproval)

@@ -5,7 +5,7 @@ number, the last logged request header, the last applied configuration (a
 ``dsh-pipeline/config`` event, :mod:`pipeline.core.turn_config`) and whether a header stated
 it since, the inbox lists (every change of them is an ``agent/inbox/spliced`` event) and the
 ids of the messages and configure commands that already entered the session (so a
-redelivered inbox record is not applied twice).
+redelivered inbox record is not applied twice), and the approvals (:mod:`pipeline.core.approvals`).
 
 A splice this driver cannot apply (another writer's shape, indices that do not fit the lists)
 is skipped: a session must stay runnable whatever plugins wrote into its log.
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pipeline.core.approvals import ApprovalBook
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
@@ -31,6 +32,7 @@ class History:
     configured: dict[str, JsonValue] | None = None  # header of the last config event
     configured_last: bool = False  # ... and no request/header came after it
     configure_ids: set[str] = field(default_factory=set)
+    approvals: ApprovalBook = field(default_factory=ApprovalBook)
 
 
 def scan_history(events: Iterable[Event]) -> History:
@@ -38,6 +40,8 @@ def scan_history(events: Iterable[Event]) -> History:
     history = History()
     for event in events:
         data = event.data
+        if event.type.startswith(("approval/", "dsh-pipeline/", "turn/end")):
+            history.approvals.advance(event)
         if event.type == "turn/start" and isinstance(data, Mapping):
             turn = data.get("turn")
             if isinstance(turn, int) and turn > history.last_turn:

@@ -24,6 +24,10 @@ message, ``request/header`` (+ ``request/context``) when the header changed, one
 ``tool/call`` as each call starts, ``tool/result`` in model order, ``step/end``; tool calls or a
 waiting steer -> another step; else ``turn/end completed``.
 
+**Approvals**: a call an approval rule gates logs ``approval/asked`` after its ``tool/call``
+and the turn waits (:class:`AwaitApproval`) for :meth:`submit` of an approve or deny, a cancel
+or :meth:`expire_approval` (:mod:`pipeline.core.turn_approvals`).
+
 **The invariant**: a request is built only from ``log.messages()`` and the last logged header,
 and :meth:`check_request` refuses (``InvariantViolation``) any request that differs.
 """
@@ -31,13 +35,14 @@ and :meth:`check_request` refuses (``InvariantViolation``) any request that diff
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from enum import Enum, auto
 from typing import Final
 
+from pipeline.core.approvals import POLICY, ApprovalRules
 from pipeline.core.errors import InvariantViolation, ProviderError, TurnError
 from pipeline.core.events import APPEND, Event, JsonValue
 from pipeline.core.inbox import (
     SPLICE_TYPE,
+    Approve,
     Cancel,
     Configure,
     FollowUp,
@@ -56,6 +61,7 @@ from pipeline.core.model import (
     failure_of,
 )
 from pipeline.core.repair import repair_closers
+from pipeline.core.turn_approvals import ApprovalGate
 from pipeline.core.turn_config import CONFIG_TYPE, ConfigState
 from pipeline.core.turn_effects import (
     TOOL_CANCELED,
@@ -65,15 +71,14 @@ from pipeline.core.turn_effects import (
     HookDecision,
     Idle,
     RunPreStepHooks,
-    RunTools,
     SessionConfig,
     Sleep,
     StepBoundary,
-    ToolOutcome,
 )
 from pipeline.core.turn_history import History, scan_history
+from pipeline.core.turn_machine_tools import Phase, ToolsPhase
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
-from pipeline.core.turn_tools import DueResult, ToolRound, calls_of, tool_result_data
+from pipeline.core.turn_tools import ToolRound, calls_of
 from pipeline.core.validation import validate_event
 
 NO_MODEL: Final = "NO_MODEL_CONFIGURED"
@@ -82,23 +87,13 @@ _TRUNCATED_TEXT: Final = ("The tool call was not run: the model's output was cut
                           "token limit.")
 
 
-class Phase(Enum):
-    IDLE = auto()        # no turn open
-    CLAIM = auto()       # turn open, at a step boundary: claim and run hooks next
-    HOOKS = auto()       # waiting for hooks_done
-    CALL = auto()        # step open: a model call is due
-    STREAMING = auto()   # waiting for chunks and the end of the stream
-    RETRY_WAIT = auto()  # a retry is due after Sleep
-    TOOLS = auto()       # waiting for tool starts/outcomes
-    AFTER_STEP = auto()  # step closed: decide another step or the end
-
-
-class TurnMachine:
+class TurnMachine(ToolsPhase):
     """Drives one session's turns over its :class:`SessionLog`."""
 
     def __init__(self, log: SessionLog, *, new_id: Callable[[], str],
                  config: SessionConfig | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, approvals: ApprovalRules | None = None
+                 ) -> None:
         self.log = log
         self._new_id = new_id
         self._retry = retry or RetryPolicy()
@@ -110,6 +105,7 @@ class TurnMachine:
         self._config = ConfigState(header=history.header, configured=history.configured,
                                    configured_last=history.configured_last,
                                    message_ids=history.configure_ids, default=config)
+        self._gate = ApprovalGate(approvals or ApprovalRules(), history.approvals)
         self._outbox: list[Event] = []
         self._repaired = False
         self.phase = Phase.IDLE
@@ -171,7 +167,7 @@ class TurnMachine:
         if self._repaired:
             return False
         self._repaired = True
-        if not self.log.turn.in_turn:
+        if not self.log.turn.in_turn or self._resume_wait():
             return False
         for closer in repair_closers(self.log, now):
             self.log.append(closer)
@@ -208,9 +204,26 @@ class TurnMachine:
         elif isinstance(command, Configure):
             if command.message_id in self._config.message_ids:
                 return False
-            self._append(CONFIG_TYPE, self._config.configure(command, tools), now,
-                         ignorable=True)
+            self._configure(command, tools, now)
+        elif isinstance(command, Approve):  # a Deny too
+            if command.message_id in self._gate.book.message_ids:
+                return False
+            decided = self._gate.decide(command, now, self._gate_append)
+            if decided is not None:
+                self._decided(*decided, now)
         return True
+
+    def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None,
+                   now: int) -> None:
+        data = self._config.configure(command, tools)
+        if command.require_approval is not None:
+            data["requireApproval"] = list(command.require_approval)
+            self._gate.book.require = command.require_approval
+        self._append(CONFIG_TYPE, data, now, ignorable=True)
+        policy = command.approval_policy
+        if policy is not None and policy != self._gate.book.effective_policy(self._gate.rules):
+            self._append(POLICY, {"policy": policy}, now)  # dsh: a switch, not a repeat
+            self._gate.book.policy = policy
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -400,44 +413,6 @@ class TurnMachine:
                                            "attempt": self._attempt}, now)
         self.phase = Phase.CALL
 
-    # -- tools ----------------------------------------------------------------------------
-
-    def _tools_effect(self, now: int) -> Effect:
-        tools = self._tools
-        if not tools.dispatched:
-            tools.dispatched = True
-            return RunTools(tuple(tools.calls))
-        if not tools.answered:
-            raise TurnError(f"next_effect called with {len(tools.calls) - tools.logged} tool "
-                            "calls unanswered")
-        self._close_step(now)
-        return self.next_effect(now)
-
-    def tool_started(self, call_id: str, now: int) -> None:
-        """A call starts: log its ``tool/call`` (refused once a cancel is pending)."""
-        self._expect(Phase.TOOLS, "tool_started")
-        if self.cancel_requested:
-            raise TurnError(f"tool call {call_id!r} must not start: the turn is being canceled")
-        call = self._tools.start(call_id)
-        self._tools.started[call_id] = self._append("tool/call", {
-            "turn": self._turn, "step": self._step, "callId": call.call_id, "name": call.name,
-            "arguments": call.arguments}, now)
-
-    def tool_finished(self, call_id: str, outcome: ToolOutcome, now: int) -> None:
-        """A call's outcome; results are logged in model order as soon as they can be."""
-        self._expect(Phase.TOOLS, "tool_finished")
-        self._append_results(self._tools.finish(call_id, outcome), now)
-
-    def _append_results(self, results: Iterable[DueResult], now: int) -> None:
-        for result in results:
-            data = tool_result_data(self._turn, self._step, result, self._new_id())
-            self._append("tool/result", data, now, surface=True, sources=result.sources)
-            self._tools.logged += 1
-
-    def _close_unanswered(self, error: Mapping[str, str], text: str, now: int) -> None:
-        """Answer every call without a result (none may be running) with an error result."""
-        self._append_results(self._tools.unanswered(error, text), now)
-
     # -- ends -----------------------------------------------------------------------------
 
     def _close_step(self, now: int) -> None:
@@ -471,6 +446,8 @@ class TurnMachine:
         ``user`` is a cancel command; ``disposed`` a driver that gives the session up. No-op
         when no turn is open.
         """
+        if kind == "disposed" and self._gate.waiting is not None:
+            return  # the wait is in the log: the next owner goes on waiting
         if self.phase is not Phase.IDLE and self._abort_reason is None:
             self._abort_reason = {"kind": kind}
 
@@ -479,6 +456,9 @@ class TurnMachine:
         if self.phase is Phase.STREAMING:
             self._append_assistant(self._acc.partial_content(), now, interrupted=True)
             self._tools = ToolRound(calls_of(self._acc.partial_content()))
+        if self._gate.waiting is not None:  # dsh: an aborted ask resolves "cancelled"
+            call_id, denial = self._gate.close("cancel", now, self._gate_append)
+            self._tools.outcomes[call_id] = denial
         if self.phase in (Phase.STREAMING, Phase.TOOLS):
             self._close_unanswered(TOOL_CANCELED, _CANCELED_TEXT, now)
         if self.phase in (Phase.CALL, Phase.STREAMING, Phase.RETRY_WAIT, Phase.TOOLS):

@@ -37,6 +37,12 @@ class ToolRound:
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)
     logged: int = 0  # results logged so far (a prefix of ``calls``)
     dispatched: bool = False
+    approved: set[str] = field(default_factory=set)  # recorded, approved, not yet running
+
+    def pending(self) -> list[ToolCall]:
+        """The calls to (re)dispatch: without an outcome, and not started or approved."""
+        return [call for call in self.calls[self.logged:] if call.call_id not in self.outcomes
+                and (call.call_id not in self.started or call.call_id in self.approved)]
 
     @property
     def answered(self) -> bool:

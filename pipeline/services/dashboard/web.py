@@ -1,9 +1,11 @@
 """The dashboard's HTTP server (aiohttp): pages, the JSON + SSE API, ``/metrics``, ``/health``.
 
-Read-only: every route is a GET (HEAD is answered too); any other method gets 405 before
-routing. When a token is configured every path but ``/health`` needs it, as
-``Authorization: Bearer <token>`` or as the password of HTTP basic auth (any user name; a
-browser asks once and then sends it with every request, the EventSource streams included).
+Read-only but for one route: every route is a GET (HEAD is answered too), except the POST
+of a decision on a tool call waiting for approval (:mod:`.decisions`, which needs a token);
+any other method gets 405 before routing. When a token is configured every path but
+``/health`` needs it, as ``Authorization: Bearer <token>`` or as the password of HTTP basic
+auth (any user name; a browser asks once and then sends it with every request, the
+EventSource streams included).
 The API is described in ``API.md`` beside this module.
 """
 
@@ -23,6 +25,7 @@ from aiohttp.typedefs import Middleware
 
 from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
+from pipeline.services.dashboard.decisions import DECISION_PATH, decide, is_decision_path
 from pipeline.services.dashboard.service import DashboardService
 from pipeline.services.dashboard.session_stream import stream_session
 from pipeline.services.dashboard.sse import (
@@ -59,9 +62,11 @@ def token_accepted(header: str | None, token: str) -> bool:
 def _guard(token: Secret) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method not in ("GET", "HEAD"):
-            return web.Response(status=405, text="the dashboard is read-only: GET only\n",
-                                headers={"Allow": "GET, HEAD"})
+        decision = is_decision_path(request.path)
+        if request.method not in (("POST",) if decision else ("GET", "HEAD")):
+            return web.Response(status=405, text="the dashboard is read-only: GET only (a "
+                                "decision on an approval: POST only)\n",
+                                headers={"Allow": "POST" if decision else "GET, HEAD"})
         if token and request.path not in PUBLIC_PATHS and not token_accepted(
                 request.headers.get("Authorization"), token.reveal()):
             return web.Response(status=401, text="authentication required\n", headers={
@@ -183,5 +188,9 @@ def build_app(service: DashboardService, token: Secret) -> web.Application:
               ("/metrics", metrics), ("/health", health)]
     for path, handler in routes:
         app.router.add_get(path, handler)
+
+    async def decision(request: web.Request) -> web.StreamResponse:
+        return await decide(request, service.settings, bool(token))
+    app.router.add_post(DECISION_PATH, decision)
     app.router.add_static("/static/", STATIC, follow_symlinks=False)
     return app

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pipeline.adapters.kafka.records import OutRecord, check_fits
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
+from pipeline.core.approvals import DECISION_TYPE, REFUSED_TYPE
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.turn_config import CONFIG_TYPE
@@ -52,7 +53,8 @@ _LOGS_MESSAGE_IDS = frozenset({SPLICE_TYPE, "user/message", CONFIG_TYPE})  # see
 
 def logged_message_ids(event: Event) -> Iterator[str]:
     """Command ids an event records as applied to the session: a message that entered it
-    (splice or user message) or a configure (its ``dsh-pipeline/config`` event)."""
+    (splice or user message), a configure (its ``dsh-pipeline/config`` event) or an approval
+    decision (taken or refused: ``dsh-pipeline/approval``, ``dsh-pipeline/approval-refused``)."""
     data = event.data
     if not isinstance(data, Mapping):
         return
@@ -63,7 +65,8 @@ def logged_message_ids(event: Event) -> Iterator[str]:
                 yield item["id"]
     elif event.type == "user/message" and isinstance(data.get("id"), str):
         yield data["id"]
-    elif event.type == CONFIG_TYPE and isinstance(data.get("messageId"), str):
+    elif event.type in (CONFIG_TYPE, DECISION_TYPE, REFUSED_TYPE) \
+            and isinstance(data.get("messageId"), str):
         yield data["messageId"]
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -42,7 +43,7 @@ from pipeline.codec.records import HEADER_TRACEPARENT
 from pipeline.core.errors import CodecError, DshError, EventError
 from pipeline.core.events import Event
 from pipeline.core.genai_trace import TraceParent
-from pipeline.core.inbox import Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import Approve, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import Mode, SessionLog
 from pipeline.services.driver.kafka_sink import (
     EventEncoder,
@@ -67,6 +68,9 @@ class SessionRunnerLike(Protocol):
     async def dispose(self) -> None: ...
     @property
     def busy(self) -> bool: ...
+    @property
+    def approval_deadline(self) -> int | None: ...
+    def expire_approval(self) -> bool: ...
 
 
 RunnerFactory = Callable[[SessionLog, PartitionSink], SessionRunnerLike]
@@ -156,6 +160,7 @@ class OwnedPartition:
                                   max_record_bytes=ctx.settings.max_record_bytes,
                                   steps_per_transaction=ctx.steps_per_transaction)
         self.sink_task: asyncio.Task[None] | None = None
+        self._approval_timers: dict[str, asyncio.TimerHandle] = {}
         self.accepting = False
         self.released = False
 
@@ -262,7 +267,7 @@ class OwnedPartition:
         assert slot.runner is not None
         offsets = self.sink.offsets
         # logged: the command's id enters the log with it (see logged_message_ids)
-        logged = isinstance(command, FollowUp | Steer | Inject | Configure)
+        logged = isinstance(command, FollowUp | Steer | Inject | Configure | Approve)
         if ((logged and command.message_id in slot.message_ids)
                 or (not isinstance(command, FollowUp | Steer | Inject)
                     and offsets.already_applied(command.message_id))):
@@ -309,6 +314,7 @@ class OwnedPartition:
                 await slot.runner.run_until_idle()
                 self._offsets_done(slot, taken)
                 if not slot.offsets:
+                    self._arm_approval_timer(slot)
                     return
         except asyncio.CancelledError:
             raise
@@ -320,6 +326,31 @@ class OwnedPartition:
             self.ctx.metrics.session_failures += 1
             self._offsets_done(slot, taken + slot.offsets)
             slot.offsets = []
+
+    def _arm_approval_timer(self, slot: SessionSlot, delay_s: float | None = None) -> None:
+        """Deny the session's waiting call at its deadline (``--approval-timeout``). The
+        deadline is in the log (asked time + timeout): a rebuilt session arms it again."""
+        old = self._approval_timers.pop(slot.session_id, None)
+        if old is not None:
+            old.cancel()
+        deadline = slot.runner.approval_deadline if slot.runner is not None else None
+        if deadline is None or self.released:
+            return
+        if delay_s is None:
+            delay_s = max(0.0, deadline / 1000 - time.time())
+        self._approval_timers[slot.session_id] = asyncio.get_running_loop().call_later(
+            delay_s, self._approval_expired, slot)
+
+    def _approval_expired(self, slot: SessionSlot) -> None:
+        self._approval_timers.pop(slot.session_id, None)
+        if self.released or slot.runner is None or slot.failure is not None:
+            return
+        if slot.driving:  # its turn runs now: look again once it returned
+            self._arm_approval_timer(slot, 0.05)
+        elif slot.runner.expire_approval():
+            self.drive(slot)
+        else:  # not due yet by the runner's clock
+            self._arm_approval_timer(slot, 0.05)
 
     def _offsets_done(self, slot: SessionSlot, offsets: list[int]) -> None:
         for offset in offsets:
@@ -340,6 +371,8 @@ class OwnedPartition:
             return
         self.released = True
         self.accepting = False
+        for timer in self._approval_timers.values():
+            timer.cancel()
         tasks = [s.task for s in self.sessions.values() if s.task is not None and not s.task.done()]
         if tasks and grace_s > 0:
             await asyncio.wait(tasks, timeout=grace_s)

@@ -28,12 +28,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError, EventError, ProviderError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import Configure, InboxCommand
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import (
+    AwaitApproval,
     CallModel,
     Effect,
     HookDecision,
@@ -109,12 +111,14 @@ class SessionRunner:
                  jitter: Callable[[], float] = random.random,
                  request_check: Callable[[ModelRequest], ModelRequest] | None = None,
                  metrics: RunnerMetrics | None = None,
-                 admit: Callable[[], Awaitable[None]] | None = None) -> None:
+                 admit: Callable[[], Awaitable[None]] | None = None,
+                 approvals: ApprovalRules | None = None) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
         ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
         ``admit``: awaited before each step begins (the Kafka driver's
         ``PartitionSink.admit_step``: a bound on the steps per transaction); None: no wait.
+        ``approvals``: which tool calls wait for a person, and for how long.
 
         ``request_check`` (tests only) may rewrite the request just before it is checked
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
@@ -122,7 +126,8 @@ class SessionRunner:
         self.session_id = log.session_id
         if config is not None and config.tools is None:
             config = dataclasses.replace(config, tools=tools.definitions())
-        self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry)
+        self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry,
+                                   approvals=approvals)
         self._provider_factory = provider_factory
         self._providers: dict[tuple[str, str], ModelProvider] = {}
         self._tools = tools
@@ -155,6 +160,16 @@ class SessionRunner:
             if self.machine.recover(self._clock()):
                 await self._publish()
                 await self._sink.flush(self.session_id)
+
+    @property
+    def approval_deadline(self) -> int | None:
+        """When the call waiting for approval times out (epoch ms), or None."""
+        return self.machine.approval_deadline
+
+    def expire_approval(self) -> bool:
+        """Deny a waiting call whose approval timed out; True if it did (then run the
+        session: :meth:`run_until_idle`)."""
+        return self.machine.expire_approval(self._clock())
 
     def submit(self, command: InboxCommand) -> None:
         """Hand over one inbox command (its splice is published by the run loop).
@@ -199,9 +214,13 @@ class SessionRunner:
                     # a claim is published with the step and messages it opens (one emit),
                     # so no commit can hold the claim without the claimed messages
                     await self._publish()
-                if isinstance(effect, Idle):
+                if isinstance(effect, Idle | AwaitApproval):
                     await self._sink.flush(self.session_id)
-                    if not self.machine.inbox.wakes:  # no await between check and return
+                    # a wait for approval is in the log: nothing runs until a decision
+                    if isinstance(effect, AwaitApproval):
+                        if self.machine.waiting_for is not None:  # not decided meanwhile
+                            return
+                    elif not self.machine.inbox.wakes:  # no await between check and return
                         return
                     continue
                 await self._perform(effect)
@@ -314,17 +333,23 @@ class SessionRunner:
         """Consecutive parallel-safe calls run together; any other call runs alone.
 
         A cancel stops further batches; calls already started are drained (their results
-        are logged), the machine closes the unstarted ones.
+        are logged), the machine closes the unstarted ones. A call that needs approval runs
+        alone, and when the machine holds it back (it waits, or was denied) nothing more
+        starts: the machine's next effect says what follows.
         """
-        for batch in _batches(calls, self._tools.parallel_safe):
-            if self.machine.cancel_requested:
+        machine = self.machine
+        for batch in _batches(calls, self._tools.parallel_safe, machine.needs_approval):
+            if machine.cancel_requested:
                 return
-            for call in batch:
-                self.machine.tool_started(call.call_id, self._clock())
-            await self._publish()
             if len(batch) == 1:  # the common case: no tasks to run it alongside others
+                if not machine.tool_started(batch[0].call_id, self._clock()):
+                    return
+                await self._publish()
                 await self._tool_finished(*await self._run_tool(batch[0]))
                 continue
+            for call in batch:  # parallel-safe and ungated: each starts
+                machine.tool_started(call.call_id, self._clock())
+            await self._publish()
             for done in asyncio.as_completed([self._run_tool(call) for call in batch]):
                 await self._tool_finished(*await done)
 
@@ -341,12 +366,13 @@ def _being_cancelled(loop: asyncio.AbstractEventLoop) -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _batches(calls: Sequence[ToolCall], parallel_safe: Callable[[str], bool]
-             ) -> list[list[ToolCall]]:
+def _batches(calls: Sequence[ToolCall], parallel_safe: Callable[[str], bool],
+             gated: Callable[[str], bool]) -> list[list[ToolCall]]:
     batches: list[list[ToolCall]] = []
     for call in calls:
-        safe = parallel_safe(call.name)
-        if safe and batches and all(parallel_safe(c.name) for c in batches[-1]):
+        safe = parallel_safe(call.name) and not gated(call.name)
+        if safe and batches and all(parallel_safe(c.name) and not gated(c.name)
+                                    for c in batches[-1]):
             batches[-1].append(call)
         else:
             batches.append([call])
@@ -361,12 +387,14 @@ class Driver:
                  hooks: Sequence[PreStepHook] = (), config: SessionConfig | None = None,
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
                  jitter: Callable[[], float] = random.random,
-                 metrics: RunnerMetrics | None = None) -> None:
+                 metrics: RunnerMetrics | None = None,
+                 approvals: ApprovalRules | None = None) -> None:
         self.sink: EventSink = sink if sink is not None else MemorySink()
         self._options: Mapping[str, Any] = {
             "provider_factory": provider_factory, "tools": tools, "sink": self.sink,
             "clock": clock, "hooks": hooks, "config": config, "retry": retry,
-            "new_id": new_id, "jitter": jitter, "metrics": metrics}
+            "new_id": new_id, "jitter": jitter, "metrics": metrics, "approvals": approvals}
+        self._clock = clock
         self.runners: dict[str, SessionRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -389,8 +417,26 @@ class Driver:
     def _wake(self, session_id: str) -> None:
         task = self._tasks.get(session_id)
         if task is None or task.done():
-            self._tasks[session_id] = asyncio.ensure_future(
-                self.runners[session_id].run_until_idle())
+            self._tasks[session_id] = asyncio.ensure_future(self._run(session_id))
+
+    async def _run(self, session_id: str) -> None:
+        """Run the session until idle or waiting for approval; arm the wait's timeout."""
+        runner = self.runners[session_id]
+        await runner.run_until_idle()
+        deadline = runner.approval_deadline
+        if deadline is not None:
+            asyncio.get_running_loop().call_later(
+                max(0.0, deadline - self._clock()) / 1000, self._expire, session_id)
+
+    def _expire(self, session_id: str) -> None:
+        """A wait's deadline: deny the call (if still waiting) and run the session on."""
+        task, runner = self._tasks.get(session_id), self.runners[session_id]
+        if task is not None and not task.done():  # running: it arms the timer again
+            return
+        if runner.expire_approval():
+            self._wake(session_id)
+        elif runner.approval_deadline is not None:  # not due by the runner's clock yet
+            asyncio.get_running_loop().call_later(0.01, self._expire, session_id)
 
     async def drain(self) -> None:
         """Wait until every session is idle; re-raises the first failure of a run loop."""

@@ -22,7 +22,9 @@ from pipeline.services.processors.worker import Processors
 PREFIX: Final = "dsh_processors_"
 FLEET_GAUGES: Final = (("sessions", "Sessions this worker owns"),
                        ("turns_in_flight", "Owned sessions inside a turn"),
-                       ("steps_in_flight", "Owned sessions inside a step"))
+                       ("steps_in_flight", "Owned sessions inside a step"),
+                       ("pending_approvals",
+                        "Owned sessions whose tool call waits for a person's approval"))
 
 
 class ProcessorsCollector(Collector):

@@ -10,6 +10,7 @@ const filter = document.getElementById("filter");
 
 function stateText(r) {
   if (r.state !== "in-turn") return "idle";
+  if (r.approval_call_id) return `turn ${r.turn} · waits for approval`;
   return r.step != null ? `turn ${r.turn} · step ${r.step}` : `turn ${r.turn}`;
 }
 
@@ -68,6 +69,51 @@ function layout() {
   document.getElementById("count").textContent = `${shown.length} of ${rows.size}`;
   document.getElementById("empty").style.display = rows.size ? "none" : "block";
   updateKpis();
+  renderApprovals();
+}
+
+// Calls waiting for a person: approve or deny through the dashboard's one POST route (it
+// needs the dashboard's token; the browser sends the basic-auth credentials it was given).
+const approvalNodes = new Map();  // "session\u0000call" -> <tr> (kept: a typed reason stays)
+function renderApprovals() {
+  const waiting = [...rows.values()].filter((r) => r.approval_call_id)
+    .sort((a, b) => (a.approval_since_ms || 0) - (b.approval_since_ms || 0));
+  const now = Date.now();
+  const wanted = waiting.map((r) => {
+    const key = `${r.session_id}\u0000${r.approval_call_id}`;
+    let tr = approvalNodes.get(key);
+    if (!tr) { tr = approvalRow(r); approvalNodes.set(key, tr); }
+    tr.querySelector("td[data-ago]").textContent = fmtAgo(r.approval_since_ms, now);
+    return tr;
+  });
+  const keep = new Set(wanted);
+  for (const [key, tr] of approvalNodes) if (!keep.has(tr)) approvalNodes.delete(key);
+  document.querySelector("#approvals-table tbody").replaceChildren(...wanted);
+  document.getElementById("approvals").hidden = !waiting.length;
+}
+
+function approvalRow(r) {
+  const reason = el("input", { type: "text", class: "reason-input", placeholder: "why (optional)" });
+  const outcome = el("span", { class: "muted", "data-outcome": "" });
+  const send = (decision) => async () => {
+    outcome.textContent = "sending…";
+    const url = `/api/sessions/${encodeURIComponent(r.session_id)}/approvals/${encodeURIComponent(r.approval_call_id)}`;
+    try {
+      const res = await fetch(url, { method: "POST", credentials: "same-origin",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ decision, reason: reason.value || null }) });
+      const body = await res.json();
+      outcome.textContent = res.ok ? `${decision} sent` : `refused: ${body.error}`;
+    } catch (err) { outcome.textContent = `failed: ${err}`; }
+  };
+  return el("tr", { "data-approval": r.session_id, "data-call": r.approval_call_id },
+    el("td", { class: "sid" }, el("a", { href: `/sessions/${encodeURIComponent(r.session_id)}`, text: r.session_id })),
+    el("td", { text: r.approval_tool || "?" }),
+    el("td", { class: "muted", text: r.approval_call_id }),
+    el("td", { "data-ago": "" }),
+    el("td", {}, reason),
+    el("td", {}, el("button", { class: "approve", text: "Approve", onclick: send("approve") }),
+      " ", el("button", { class: "deny", text: "Deny", onclick: send("deny") }), " ", outcome));
 }
 
 function upsert(list, flash) {

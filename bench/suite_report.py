@@ -23,6 +23,7 @@ TITLES = {
     "idle": "Idle CPU (issue 21)",
     "secure": "The secure stack against plaintext (issue 16)",
     "restart": "Processors restart with history (issue 16)",
+    "mcp": "MCP tool calls (issue 32)",
 }
 
 NOT_MEASURED = """\

@@ -1,0 +1,50 @@
+"""The suite's MCP figures (issue 32): a tool call through the driver against the same
+server called directly with the ``mcp`` SDK (bench/bench_mcp.py measures)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import bench_mcp
+from suite_core import Context, Figure
+
+SERVER = "server-everything's echo over stdio"
+
+
+def bench_mcp_call(ctx: Context) -> list[Figure]:
+    calls = ctx.size(1000, 50)
+    direct = ("the same server (another process of it) called directly: mcp SDK Client.call_tool")
+    tool_path = Figure(f"MCP tool call p50, driver's tool path ({SERVER})", "ms", [], direct,
+                       higher_is_better=False, worst_counts=True)
+    overhead = Figure("MCP tool call: overhead p50 of the driver's tool path over the direct "
+                      "call", "ms", [], higher_is_better=False, worst_counts=True,
+                      goal="<= 5 ms (issue 32)")
+    turn = Figure(f"MCP tool call in a turn: ms per call, {calls:,} sequential calls in one "
+                  "step", "ms", [], direct, higher_is_better=False, worst_counts=True)
+    turn_overhead = Figure("MCP tool call in a turn: overhead per call over the direct call",
+                           "ms", [], higher_is_better=False, worst_counts=True,
+                           goal="<= 5 ms (issue 32)")
+    for _ in range(ctx.latency_runs):
+        measured = asyncio.run(bench_mcp.per_call(calls))
+        ours, theirs = (statistics.median(measured[k]) for k in ("ours", "direct"))
+        tool_path.ours.append(ours)
+        tool_path.anchor_values.append(theirs)
+        overhead.ours.append(ours - theirs)
+        in_turn = asyncio.run(bench_mcp.per_turn(calls))
+        turn.ours.append(in_turn["ours"])
+        turn.anchor_values.append(in_turn["direct"])
+        turn_overhead.ours.append(in_turn["ours"] - in_turn["direct"])
+    overhead.judge(5.0)
+    turn_overhead.judge(5.0)
+    tool_path.note = overhead.note = (
+        f"{calls:,} calls per run after 50 of warm-up, alternating one by one between the "
+        "driver's tool path (ToolRegistry.run: arguments parsed and checked against the "
+        "schema, the supervised connection, the result rendered and scrubbed, the spill "
+        "policy) and the direct SDK call; p50 of each per run (bench/bench_mcp.py)")
+    turn.note = turn_overhead.note = (
+        "one in-memory driver step whose model asks for the calls (the tool made "
+        "parallel-unsafe, so they run one at a time): first tool/call to last tool/result "
+        "event time (ms clock) per call, turn machine and event appends included; then as "
+        "many direct SDK calls")
+    return [tool_path, overhead, turn, turn_overhead]

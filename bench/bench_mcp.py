@@ -1,6 +1,6 @@
 """An MCP tool call through the driver against the same server called directly with the SDK.
 
-    .venv/bin/python bench/bench_mcp.py [--calls N]      (one run; prints JSON)
+    .venv/bin/python bench/bench_mcp.py [--calls N] [--sessions N]  (one run; prints JSON)
     dsh-pipeline bench --only mcp                        (the suite's figures)
 
 Two processes of ``@modelcontextprotocol/server-everything`` over stdio (``make
@@ -11,6 +11,9 @@ at a time, so both see the same machine; the figures are per-call wall times.
 - *through the driver*: ``ToolRegistry.run`` as the session runner awaits it: the raw
   argument string parsed and checked against the tool's schema, the supervised connection,
   the result rendered as a dsh tool result and scrubbed, the spill policy's post-execute;
+- *a fleet*: ``sessions`` sessions at once, each a two-step turn calling the MCP echo (one
+  server process serves them all), against the same fleet calling the built-in ``echo``:
+  steps/s of each, the in-memory driver as bench/bench_runner.py runs it;
 - *through a turn*: one step whose model asks for ``calls`` sequential calls (the tool made
   parallel-unsafe), run by the in-memory driver (turn machine, ``tool/call`` and
   ``tool/result`` events appended): the step's tool time per call, against the same number
@@ -31,17 +34,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_runner import TimingSink, follow_up
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from pipeline.adapters.llm.scripted import ScriptedProvider, ScriptedReply, ScriptedToolCall
+from pipeline.adapters.llm.scripted import (
+    ScriptedProvider,
+    ScriptedReply,
+    ScriptedToolCall,
+    tool_loop_script,
+)
 from pipeline.adapters.mcp import McpServerConnection, parse_mcp_config
 from pipeline.core.inbox import FollowUp
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.mcp_tools import McpTools
 from pipeline.services.driver.runner import Driver
 from pipeline.services.driver.spill import SpillPolicy
-from pipeline.services.driver.tools import ToolRegistry
+from pipeline.services.driver.tools import ToolRegistry, builtin_registry
 from pipeline.settings import Settings
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -140,6 +149,34 @@ async def per_turn(calls: int) -> dict[str, float]:
     return {"ours": ours, "direct": direct}
 
 
+async def fleet_steps(sessions: int) -> dict[str, float]:
+    """Steps/s of ``sessions`` concurrent sessions calling the MCP echo, then the built-in."""
+    command, args = everything_command()
+    mcp = await driver_tools(command, args, parallel_safe=True)
+    tools = builtin_registry()
+    tools.add_source(mcp)
+    tools = tools.with_post_execute(spill_policy().bound)
+    rates = {}
+    try:
+        for key, name, arguments in (("mcp", TOOL, ARGUMENTS), ("echo", "echo", {"text": "x"})):
+            sink = TimingSink()
+            provider = ScriptedProvider(tool_loop_script(name, json.dumps(arguments)))
+            driver = Driver(provider_factory=lambda _p, _m, p=provider: p, tools=tools,
+                            sink=sink, config=SessionConfig("scripted", "bench"))
+            started = time.perf_counter()
+            for n in range(sessions):
+                driver.submit(follow_up(f"s{n}", 0))
+            await driver.drain()
+            rates[key] = len(sink.step_ms) / (time.perf_counter() - started)
+            assert len(sink.step_ms) == 2 * sessions
+            failed = [e for events in sink.events.values() for e in events
+                      if e.type == "tool/result" and e.data.get("error")]
+            assert not failed, failed[0].data
+    finally:
+        await mcp.close()
+    return rates
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -148,16 +185,19 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--sessions", type=int, default=1000)
     args = parser.parse_args()
     calls = asyncio.run(per_call(args.calls))
     turn = asyncio.run(per_turn(args.calls))
+    fleet = asyncio.run(fleet_steps(args.sessions))
     summary: dict[str, Any] = {
         "calls": args.calls,
         "ours_p50_ms": statistics.median(calls["ours"]),
         "direct_p50_ms": statistics.median(calls["direct"]),
         "ours_p99_ms": percentile(calls["ours"], 0.99),
         "direct_p99_ms": percentile(calls["direct"], 0.99),
-        "turn_ms_per_call": turn["ours"], "direct_ms_per_call": turn["direct"]}
+        "turn_ms_per_call": turn["ours"], "direct_ms_per_call": turn["direct"],
+        "fleet_mcp_steps_per_s": fleet["mcp"], "fleet_echo_steps_per_s": fleet["echo"]}
     summary["overhead_p50_ms"] = summary["ours_p50_ms"] - summary["direct_p50_ms"]
     print(json.dumps(summary))
 

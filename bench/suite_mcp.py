@@ -47,4 +47,24 @@ def bench_mcp_call(ctx: Context) -> list[Figure]:
         "parallel-unsafe, so they run one at a time): first tool/call to last tool/result "
         "event time (ms clock) per call, turn machine and event appends included; then as "
         "many direct SDK calls")
-    return [tool_path, overhead, turn, turn_overhead]
+    return [tool_path, overhead, turn, turn_overhead, *_fleet(ctx)]
+
+
+def _fleet(ctx: Context) -> list[Figure]:
+    sessions = ctx.size(1000, 50)
+    steps = Figure(f"MCP fleet: steps/s, {sessions:,} concurrent sessions each calling the MCP "
+                   "echo", "steps/s", [], "the same fleet calling the built-in echo tool")
+    share = Figure("MCP fleet: steps/s against the built-in echo's", "x", [],
+                   goal=">= 0.8x (issue 32)")
+    for _ in range(ctx.runs):
+        rates = asyncio.run(bench_mcp.fleet_steps(sessions))
+        steps.ours.append(rates["mcp"])
+        steps.anchor_values.append(rates["echo"])
+        share.ours.append(rates["mcp"] / rates["echo"])
+    share.judge(0.8)
+    steps.note = share.note = (
+        "in-memory driver (bench/bench_runner.py's sink and follow-ups), scripted provider: "
+        "each session one two-step turn (the tool call, then the answer); one "
+        "server-everything process serves every session's call over one stdio connection; "
+        "the MCP run first, then the built-in one, in each run")
+    return [steps, share]

@@ -142,6 +142,17 @@ async def test_a_server_that_cannot_start_gives_error_results_and_up_after_its_b
         assert mcp.status()[0]["restarts"] == 2
 
 
+async def test_closing_cuts_a_backoff_wait_short(tmp_path: pathlib.Path) -> None:
+    policy = ReconnectPolicy(initial_delay_s=30.0, max_delay_s=30.0, max_attempts=3)
+    async with started({"ghost": {"command": str(tmp_path / "nothing")}},
+                       policy=policy) as (mcp, tools):
+        assert mcp.connections[0].state == "restarting"
+        down = await tools.run("mcp__ghost__anything", "{}")
+        assert down.error == {"name": "UnknownToolError", "code": "UNKNOWN_TOOL"}
+        closing = time.monotonic()
+    assert time.monotonic() - closing < 3 and mcp.connections[0].state == "closed"
+
+
 async def test_env_secrets_stay_out_of_results_status_and_logs(
         mcp_servers: McpServers, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)

@@ -82,6 +82,7 @@ class McpServerConnection:
         self._client: Client | None = None
         self._down: asyncio.Event | None = None
         self._first_attempt = asyncio.Event()
+        self._stopping = asyncio.Event()  # cuts a backoff wait short on close
         self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -101,6 +102,7 @@ class McpServerConnection:
     async def close(self) -> None:
         """Stop the server (or the HTTP session) and the supervisor."""
         self._closing = True
+        self._stopping.set()
         if self._down is not None:
             self._down.set()
         task, self._supervisor = self._supervisor, None
@@ -124,10 +126,9 @@ class McpServerConnection:
         """
         client, down = self._client, self._down
         if client is None or down is None or down.is_set():
-            raise ToolServerError(f"MCP server {self.name!r} is not connected ({self.state}); "
-                                  "it is being restarted" if self.state != "failed" else
-                                  f"MCP server {self.name!r} is not connected: it failed "
-                                  f"{self.policy.max_attempts} restarts in a row",
+            why = (f"it failed {self.policy.max_attempts} restarts in a row"
+                   if self.state == "failed" else "it is being restarted")
+            raise ToolServerError(f"MCP server {self.name!r} is not connected ({why})",
                                   server=self.name, code="UNAVAILABLE")
         try:
             result = await client.call_tool(raw_name, arguments)
@@ -166,7 +167,11 @@ class McpServerConnection:
             log.warning("MCP server %r: connection %s; restarting in %.1f s (attempt %d/%d)",
                         self.name, "lost" if connected_at is not None else "failed", delay,
                         failures, self.policy.max_attempts)
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
+            if self._closing:
+                break
             self.restarts += 1
         self._first_attempt.set()
 

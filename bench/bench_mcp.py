@@ -177,6 +177,27 @@ async def fleet_steps(sessions: int) -> dict[str, float]:
     return rates
 
 
+async def kafka_fleet(bootstrap: str, sessions: int) -> dict[str, float]:
+    """Steps/s of the Kafka driver (bench/bench_driver_kafka.py's run, on fresh topics) with
+    ``sessions`` sessions each calling the MCP echo, then the built-in echo."""
+    import bench_driver_kafka
+    # a fresh broker creates its offsets and transaction topics on first use: not measured
+    await bench_driver_kafka.run(bootstrap, 20, 6, 25.0)
+    command, args = everything_command()
+    mcp = await driver_tools(command, args, parallel_safe=True)
+    tools = builtin_registry()
+    tools.add_source(mcp)
+    try:
+        ours = await bench_driver_kafka.run(
+            bootstrap, sessions, 6, 25.0, tools=tools,
+            script=tool_loop_script(TOOL, json.dumps(ARGUMENTS)))
+    finally:
+        await mcp.close()
+    builtin = await bench_driver_kafka.run(bootstrap, sessions, 6, 25.0)
+    assert ours["invalid_logs"] == builtin["invalid_logs"] == 0
+    return {"mcp": ours["steps_per_s"], "echo": builtin["steps_per_s"]}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -186,6 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--bootstrap", help="also run the Kafka driver's fleet on this broker")
     args = parser.parse_args()
     calls = asyncio.run(per_call(args.calls))
     turn = asyncio.run(per_turn(args.calls))
@@ -198,6 +220,9 @@ def main() -> None:
         "direct_p99_ms": percentile(calls["direct"], 0.99),
         "turn_ms_per_call": turn["ours"], "direct_ms_per_call": turn["direct"],
         "fleet_mcp_steps_per_s": fleet["mcp"], "fleet_echo_steps_per_s": fleet["echo"]}
+    if args.bootstrap:
+        kafka = asyncio.run(kafka_fleet(args.bootstrap, args.sessions))
+        summary |= {"kafka_mcp_steps_per_s": kafka["mcp"], "kafka_echo_steps_per_s": kafka["echo"]}
     summary["overhead_p50_ms"] = summary["ours_p50_ms"] - summary["direct_p50_ms"]
     print(json.dumps(summary))
 

@@ -58,7 +58,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "scaleout": (bench_scale, False),  # starts its own 3-node cluster
     "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
     "restart": (bench_restart_time, True),
-    "mcp": (bench_mcp_call, False),  # runs server-everything (make mcp-servers)
+    "mcp": (bench_mcp_call, True),  # runs server-everything (make mcp-servers)
 }
 
 

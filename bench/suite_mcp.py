@@ -67,4 +67,24 @@ def _fleet(ctx: Context) -> list[Figure]:
         "each session one two-step turn (the tool call, then the answer); one "
         "server-everything process serves every session's call over one stdio connection; "
         "the MCP run first, then the built-in one, in each run")
+    return [steps, share, *_kafka_fleet(ctx)]
+
+
+def _kafka_fleet(ctx: Context) -> list[Figure]:
+    sessions = ctx.size(1000, 50)
+    steps = Figure(f"MCP fleet over Kafka: steps/s, {sessions:,} sessions each calling the MCP "
+                   "echo", "steps/s", [], "the same fleet calling the built-in echo tool")
+    share = Figure("MCP fleet over Kafka: steps/s against the built-in echo's", "x", [],
+                   goal=">= 0.8x (issue 32)")
+    for _ in range(ctx.runs):
+        rates = asyncio.run(bench_mcp.kafka_fleet(ctx.bootstrap, sessions))
+        steps.ours.append(rates["mcp"])
+        steps.anchor_values.append(rates["echo"])
+        share.ours.append(rates["mcp"] / rates["echo"])
+    share.judge(0.8)
+    steps.note = share.note = (
+        "the Kafka driver in this process as bench/bench_driver_kafka.py runs it (6 "
+        "partitions, linger 25 ms, a burst of one follow-up per session, steps counted by a "
+        "read-committed reader in a process of its own), one server-everything process for "
+        "every session's call; the MCP run first, then the built-in one, on fresh topics")
     return [steps, share]

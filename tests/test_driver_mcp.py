@@ -16,14 +16,24 @@ from typing import Any
 
 import pytest
 from mcp_support import McpServers
-from test_driver_configure_crash import follow_up, send, topics, until  # noqa: F401
-from test_driver_crash import driver_env
+from test_driver_configure_crash import follow_up, send, until
+from test_driver_crash import PARTITIONS, driver_env
 
+from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.core.inbox import Configure
 from pipeline.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.mcp, pytest.mark.timeout(300)]
 SECRET = "dsh-driver-secret-9b2e77c1"
+
+
+@pytest.fixture
+async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
+    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
+                                 partitions=PARTITIONS, replication_factor=1,
+                                 group_id_prefix=f"{topic_prefix}g-")
+    await ensure_topics(settings)
+    return settings
 
 
 async def start(settings: Settings, mcp_config: pathlib.Path, errors: pathlib.Path,
@@ -54,7 +64,7 @@ def health(port: int) -> Any:
 
 
 async def test_a_fleet_reads_files_through_an_mcp_server(
-        topics: Settings, mcp_servers: McpServers, tmp_path: pathlib.Path) -> None:  # noqa: F811
+        topics: Settings, mcp_servers: McpServers, tmp_path: pathlib.Path) -> None:
     root = tmp_path / "data"
     root.mkdir()
     (root / "plan.md").write_text("step 1: read this file through MCP\n")

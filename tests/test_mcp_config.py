@@ -112,3 +112,23 @@ def test_is_error_is_an_error_result_and_structured_content_is_shown_once() -> N
 def test_tool_server_errors_carry_server_and_code() -> None:
     error = ToolServerError("MCP server 'x': down", server="x", code="UNAVAILABLE")
     assert (error.server, error.code) == ("x", "UNAVAILABLE")
+
+
+def test_driver_script_tool_arguments_are_checked() -> None:
+    import argparse
+
+    from pipeline.cli.cmd_driver import mcp_tools_from, script_from_args
+
+    def args(**given: object) -> argparse.Namespace:
+        return argparse.Namespace(**{"script": "echo", "script_tool": None,
+                                     "script_arguments": "{}", **given})
+
+    assert script_from_args(args()) is not None
+    assert script_from_args(args(script_tool="mcp__files__read_text_file",
+                                 script_arguments='{"path": "/a"}')) is not None
+    for bad, problem in ((args(script_arguments='{"a": 1}'), "only goes with --script-tool"),
+                         (args(script_tool="t", script_arguments="{"), "is not JSON"),
+                         (args(script_tool="t", script_arguments="[1]"), "a JSON object")):
+        with pytest.raises(ConfigError, match=problem):
+            script_from_args(bad)
+    assert mcp_tools_from("", Settings()) is None

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
 
 .PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints docs \
-	toxiproxy chaos
+	toxiproxy chaos mcp-servers
 
 setup: $(STAMP) artifacts
 
@@ -67,7 +67,7 @@ promtool:
 	    $$sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
 
-test: setup chromium promtool toxiproxy
+test: setup chromium promtool toxiproxy mcp-servers
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory pytest
 
@@ -104,3 +104,21 @@ toxiproxy:
 # The chaos campaign (docs/chaos.md): about 15 minutes; CHAOS_ARGS e.g. --seed 7 --minutes 5.
 chaos: setup toxiproxy
 	$(BIN)/dsh-pipeline chaos --toxiproxy "$(TOXIPROXY_DIR)/server" $(CHAOS_ARGS)
+
+# The third-party MCP servers the tests and benchmarks run (tests/mcp_servers/): the npm ones
+# (server-everything, server-filesystem) by `npm ci` from the committed lock file, and
+# mcp-server-git (PyPI) in a virtualenv of its own, since its dependencies are not the
+# pipeline's. Installed into the cache ($DSH_CACHE_DIR or .cache/); redone when a pin changes.
+# Needs node and npm; tests/mcp_support.py finds them there.
+MCP_SERVERS_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/mcp-servers
+MCP_SERVER_GIT_VERSION := 2026.10.19
+mcp-servers: $(MCP_SERVERS_DIR)/.installed
+$(MCP_SERVERS_DIR)/.installed: tests/mcp_servers/package.json tests/mcp_servers/package-lock.json \
+		tests/mcp_servers/git-constraints.txt
+	mkdir -p "$(MCP_SERVERS_DIR)"
+	cp tests/mcp_servers/package.json tests/mcp_servers/package-lock.json "$(MCP_SERVERS_DIR)/"
+	cd "$(MCP_SERVERS_DIR)" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	[ -x "$(MCP_SERVERS_DIR)/git-venv/bin/python" ] || $(PYTHON) -m venv "$(MCP_SERVERS_DIR)/git-venv"
+	"$(MCP_SERVERS_DIR)/git-venv/bin/python" -m pip install --quiet \
+	    -c tests/mcp_servers/git-constraints.txt mcp-server-git==$(MCP_SERVER_GIT_VERSION)
+	touch "$@"

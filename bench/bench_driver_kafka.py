@@ -71,7 +71,7 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION
 from pipeline.services.driver.service import DriverConfig, DriverService
-from pipeline.services.driver.tools import builtin_registry
+from pipeline.services.driver.tools import ToolRegistry, builtin_registry
 from pipeline.settings import Settings
 
 
@@ -262,18 +262,20 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
               pacing: Pacing = Pacing(), reader_wait_ms: int = 500,
               steps_per_transaction: int = STEPS_PER_TRANSACTION,
               refill_below: int | None = None,
-              reader_in_process: bool = False) -> dict[str, float]:
+              reader_in_process: bool = False, tools: ToolRegistry | None = None,
+              script: Script | None = None) -> dict[str, float]:
     """One measured run (see the module docs). The reader runs in a process of its own, as
     a downstream consumer does; ``reader_in_process``: on the driver's event loop, as this
     benchmark did before session 10 (its fetches then wait behind the runners, and its CPU
-    is billed to the driver)."""
+    is billed to the driver). ``tools`` and ``script``: other than the built-ins and the
+    echo tool loop (bench/bench_mcp.py's MCP fleet)."""
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     settings = Settings.from_env({}, bootstrap_servers=bootstrap, topic_prefix=prefix,
                                  partitions=partitions, group_id_prefix=prefix)
     await ensure_topics(settings)
-    ctx = driver_context(settings, group_id=f"{prefix}driver", tools=builtin_registry(),
-                         linger_ms=linger_ms,
-                         script=paced_script(pacing),
+    ctx = driver_context(settings, group_id=f"{prefix}driver",
+                         tools=tools or builtin_registry(), linger_ms=linger_ms,
+                         script=script or paced_script(pacing),
                          pipelined_flush=pipelined,
                          steps_per_transaction=steps_per_transaction)
     service = DriverService(ctx, DriverConfig(linger_ms=linger_ms,

@@ -32,6 +32,7 @@ from suite_idle import bench_idle_cpu
 from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory, bench_processors_state
+from suite_mcp import bench_mcp_call
 from suite_otel import bench_otel_export
 from suite_report import render
 from suite_scale import bench_scale
@@ -59,6 +60,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
     "restart": (bench_restart_time, True),
     "approval": (bench_approval, True),
+    "mcp": (bench_mcp_call, True),  # runs server-everything (make mcp-servers)
 }
 
 

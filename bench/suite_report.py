@@ -24,6 +24,7 @@ TITLES = {
     "secure": "The secure stack against plaintext (issue 16)",
     "restart": "Processors restart with history (issue 16)",
     "approval": "Approval of a tool call (issue 32)",
+    "mcp": "MCP tool calls (issue 32)",
 }
 
 NOT_MEASURED = """\

@@ -109,6 +109,8 @@ class Settings:
     otel_metrics_port: int = 9465
     max_record_bytes: int = 8 * 1024 * 1024
     spill_inline_bytes: int = 50_000
+    mcp_config: str = ""
+    tool_timeout: float = 60.0
 
     @property
     def topics(self) -> TopicNames:
@@ -160,10 +162,14 @@ MIN_RECORD_BYTES: Final = 1024 * 1024
 
 
 def _check_sizes(settings: Settings) -> None:
-    """The record limit can carry a spill chunk (1 MB) and the inline cap fits well inside."""
+    """The record limit can carry a spill chunk (1 MB) and the inline cap fits well inside;
+    the tool timeout is positive."""
     if settings.max_record_bytes < MIN_RECORD_BYTES:
         raise ConfigError(f"DSH_MAX_RECORD_BYTES must be at least {MIN_RECORD_BYTES} "
                           f"(1 MiB), got {settings.max_record_bytes}")
+    if not settings.tool_timeout > 0:
+        raise ConfigError(f"DSH_TOOL_TIMEOUT must be a positive number of seconds, got "
+                          f"{settings.tool_timeout}")
     if not 0 < settings.spill_inline_bytes <= settings.max_record_bytes // 4:
         raise ConfigError(f"DSH_SPILL_INLINE_BYTES must be 1..{settings.max_record_bytes // 4} "
                           f"(a quarter of DSH_MAX_RECORD_BYTES), got "
@@ -178,4 +184,9 @@ def _convert(name: str, type_name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise ConfigError(f"DSH_{name.upper()} must be an integer, got {raw!r}") from None
+    if type_name == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"DSH_{name.upper()} must be a number, got {raw!r}") from None
     return raw

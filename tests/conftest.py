@@ -209,3 +209,10 @@ def decoder_path(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
     finally:
         use_compiled_decoders(True)
+
+
+@pytest.fixture(scope="session")
+def mcp_servers() -> object:
+    """The third-party MCP servers (tests/mcp_support.py), installed if missing."""
+    from mcp_support import find_servers
+    return find_servers()

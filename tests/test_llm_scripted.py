@@ -169,3 +169,20 @@ async def test_echo_and_tool_loop_scripts() -> None:
     second = assemble(await collect(loop, request(user("go"), assistant, answered)))
     assert second[-1] == {"type": "text", "text": "Done: hi"}
     await loop.aclose()
+
+
+async def test_named_tool_script_calls_the_tool_once_then_answers_its_result() -> None:
+    from pipeline.adapters.llm.scripted import named_tool_script
+    from pipeline.core.model import ModelRequest
+    script = named_tool_script("mcp__files__read_text_file", '{"path": "/a"}')
+    user = {"id": "u1", "role": "user", "content": [{"type": "text", "text": "go"}]}
+    first = script(ModelRequest("scripted", "m", (user,)), 1)
+    assert [(c.name, c.arguments) for c in first.tool_calls] == [
+        ("mcp__files__read_text_file", '{"path": "/a"}')]
+    result = {"id": "r1", "role": "user", "content": [
+        {"type": "tool-result", "toolCallId": "c", "isError": False,
+         "content": [{"type": "text", "text": "x" * 500}]}]}
+    answer = script(ModelRequest("scripted", "m", (user, result)), 1)
+    assert answer.text == "Result: " + "x" * 500 and not answer.tool_calls
+    failed = {**result, "content": [{**result["content"][0], "isError": True}]}
+    assert script(ModelRequest("scripted", "m", (user, failed)), 1).text.startswith("Tool error:")

@@ -64,6 +64,10 @@ DESCRIPTIONS: Final[dict[str, str]] = {
                         "content is spilled or refused (docs/large-content.md).",
     "spill_inline_bytes": "A plain-text tool result above this many UTF-8 bytes is spilled to "
                           "`<prefix>spill`; the model sees a head/tail preview of this size.",
+    "mcp_config": "The driver's MCP servers: a JSON file in the `mcpServers` format "
+                  "(`driver --mcp-config` wins); empty: none (docs/mcp.md).",
+    "tool_timeout": "Seconds an MCP tool call may take before it ends as a `TOOL_TIMEOUT` "
+                    "error result (the server is told to cancel it).",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

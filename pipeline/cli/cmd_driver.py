@@ -23,13 +23,22 @@ import json
 import signal
 import sys
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.factory import provider_from_settings
-from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script, tool_loop_script
+from pipeline.adapters.llm.scripted import (
+    Script,
+    ScriptedReply,
+    echo_script,
+    named_tool_script,
+    tool_loop_script,
+)
+from pipeline.adapters.mcp import McpServerConnection, load_mcp_config
+from pipeline.adapters.metrics.http import Health
 from pipeline.adapters.registry.client import (
     BACKWARD_TRANSITIVE,
     RegistryClient,
@@ -70,6 +79,7 @@ from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.http_status import StatusServer
 from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION, PartitionSink
+from pipeline.services.driver.mcp_tools import McpTools
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
@@ -114,6 +124,10 @@ def _register_driver(subparsers: Any) -> None:
                  help="how long running turns may take to finish on shutdown")
     driver.add_argument("--enable-host-tools", action="store_true",
                         help="offer tools that touch the host (bash); off by default")
+    driver.add_argument("--mcp-config", metavar="FILE",
+                        help="offer the tools of the MCP servers in FILE (the mcpServers JSON "
+                             "format) as mcp__SERVER__TOOL (default: DSH_MCP_CONFIG; "
+                             "docs/mcp.md)")
     driver.add_argument("--instance-id",
                         help="static group membership id (e.g. the pod name): a restarted "
                              "driver with the same id gets its partitions back at once")
@@ -132,6 +146,12 @@ def _add_driver_io_options(driver: argparse.ArgumentParser) -> None:
     driver.add_argument("--script", choices=sorted(SCRIPTS), default="echo",
                         help="scripted provider only: 'echo' answers in one step; 'tool-loop' "
                              "calls the echo tool, then answers its result (two steps)")
+    driver.add_argument("--script-tool", metavar="NAME",
+                        help="scripted provider only: call the tool NAME once (e.g. "
+                             "mcp__files__list_directory), then answer with its result "
+                             "(instead of --script)")
+    driver.add_argument("--script-arguments", metavar="JSON", default="{}",
+                        help="with --script-tool: the call's arguments, a JSON object")
     add_duration(driver, "--script-chunk-delay", default=0.0, ms=True,
                  dest="script_chunk_delay_ms",
                  help="scripted provider only: wait this long between stream chunks (to "
@@ -348,22 +368,50 @@ def run_driver(args: argparse.Namespace, settings: Settings) -> int:
                           instance_id=args.instance_id)
     group = args.group or f"{settings.group_id_prefix}driver"
     tools = builtin_registry(enable_host_tools=args.enable_host_tools)
+    script = script_from_args(args)
+    mcp = mcp_tools_from(args.mcp_config or settings.mcp_config, settings)
+    if mcp is not None:
+        tools.add_source(mcp)
     with contextlib.ExitStack() as stack:
         codecs = None
         if args.registry:
             client = stack.enter_context(RegistryClient.from_settings(settings))
             codecs = registry_codecs(settings, client)
         ctx = driver_context(settings, group_id=group, tools=tools, linger_ms=args.linger_ms,
-                             script=_delayed(SCRIPTS[args.script], args.script_chunk_delay_ms),
+                             script=_delayed(script, args.script_chunk_delay_ms),
                              codecs=codecs, pipelined_flush=args.pipelined_flush,
                              rebuild_mode=args.rebuild_mode,
                              steps_per_transaction=args.steps_per_transaction,
                              approvals=approval_rules(args))
         service = DriverService(ctx, config)
         port = settings.driver_metrics_port if args.port is None else args.port
-        asyncio.run(_serve(settings, service, args.host, port))
+        asyncio.run(_serve(settings, service, args.host, port, mcp))
     print(json.dumps({"stopped": True, **service.metrics_snapshot()}), flush=True)
     return 0
+
+
+def script_from_args(args: argparse.Namespace) -> Script:
+    """``--script-tool NAME --script-arguments JSON``, else the ``--script`` named."""
+    if args.script_tool is None:
+        if args.script_arguments != "{}":
+            raise ConfigError("driver --script-arguments only goes with --script-tool")
+        return SCRIPTS[args.script]
+    try:
+        arguments = json.loads(args.script_arguments)
+    except ValueError as exc:
+        raise ConfigError(f"driver --script-arguments is not JSON: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise ConfigError("driver --script-arguments must be a JSON object")
+    return named_tool_script(args.script_tool, json.dumps(arguments))
+
+
+def mcp_tools_from(path: str, settings: Settings) -> McpTools | None:
+    """The MCP servers of the config file at ``path`` (None when no file is given)."""
+    if not path:
+        return None
+    servers = load_mcp_config(path)
+    return McpTools([McpServerConnection(server) for server in servers],
+                    timeout_s=settings.tool_timeout)
 
 
 def _non_negative(text: str) -> int:
@@ -383,9 +431,31 @@ def _delayed(script: Script, chunk_delay_ms: int) -> Script:
 
 
 async def _serve(settings: Settings, service: DriverService, metrics_host: str,
-                 metrics_port: int) -> None:
+                 metrics_port: int, mcp: McpTools | None = None) -> None:
     await ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S)
-    status = StatusServer(service.health, service.metrics_snapshot,
+    if mcp is not None:  # listed before the first session is built: its default tool set
+        await mcp.start()
+    try:
+        await _serve_status(service, metrics_host, metrics_port, mcp)
+    finally:
+        if mcp is not None:
+            await mcp.close()
+
+
+def _health_with(service: DriverService, mcp: McpTools | None) -> Health:
+    """The service's /health, with each MCP server's state (no secrets) when there are any."""
+    if mcp is None:
+        return service.health
+
+    def health() -> tuple[bool, Mapping[str, object]]:
+        alive, details = service.health()
+        return alive, {**details, "mcp": mcp.status()}
+    return health
+
+
+async def _serve_status(service: DriverService, metrics_host: str, metrics_port: int,
+                        mcp: McpTools | None) -> None:
+    status = StatusServer(_health_with(service, mcp), service.metrics_snapshot,
                           service.metrics.runner.render)
     if metrics_port >= 0:
         try:

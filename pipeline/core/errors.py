@@ -16,7 +16,8 @@ place per adapter, so services and the CLI never catch a library's exception typ
     └── TransportError          a broker, registry or provider could not be reached/used
         ├── BrokerError         Kafka (topic mismatch, fencing, timeouts)
         ├── RegistryError       schema registry HTTP errors
-        └── ProviderError       model provider errors, with a code (AUTH, RATE_LIMIT, ...)
+        ├── ProviderError       model provider errors, with a code (AUTH, RATE_LIMIT, ...)
+        └── ToolServerError     an MCP tool server failed, with a code (UNAVAILABLE, ...)
 
 Messages are written for the operator: they name what was wrong, where, and what to do.
 They never contain secret values.
@@ -95,6 +96,18 @@ class TransportError(DshError):
 
 class BrokerError(TransportError):
     """Kafka failed: unreachable, topic mismatch, fenced producer, timeout."""
+
+
+class ToolServerError(TransportError):
+    """An MCP tool server could not be reached or used. ``code`` is UNAVAILABLE (not
+    connected, restarting), CONNECTION_CLOSED (it went away mid-call), PROTOCOL (a JSON-RPC
+    error or a malformed answer) or TIMEOUT. The message names the server, never its env or
+    headers."""
+
+    def __init__(self, message: str, *, server: str, code: str) -> None:
+        super().__init__(message)
+        self.server = server
+        self.code = code
 
 
 class RegistryError(TransportError):

@@ -219,3 +219,28 @@ def tool_loop_script(tool_name: str, arguments: str = "{}") -> Script:
                              tool_calls=(ScriptedToolCall(tool_name, arguments),))
 
     return script
+
+
+def named_tool_script(tool_name: str, arguments: str = "{}") -> Script:
+    """``driver --script-tool``: call ``tool_name`` once with ``arguments`` after a user
+    message, then answer with the tool's whole result text (a demo or test drives a real
+    tool, an MCP server's too, without a model). An error result is answered the same way,
+    prefixed ``Tool error:``."""
+
+    def script(request: ModelRequest, attempt: int) -> ScriptedReply:
+        text, has_results = _last_user_text(request)
+        if has_results:
+            failed = _last_result_failed(request)
+            return ScriptedReply(reasoning=f"{tool_name} answered.",
+                                 text=f"{'Tool error' if failed else 'Result'}: {text}")
+        return ScriptedReply(reasoning=f"I will call {tool_name}.",
+                             tool_calls=(ScriptedToolCall(tool_name, arguments),))
+
+    return script
+
+
+def _last_result_failed(request: ModelRequest) -> bool:
+    last = request.messages[-1] if request.messages else None
+    content = last.get("content") if isinstance(last, Mapping) else None
+    return any(isinstance(b, Mapping) and b.get("type") == "tool-result" and b.get("isError")
+               for b in (content if isinstance(content, list) else []))

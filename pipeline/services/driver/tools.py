@@ -6,6 +6,10 @@ an unknown tool, a timeout or an exception inside the handler all come back as a
 
 Built-ins are harmless (``echo``, ``clock``, ``sleep``). Anything that touches the host (the
 ``bash`` tool) is registered only when asked for explicitly (``enable_host_tools=True``).
+
+Besides its own tools, a registry can draw on :class:`ToolSource` s whose tools come and go
+(the MCP servers' tools, :mod:`.mcp_tools`): they are looked up at each use, so a server's
+``list_changed`` reaches the next configure and the next call.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pipeline.core.errors import ConfigError
 from pipeline.core.events import JsonValue
@@ -122,20 +126,45 @@ def _object_errors(value: dict[str, JsonValue], schema: Mapping[str, JsonValue],
     return errors
 
 
+class ToolSource(Protocol):
+    """Tools that can change while the driver runs (an MCP server's, after ``list_changed``).
+    Their names must not collide with the registry's own (MCP names start ``mcp__``)."""
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        """The tools now, by name (cheap: called at every look-up)."""
+        ...
+
+
 class ToolRegistry:
     """Tools by name. :meth:`run` turns every failure into an error outcome, then hands
     every outcome to the registry's ``post_execute`` (if any)."""
 
     def __init__(self, specs: Iterable[ToolSpec] = (), *,
-                 post_execute: PostExecute | None = None) -> None:
+                 post_execute: PostExecute | None = None,
+                 sources: Iterable[ToolSource] = ()) -> None:
         self._specs: dict[str, ToolSpec] = {}
         self._post_execute = post_execute
+        self._sources = list(sources)
         for spec in specs:
             self.register(spec)
 
     def with_post_execute(self, post_execute: PostExecute) -> ToolRegistry:
-        """The same tools, every outcome passed through ``post_execute``."""
-        return ToolRegistry(self._specs.values(), post_execute=post_execute)
+        """The same tools (and sources), every outcome passed through ``post_execute``."""
+        return ToolRegistry(self._specs.values(), post_execute=post_execute,
+                            sources=self._sources)
+
+    def add_source(self, source: ToolSource) -> None:
+        """Offer ``source``'s tools too (the registry's own win a name clash)."""
+        self._sources.append(source)
+
+    def _all(self) -> Mapping[str, ToolSpec]:
+        if not self._sources:
+            return self._specs
+        merged: dict[str, ToolSpec] = {}
+        for source in self._sources:
+            merged.update(source.specs())
+        merged.update(self._specs)
+        return merged
 
     def register(self, spec: ToolSpec) -> None:
         if spec.name in self._specs:
@@ -149,22 +178,24 @@ class ToolRegistry:
 
     @property
     def names(self) -> list[str]:
-        return sorted(self._specs)
+        return sorted(self._all())
 
     def get(self, name: str) -> ToolSpec | None:
-        return self._specs.get(name)
+        spec = self._specs.get(name)
+        return spec if spec is not None or not self._sources else self._all().get(name)
 
     def parallel_safe(self, name: str) -> bool:
-        spec = self._specs.get(name)
+        spec = self.get(name)
         return spec is not None and spec.parallel_safe
 
     def definitions(self, names: Sequence[str] | None = None) -> tuple[JsonValue, ...]:
         """Definitions of ``names`` (all tools if None); an unknown name is a ConfigError."""
-        chosen = self.names if names is None else list(names)
-        unknown = [n for n in chosen if n not in self._specs]
+        specs = self._all()
+        chosen = sorted(specs) if names is None else list(names)
+        unknown = [n for n in chosen if n not in specs]
         if unknown:
-            raise ConfigError(f"unknown tools {unknown}; registered: {self.names}")
-        return tuple(self._specs[n].definition() for n in chosen)
+            raise ConfigError(f"unknown tools {unknown}; registered: {sorted(specs)}")
+        return tuple(specs[n].definition() for n in chosen)
 
     async def run(self, name: str, arguments: str) -> ToolOutcome:
         """Run one call with its raw argument string; never raises for a tool's failure."""
@@ -174,7 +205,7 @@ class ToolRegistry:
         return await self._post_execute(name, outcome)
 
     async def _run(self, name: str, arguments: str) -> ToolOutcome:
-        spec = self._specs.get(name)
+        spec = self.get(name)
         if spec is None:
             return _failure(f"Unknown tool {name!r}. Available tools: {', '.join(self.names)}.",
                             UNKNOWN_TOOL)

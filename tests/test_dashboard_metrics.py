@@ -1,6 +1,6 @@
 """Latency percentiles, the dashboard's model (rows from the processors' output records,
 charts from live events), group labels, what it says of the processors' group and the token
-check: pure parts."""
+check: pure parts (and one check of that group against an address where no broker listens)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dashboard_support import LiveSession, prometheus_samples
 from pipeline.adapters.faust.fetching import worker_consumer_options
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.localstack.process import free_ports
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import (
@@ -30,7 +31,7 @@ from pipeline.core.fleet import FleetStatus
 from pipeline.core.usage import SessionUsage, model_record, session_record, window_record
 from pipeline.services.dashboard.model import FleetModel, TimeBuckets
 from pipeline.services.dashboard.samples import RecentSamples, percentile
-from pipeline.services.dashboard.service import ProcessorsCheck, group_label
+from pipeline.services.dashboard.service import DashboardService, ProcessorsCheck, group_label
 from pipeline.services.dashboard.web import token_accepted
 from pipeline.services.processors.app import build_processors
 from pipeline.settings import Settings
@@ -198,7 +199,7 @@ def test_a_group_coordinator_not_ready_reads_as_starting_until_the_grace_runs_ou
     error = describe_failure(for_code(code)(f"group {GROUP!r}"))
     level, line = check.failed(error, now_ms=1_000)
     assert level == logging.INFO
-    assert "starting, asking again" in line and for_code(code).__name__ in line
+    assert "starting), asking again" in line and for_code(code).__name__ in line
     assert "cannot tell" not in line
     assert check.failed(error, now_ms=31_000)[0] == logging.DEBUG  # said once
     assert check.failed(error, now_ms=61_000)[0] == logging.DEBUG  # within the grace
@@ -216,6 +217,25 @@ def test_a_broker_out_of_reach_for_a_moment_is_transient_too() -> None:
     error = describe_failure(ConnectionRefusedError(111, "Connection refused"))
     assert check.failed(error, now_ms=0)[0] == logging.INFO
     assert check.failed(error, now_ms=10_001)[0] == logging.WARNING
+
+
+async def test_the_dashboards_check_says_starting_once_and_shows_unknown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The service's own check, against an address where no broker listens (refused at once):
+    a transient failure, said once at info level; the processors unknown (-1), not 0."""
+    (port,) = free_ports(1)
+    service = DashboardService(Settings(bootstrap_servers=f"127.0.0.1:{port}"),
+                               EventSerde().decode)
+    with caplog.at_level(logging.DEBUG, logger="pipeline.services.dashboard.service"):
+        await service._check_processors()
+        await service._check_processors()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records
+            if r.name == "pipeline.services.dashboard.service"]
+    assert [level for level, _ in said] == [logging.INFO, logging.DEBUG]
+    assert "starting), asking again: connect to 127.0.0.1" in said[0][1]
+    assert service.processors_workers is None and service.processors_error is None
+    samples = prometheus_samples(service.model.metrics.render().decode())
+    assert samples[("dsh_dashboard_processors_workers", ())] == -1
 
 
 @pytest.mark.parametrize("error", [

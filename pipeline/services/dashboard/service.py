@@ -99,8 +99,8 @@ class ProcessorsCheck:
         waited_ms = now_ms - self.starting_since_ms
         if waited_ms <= self.grace_ms:
             return (logging.INFO if first else logging.DEBUG,
-                    f"dashboard: the processors' consumer group is starting, asking again "
-                    f"({exc})")
+                    f"dashboard: no answer about the processors' consumer group yet (a group "
+                    f"or broker starting), asking again: {exc}")
         return logging.WARNING, (f"dashboard: cannot tell whether processors run: {exc} "
                                  f"(for {waited_ms / 1000:.0f} s)")
 

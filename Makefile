@@ -63,8 +63,8 @@ pytest: setup
 unit: $(STAMP)
 	$(BIN)/pytest -m "$(UNIT_MARKERS)" $(UNIT_ARGS)
 
-# For contributors, before a commit: ruff, mypy, import layers, then the unit tier (about 70 s
-# of one core's CPU: under 2 minutes on 2 cores). `make test` runs everything, as CI does.
+# For contributors, before a commit: ruff, mypy, import layers, then the unit tier (about 80 s
+# of CPU on one core). `make test` runs everything, as CI does.
 check: $(STAMP)
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit

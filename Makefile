@@ -1,4 +1,5 @@
-# dsh-pipeline: the two commands that matter are `make demo` and `make test`.
+# dsh-pipeline: the two commands that matter are `make demo` and `make test`; `make check` is
+# the contributors' quick one (lint and the unit tier: no broker, registry, Java or browser).
 # Everything installs itself when missing: the virtualenv (.venv) and the Java artifacts
 # (Kafka, Apicurio Registry from Maven Central into .cache/, or $DSH_CACHE_DIR).
 
@@ -8,9 +9,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsh-installed
 PYTEST_ARGS ?= --durations=15 --timeout=900
+# The unit tier: the tests that need no broker, registry, cluster, Java artifacts, browser,
+# promtool or MCP servers (the markers: pyproject.toml; tests/conftest.py marks by fixture, and
+# fails a test that runs Java without saying so).
+UNIT_MARKERS := not broker and not registry and not cluster and not jars and not browser \
+	and not promtool and not mcp
+UNIT_ARGS ?= --durations=10 --timeout=300
 
-.PHONY: setup artifacts tools test lint pytest demo broker chromium promtool bench constraints docs \
-	toxiproxy chaos mcp-servers
+.PHONY: setup artifacts tools test lint pytest check unit demo broker chromium promtool bench \
+	constraints docs toxiproxy chaos mcp-servers
 
 setup: $(STAMP) artifacts
 
@@ -51,6 +58,16 @@ pytest: setup
 	    echo "pytest: CPython bug #106905 seen; rerunning the failed tests once"; \
 	    $(BIN)/pytest $(PYTEST_ARGS) --last-failed; code=$$?; \
 	fi; exit $$code
+
+# The unit tier alone: no Java artifacts, no broker (setup's `artifacts` is not needed).
+unit: $(STAMP)
+	$(BIN)/pytest -m "$(UNIT_MARKERS)" $(UNIT_ARGS)
+
+# For contributors, before a commit: ruff, mypy, import layers, then the unit tier (about 80 s
+# of CPU on one core). `make test` runs everything, as CI does.
+check: $(STAMP)
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory unit
 
 # Debian's chromium for the dashboard's browser tests (Playwright drives it; no browser download).
 chromium:

@@ -119,7 +119,12 @@ class Settings:
     def processors_group(self, app_name: str = PROCESSORS_APP_NAME) -> str:
         """The processors' faust app id: their consumer group id, and the prefix of their
         changelog and repartition topics. Every place that names them (the worker, the
-        dashboard's lag panel, the ACL plan) asks here."""
+        dashboard's lag panel, the ACL plan) asks here.
+
+        ``dsh-dsh.processors`` by default is the group prefix (``dsh-``) and the topic prefix
+        (``dsh.``), not one prefix twice: the id scopes a group and a deployment's topics. It
+        stays as it is: a new id would be a new group and new changelog topics for every
+        running deployment, outside its ACLs (docs/decisions/processors-group-id.md)."""
         return f"{self.group_id_prefix}{self.topic_prefix}{app_name}"
 
     @classmethod

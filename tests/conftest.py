@@ -12,9 +12,13 @@
   the fixture broker and the fixture registry.
 
 Tests using ``kafka_bootstrap`` or ``settings`` get the ``broker`` marker automatically, those
-using ``registry_url`` or ``settings`` the ``registry`` marker, so ``-m "not broker"`` runs the
-pure tests alone. The Java artifacts are resolved by ``make setup``, never here: a fixture
-that finds them missing fails with the command to run.
+using ``registry_url`` or ``settings`` the ``registry`` marker, those using ``cluster`` the
+``cluster`` and ``jars`` markers, those using ``secure_stack`` ``broker``, ``registry`` and
+``jars``. A test that runs Java itself carries ``jars`` (checked: one that starts a Java program
+without it, or without a marker of a tier that runs Java anyway, fails saying so). ``make
+check`` runs the unit tier: every test without ``broker``, ``registry``, ``cluster``, ``jars``,
+``browser`` or ``promtool`` (the Makefile's ``UNIT_MARKERS``). The Java artifacts are resolved
+by ``make setup``, never here: a fixture that finds them missing fails with the command to run.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import hypothesis.internal.observability  # noqa: F401  (imported at the summary otherwise)
 import pytest
@@ -44,8 +50,12 @@ for _module in sorted({module for module, _summary in COMMANDS.values()}):
 TEST_PARTITIONS = 3
 # Generous: a loaded 2-core machine can take well over the 60 s the CLI allows.
 READY_BUDGET_S = 300.0
-KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "settings"})
-REGISTRY_FIXTURES = frozenset({"registry_url", "settings"})
+KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "settings", "secure_stack"})
+REGISTRY_FIXTURES = frozenset({"registry_url", "settings", "secure_stack"})
+CLUSTER_FIXTURES = frozenset({"cluster"})
+JARS_FIXTURES = frozenset({"cluster", "secure_stack"})
+# The markers of the tiers that run Java: a test that starts a Java program carries one.
+JAVA_MARKERS = ("jars", "broker", "registry", "cluster")
 
 
 class _LocalServices:
@@ -99,6 +109,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & KAFKA_FIXTURES:
             item.add_marker(pytest.mark.broker)
+        if names & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+        if names & JARS_FIXTURES:
+            item.add_marker(pytest.mark.jars)
         if names & REGISTRY_FIXTURES or item.get_closest_marker("registry"):
             item.add_marker(pytest.mark.registry)
             registry_wanted = True
@@ -106,6 +120,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _REGISTRY_WANTED = pytest.StashKey[bool]()
+
+
+# --- every test that runs Java says so ----------------------------------------------------
+# An audit hook sees each process this one starts; ``java -version`` (a probe: find_java) is
+# not a Java program. Processes that children start are not seen: the commands that start the
+# local stack are run by tests marked for it.
+_java_started: list[str] = []
+
+
+def _on_audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "subprocess.Popen":
+        argv = [str(a) for a in (args[1] if isinstance(args[1], list | tuple) else [args[1]])]
+        if argv and pathlib.Path(argv[0]).name == "java" and "-version" not in argv:
+            _java_started.append(" ".join(argv)[:160])
+
+
+sys.addaudithook(_on_audit)
+
+
+def _java_unmarked(item: pytest.Item) -> Generator[None, None, None]:
+    _java_started.clear()
+    yield
+    if _java_started and not any(item.get_closest_marker(m) for m in JAVA_MARKERS):
+        started = _java_started[0]
+        _java_started.clear()
+        pytest.fail(f"this test started Java ({started}) but carries none of the markers "
+                    f"{', '.join(JAVA_MARKERS)}: mark it `@pytest.mark.jars` so that the unit "
+                    "tier (`make check`) leaves it out", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _java_unmarked(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _java_unmarked(item))
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,22 @@
 """Latency percentiles, the dashboard's model (rows from the processors' output records,
-charts from live events), group labels and the token check: pure parts."""
+charts from live events), group labels, what it says of the processors' group and the token
+check: pure parts (and one check of that group against an address where no broker listens)."""
 
 from __future__ import annotations
 
 import base64
+import logging
 from typing import Any
 
 import pytest
+from aiokafka.errors import for_code
 from dashboard_support import LiveSession, prometheus_samples
 
+from pipeline.adapters.faust.fetching import worker_consumer_options
+from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.localstack.process import free_ports
+from pipeline.codec.avro import EventSerde
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import (
     FLEET_STATUS,
@@ -18,13 +25,15 @@ from pipeline.codec.outputs import (
     default_output_codecs,
 )
 from pipeline.codec.records import SourcePosition, source_headers, source_position
+from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.usage import SessionUsage, model_record, session_record, window_record
 from pipeline.services.dashboard.model import FleetModel, TimeBuckets
 from pipeline.services.dashboard.samples import RecentSamples, percentile
-from pipeline.services.dashboard.service import group_label
+from pipeline.services.dashboard.service import DashboardService, ProcessorsCheck, group_label
 from pipeline.services.dashboard.web import token_accepted
+from pipeline.services.processors.app import build_processors
 from pipeline.settings import Settings
 
 
@@ -156,6 +165,88 @@ def test_group_labels_drop_the_deployment_prefixes() -> None:
     assert settings.processors_group() == "dsh-dsh.processors"
     assert group_label(settings, "dsh-driver") == "driver"
     assert group_label(settings, "other") == "other"
+
+
+def test_the_group_the_dashboard_asks_about_is_the_one_the_workers_join(tmp_path: Any) -> None:
+    """``dsh-dsh.processors`` is DSH_GROUP_ID_PREFIX + DSH_TOPIC_PREFIX + "processors", not a
+    prefix written twice: the faust app id, which faust's worker consumer joins as its group
+    (docs/decisions/processors-group-id.md). Deployed workers use it: it stays."""
+    settings = Settings(state_dir=str(tmp_path))
+    app = build_processors(settings, EventSerde().decode).app
+    assert app.conf.id == settings.processors_group() == "dsh-dsh.processors"
+    assert worker_consumer_options(app, app.transport)["group_id"] == "dsh-dsh.processors"
+
+
+GROUP = "dsh-dsh.processors"
+
+
+def describe_failure(error: Exception) -> BrokerError:
+    """The error the dashboard's check gets when describing the group raised ``error``."""
+    with pytest.raises(BrokerError) as raised, broker_errors(f"describe consumer group {GROUP!r}"):
+        raise error
+    return raised.value
+
+
+# What a broker answers for a group whose coordinator is not ready: just started (the demo's
+# start), loading the group's offsets, or moved to another broker.
+STARTING_CODES = [15, 14, 16]
+
+
+@pytest.mark.parametrize("code", STARTING_CODES, ids=lambda c: for_code(c).__name__)
+def test_a_group_coordinator_not_ready_reads_as_starting_until_the_grace_runs_out(
+        code: int) -> None:
+    check = ProcessorsCheck(grace_ms=60_000)
+    error = describe_failure(for_code(code)(f"group {GROUP!r}"))
+    level, line = check.failed(error, now_ms=1_000)
+    assert level == logging.INFO
+    assert "starting), asking again" in line and for_code(code).__name__ in line
+    assert "cannot tell" not in line
+    assert check.failed(error, now_ms=31_000)[0] == logging.DEBUG  # said once
+    assert check.failed(error, now_ms=61_000)[0] == logging.DEBUG  # within the grace
+    level, line = check.failed(error, now_ms=62_000)
+    assert level == logging.WARNING
+    assert line == (f"dashboard: cannot tell whether processors run: describe consumer group "
+                    f"{GROUP!r}: {for_code(code).__name__}: [Error {code}] "
+                    f"{for_code(code).__name__}: group {GROUP!r} (for 61 s)")
+    check.answered()   # an answer: the next transient state is a new start
+    assert check.failed(error, now_ms=100_000)[0] == logging.INFO
+
+
+def test_a_broker_out_of_reach_for_a_moment_is_transient_too() -> None:
+    check = ProcessorsCheck(grace_ms=10_000)
+    error = describe_failure(ConnectionRefusedError(111, "Connection refused"))
+    assert check.failed(error, now_ms=0)[0] == logging.INFO
+    assert check.failed(error, now_ms=10_001)[0] == logging.WARNING
+
+
+async def test_the_dashboards_check_says_starting_once_and_shows_unknown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The service's own check, against an address where no broker listens (refused at once):
+    a transient failure, said once at info level; the processors unknown (-1), not 0."""
+    (port,) = free_ports(1)
+    service = DashboardService(Settings(bootstrap_servers=f"127.0.0.1:{port}"),
+                               EventSerde().decode)
+    with caplog.at_level(logging.DEBUG, logger="pipeline.services.dashboard.service"):
+        await service._check_processors()
+        await service._check_processors()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records
+            if r.name == "pipeline.services.dashboard.service"]
+    assert [level for level, _ in said] == [logging.INFO, logging.DEBUG]
+    assert "starting), asking again: connect to 127.0.0.1" in said[0][1]
+    assert service.processors_workers is None and service.processors_error is None
+    samples = prometheus_samples(service.model.metrics.render().decode())
+    assert samples[("dsh_dashboard_processors_workers", ())] == -1
+
+
+@pytest.mark.parametrize("error", [
+    describe_failure(for_code(30)(f"group {GROUP!r}")),   # may not Describe it: never "starting"
+    DshError("something else"),
+], ids=["refused", "not-a-broker-error"])
+def test_other_failures_are_warnings_at_once(error: DshError) -> None:
+    check = ProcessorsCheck(grace_ms=60_000)
+    level, line = check.failed(error, now_ms=0)
+    assert level == logging.WARNING
+    assert line == f"dashboard: cannot tell whether processors run: {error}"
 
 
 @pytest.mark.parametrize(("header", "ok"), [

@@ -285,7 +285,9 @@ class _HealthHandler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def health_server() -> Iterator[http.server.HTTPServer]:
     server = http.server.HTTPServer(("127.0.0.1", 0), _HealthHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's poll: 0.5 s by default, at every teardown
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
+                              daemon=True)
     thread.start()
     yield server
     server.shutdown()

@@ -115,6 +115,7 @@ async def broker_config(bootstrap: str, budget_s: float = 60.0) -> dict[str, str
 
 
 @pytest.mark.broker
+@pytest.mark.jars
 def test_compose_kafka_serves_both_listeners_without_auto_topic_creation(
         compose_kafka: ComposeKafka) -> None:
     for bootstrap in (compose_kafka.bootstrap, compose_kafka.host_bootstrap):
@@ -124,6 +125,7 @@ def test_compose_kafka_serves_both_listeners_without_auto_topic_creation(
 
 
 @pytest.mark.broker
+@pytest.mark.jars
 def test_the_services_topic_plan_is_created_on_it(compose_kafka: ComposeKafka) -> None:
     settings = Settings.from_env({"DSH_BOOTSTRAP_SERVERS": compose_kafka.bootstrap})
     asyncio.run(broker_config(settings.bootstrap_servers))

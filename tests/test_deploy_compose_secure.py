@@ -318,6 +318,7 @@ def test_driver_entrypoint_still_chooses_the_provider(
     assert "DSH_PROVIDER=deepseek" in printed and "DSH_SASL_USERNAME=driver" in printed
 
 
+@pytest.mark.jars
 def test_format_step_formats_with_the_scram_users(
         merged: dict[str, Any], generated: tuple[Path, SecureSetup, Settings],
         tmp_path: Path) -> None:

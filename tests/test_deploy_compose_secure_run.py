@@ -47,6 +47,8 @@ from pipeline.adapters.localstack.security import read_env_file
 from pipeline.cli.cmd_certs import certificate_hosts
 from pipeline.settings import Secret, Settings
 
+# The compose stack's broker (and its registry) run here, from the Java artifacts of the cache.
+pytestmark = [pytest.mark.broker, pytest.mark.jars]
 READY_BUDGET_S = 240.0
 
 
@@ -286,6 +288,7 @@ def registry(broker: ComposeBroker) -> Iterator[ComposeRegistry]:
         started.stop()
 
 
+@pytest.mark.registry
 def test_registry_serves_https_with_the_generated_users(registry: ComposeRegistry) -> None:
     schema = json.dumps({"schema": json.dumps({"type": "string"})}).encode()
     path = f"/subjects/compose-{uuid.uuid4().hex}-value/versions"

@@ -169,7 +169,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[http.server.HTTPServer]:
     httpd = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's poll: 0.5 s by default, at every teardown
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                     daemon=True).start()
     yield httpd
     httpd.shutdown()
     httpd.server_close()

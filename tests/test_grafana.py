@@ -47,6 +47,7 @@ def promtool(*args: str, cwd: Path = GRAFANA) -> str:
     return done.stdout
 
 
+@pytest.mark.promtool
 def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
     assert "SUCCESS: 7 rules found" in promtool("check", "rules", "alerts.yml")
     assert "SUCCESS" in promtool("test", "rules", "alerts_test.yml")
@@ -57,6 +58,7 @@ def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
     assert names == tested  # every alert has a test that makes it fire
 
 
+@pytest.mark.promtool
 def test_scrape_configs_pass_promtool_check_config() -> None:
     promtool("check", "config", "prometheus.yml")
     # Debian's promtool is built without Kubernetes discovery: the pod discovery block is

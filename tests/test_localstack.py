@@ -81,6 +81,7 @@ def test_log4j_binding_version_comes_from_kafkas_tree() -> None:
     assert _log4j_core_version(tree) == "2.25.5"
 
 
+@pytest.mark.jars
 def test_resolved_kafka_classpath_has_the_slf4j_binding() -> None:
     lib = Artifacts.default().require_kafka()
     names = {p.name for p in lib.glob("*.jar")}
@@ -180,6 +181,7 @@ def test_log_tail_keeps_the_cause_and_drops_java_stack_frames(tmp_path: Path) ->
     assert child.log_tail(lines=1) == "Caused by: port busy"
 
 
+@pytest.mark.jars  # runs Java (Kafka's storage tool, whose class is missing)
 def test_kafka_that_cannot_start_fails_with_its_output(tmp_path: Path) -> None:
     (tmp_path / "lib").mkdir()  # no jars: the storage tool's class is missing
     kafka = KafkaLocal(tmp_path / "lib", tmp_path / "k")
@@ -189,6 +191,7 @@ def test_kafka_that_cannot_start_fails_with_its_output(tmp_path: Path) -> None:
     kafka.stop()
 
 
+@pytest.mark.jars  # runs Java 21+ on a file that is not a jar
 def test_registry_that_exits_fails_with_its_log_tail(tmp_path: Path) -> None:
     jar = tmp_path / "not-a.jar"
     jar.write_text("not a jar")
@@ -221,6 +224,7 @@ def test_fixture_registry_has_backward_transitive_compatibility(registry_url: st
 # --- the commands, end to end ---------------------------------------------------------------
 
 @pytest.mark.broker
+@pytest.mark.jars
 @pytest.mark.timeout(700)
 def test_broker_command_serves_the_demo_and_stops_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "DSH_TOPIC_PREFIX": "brokercmd.", "DSH_PARTITIONS": "2"}

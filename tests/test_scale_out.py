@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from scale_out_support import ScaleOutPlan, local_cluster, run_scale_out
 
-pytestmark = [pytest.mark.broker, pytest.mark.cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.broker, pytest.mark.cluster, pytest.mark.jars,
+              pytest.mark.timeout(900)]
 
 PLAN = ScaleOutPlan(drivers=3, workers=2, sessions=36, turns=1, partitions=12, kill_at=0.3,
                     driver_session_timeout_ms=6000, worker_session_timeout_s=6.0,

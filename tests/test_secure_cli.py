@@ -28,6 +28,7 @@ def test_nodes_is_the_flag_and_cluster_still_works() -> None:
     assert parser.parse_args(["broker", "--secure"]).secure
 
 
+@pytest.mark.jars
 def test_secure_broker_prints_one_ready_line_and_private_env_files(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     err = tmp_path / "broker.err"
@@ -68,6 +69,7 @@ def test_secure_broker_prints_one_ready_line_and_private_env_files(tmp_path: Pat
             broker.kill()
 
 
+@pytest.mark.jars
 def test_secure_demo_prints_the_summary_with_every_mismatch_at_zero(tmp_path: Path) -> None:
     demo = subprocess.run(
         [*CLI, "demo", "--secure", "--sessions", "2", "--turns", "1",

@@ -23,7 +23,8 @@ from pipeline.services.replay.topic import read_sessions
 from pipeline.settings import Settings
 from pipeline.testing.synth import synth_header, synth_session
 
-pytestmark = pytest.mark.cluster   # a broker of its own, killed and restarted
+pytestmark = [pytest.mark.cluster,  # a broker of its own, killed and restarted
+              pytest.mark.jars]
 
 WAIT_S = 180.0
 

@@ -32,7 +32,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 STATE_CHANGE_BUDGET_MS = 2000
 
 playwright_api = pytest.importorskip("playwright.async_api")
-pytestmark = [pytest.mark.broker, pytest.mark.skipif(
+pytestmark = [pytest.mark.broker, pytest.mark.browser, pytest.mark.skipif(
     not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install -y chromium)")]
 
 

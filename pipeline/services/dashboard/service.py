@@ -31,6 +31,7 @@ from typing import Final
 
 from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.compacted import CompactedFollow
+from pipeline.adapters.kafka.errors import is_transient
 from pipeline.adapters.kafka.event_stream import Decoder
 from pipeline.adapters.kafka.groups import group_members
 from pipeline.adapters.kafka.records import InboxRecord
@@ -38,7 +39,7 @@ from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, leaders_rea
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import FLEET_STATUS, USAGE_RECORD, OutputDecoder
-from pipeline.core.errors import DshError
+from pipeline.core.errors import BrokerError, DshError
 from pipeline.services.dashboard.hub import Hub
 from pipeline.services.dashboard.model import FleetModel
 from pipeline.settings import Settings
@@ -64,6 +65,44 @@ class DashboardConfig:
     chart_interval_s: float = 1.0
     lag_interval_s: float = 5.0
     retry_s: float = 2.0
+    # how long the processors' group may answer "starting" before it is a warning
+    starting_grace_s: float = 60.0
+
+
+@dataclass(slots=True)
+class ProcessorsCheck:
+    """What the dashboard says when it cannot describe the processors' consumer group.
+
+    A transient answer is a group that is starting: its coordinator not elected yet or still
+    loading the group's offsets (``GroupCoordinatorNotAvailableError``,
+    ``CoordinatorLoadInProgressError``, ``NotCoordinatorError``: a broker that has just
+    started, as in ``make demo``, or a coordinator that moves), or the broker out of reach
+    for a moment. That is said at info level once, and the next check asks again; only when
+    it lasts longer than ``grace_ms`` is it a warning. Any other failure (a refusal: the
+    dashboard's principal may not Describe the group) is a warning at once.
+    """
+
+    grace_ms: int
+    starting_since_ms: int | None = None
+
+    def answered(self) -> None:
+        self.starting_since_ms = None
+
+    def failed(self, exc: DshError, now_ms: int) -> tuple[int, str]:
+        """The log level and line for ``exc``, raised by a check at ``now_ms``."""
+        if not (isinstance(exc, BrokerError) and is_transient(exc)):
+            self.starting_since_ms = None
+            return logging.WARNING, f"dashboard: cannot tell whether processors run: {exc}"
+        first = self.starting_since_ms is None
+        if self.starting_since_ms is None:
+            self.starting_since_ms = now_ms
+        waited_ms = now_ms - self.starting_since_ms
+        if waited_ms <= self.grace_ms:
+            return (logging.INFO if first else logging.DEBUG,
+                    f"dashboard: no answer about the processors' consumer group yet (a group "
+                    f"or broker starting), asking again: {exc}")
+        return logging.WARNING, (f"dashboard: cannot tell whether processors run: {exc} "
+                                 f"(for {waited_ms / 1000:.0f} s)")
 
 
 @dataclass(slots=True)
@@ -97,6 +136,7 @@ class DashboardService:
         self.feed_error: str | None = None      # the tail of the session topic
         self.outputs_error: str | None = None   # the fleet and usage outputs
         self.processors_workers: int | None = None
+        self.processors_check = ProcessorsCheck(int(self.config.starting_grace_s * 1000))
         self.ready_s: float | None = None       # seconds from start to the fleet shown
         self.tail_start: dict[int, int] = {}    # partition -> the end the tail started at
         self.reads = SessionTopicReads()
@@ -282,7 +322,10 @@ class DashboardService:
             self.processors_workers = await group_members(self.settings,
                                                           self.settings.processors_group())
         except DshError as exc:
-            log.warning("dashboard: cannot tell whether processors run: %s", exc)
             self.processors_workers = None
+            level, line = self.processors_check.failed(exc, self.clock())
+            log.log(level, "%s", line)
+        else:
+            self.processors_check.answered()
         self.model.metrics.processors.set(-1 if self.processors_workers is None
                                           else self.processors_workers)

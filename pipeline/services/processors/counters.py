@@ -25,6 +25,8 @@ class DeliveryCounters:
     sessions_healed: int = _counted(
         "Gaps between a worker's state and a valid log healed by reading the log back")
     records_healed: int = _counted("Records read back from the log and folded by a heal")
+    nodes_missing: int = _counted(
+        "Surface messages the nodes table lacked when a view read them (answered from the log)")
     dead_letters: int = _counted("Records sent to the dead-letter topic")
     dead_letters_skipped: int = _counted(
         "Records read again after a crash that were dead-lettered before it")

@@ -17,6 +17,7 @@ Per-session views are routed by faust to the worker that owns the session's part
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from faust.web import View
@@ -29,6 +30,8 @@ from pipeline.core.usage import session_record
 from pipeline.services.processors.metrics import processors_registry
 from pipeline.services.processors.session_state import SessionState, next_expected
 from pipeline.services.processors.worker import Processors
+
+log = logging.getLogger(__name__)
 
 
 def current_state(processors: Processors, session_id: str) -> SessionState | None:
@@ -44,22 +47,43 @@ def session_messages(processors: Processors, session_id: str) -> dict[str, Any] 
 
     Read between two awaits of the folds, so the surface and the ``nodes`` it names agree
     (a fold records a node, for the next persist, before it awaits anything)."""
+    return _folded_messages(processors, session_id)[0]
+
+
+def _folded_messages(processors: Processors, session_id: str
+                     ) -> tuple[dict[str, Any] | None, list[int]]:
+    """:func:`session_messages`, and the surface seqs whose node the table lacks."""
     tables = processors.tables
     state = current_state(processors, session_id)
     next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
     if state is None and next_seq == 0:
-        return None
-    messages = []
+        return None, []
+    messages, missing = [], []
     if state is not None:
         folder = processors.folder
         for seq in state.surface.seqs():
             key = f"{session_id}/{seq}"
             node = (tables.nodes.get(key) if folder is None
                     else folder.node(state.partition, key))
-            if node is not None and node.get("message") is not None:
+            if node is None:
+                missing.append(seq)
+            elif node.get("message") is not None:
                 messages.append(node["message"])
-    return {"session": session_id, "nextSeq": next_seq, "atSeq": next_seq - 1,
-            "messages": messages}
+    return ({"session": session_id, "nextSeq": next_seq, "atSeq": next_seq - 1,
+             "messages": messages}, missing)
+
+
+async def messages_now(processors: Processors, session_id: str) -> dict[str, Any] | None:
+    """:func:`session_messages`; when the ``nodes`` table lacks a message the session's
+    surface names (the worker's state disagrees with the log), the answer is read back from
+    the log instead, as for ``?at_seq=``, counted (``nodes_missing``) and logged."""
+    body, missing = _folded_messages(processors, session_id)
+    if body is None or not missing:
+        return body
+    processors.counters.nodes_missing += len(missing)
+    log.warning("session %s: the nodes table lacks the messages of surface seqs %s: answered "
+                "from the log", session_id, missing[:20])
+    return await _read_back_messages(processors, session_id, body["atSeq"], body)
 
 
 async def messages_at(processors: Processors, session_id: str, at_seq: int
@@ -70,8 +94,16 @@ async def messages_at(processors: Processors, session_id: str, at_seq: int
     from the session topic (from the offset of the session's first event) and folded by
     core's surface fold: the worker keeps no history of the surface."""
     now = session_messages(processors, session_id)
-    if now is None or at_seq >= now["nextSeq"] - 1:
-        return now
+    if now is None:
+        return None
+    if at_seq >= now["nextSeq"] - 1:
+        return await messages_now(processors, session_id)
+    return await _read_back_messages(processors, session_id, at_seq, now)
+
+
+async def _read_back_messages(processors: Processors, session_id: str, at_seq: int,
+                              now: dict[str, Any]) -> dict[str, Any]:
+    """The messages as of event ``at_seq``, read back from the session topic."""
     state = current_state(processors, session_id)
     if state is None or at_seq < 0 or processors.decode is None:
         return {**now, "atSeq": max(at_seq, -1), "messages": []}
@@ -106,7 +138,7 @@ def register_views(processors: Processors) -> None:
         except ValueError as exc:
             return view.error(400, str(exc))
         try:
-            body = (session_messages(processors, session_id) if at_seq is None
+            body = (await messages_now(processors, session_id) if at_seq is None
                     else await messages_at(processors, session_id, at_seq))
         except (BrokerError, CodecError, EventError) as exc:
             return view.error(503, f"reading the session back failed: {exc}")

@@ -22,7 +22,8 @@ import pytest
 import pytest_asyncio
 from test_driver_crash import PARTITIONS as CRASH_PARTITIONS
 from test_driver_crash import driver_env
-from test_driver_kafka import PARTITIONS, WAIT_S, wait_for_events
+from test_driver_kafka import PARTITIONS, wait_for_events
+from wait_support import driver_owning
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -37,7 +38,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.runner import SessionRunner
-from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.services.driver.service import DriverService
 from pipeline.services.driver.tools import ToolRegistry, ToolSpec, builtin_registry
 from pipeline.settings import Settings
 
@@ -110,22 +111,8 @@ async def driver(kafka_bootstrap: str) -> AsyncIterator[ApprovalDriver]:
 
     ctx = dataclasses.replace(driver_context(settings, group_id=f"{prefix}driver", tools=tools,
                                              linger_ms=10), runner_factory=make)
-    service = DriverService(ctx, DriverConfig(linger_ms=10, shutdown_grace_s=5,
-                                              session_timeout_ms=6000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-
-    async def owning_all() -> None:
-        while not (service.ready.is_set() and set(service.owned) == set(range(PARTITIONS))):
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.05)
-    try:
-        await asyncio.wait_for(owning_all(), WAIT_S)
+    async with driver_owning(ctx, PARTITIONS) as service:
         yield ApprovalDriver(settings, service, ran)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
 
 
 async def test_approve_runs_the_call_once_and_logs_who(driver: ApprovalDriver) -> None:

@@ -9,7 +9,6 @@ session topic is read back read_committed and every log must validate strictly.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -17,7 +16,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from test_driver_kafka import PARTITIONS, WAIT_S, session_events, wait_for_events
+from test_driver_kafka import PARTITIONS, session_events, wait_for_events
+from wait_support import driver_owning
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
@@ -39,7 +39,7 @@ from pipeline.core.turn_effects import HookDecision, SessionConfig
 from pipeline.services.driver.hooks import Messages, NextHook, PreStepContext, reject
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.runner import SessionRunner
-from pipeline.services.driver.service import DriverConfig, DriverService
+from pipeline.services.driver.service import DriverService
 from pipeline.services.driver.tools import SLEEP, ToolRegistry, builtin_registry
 from pipeline.settings import Settings
 
@@ -158,22 +158,8 @@ async def driver(kafka_bootstrap: str) -> AsyncIterator[CommandDriver]:
     ctx = driver_context(settings, group_id=f"{prefix}driver", tools=command_tools(),
                          linger_ms=10)
     ctx = dataclasses.replace(ctx, runner_factory=runner_factory(settings, model))
-    service = DriverService(ctx, DriverConfig(linger_ms=10, shutdown_grace_s=5,
-                                              session_timeout_ms=6000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-
-    async def owning_all() -> None:
-        while not (service.ready.is_set() and set(service.owned) == set(range(PARTITIONS))):
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.05)
-    try:
-        await asyncio.wait_for(owning_all(), WAIT_S)
+    async with driver_owning(ctx, PARTITIONS) as service:
         yield CommandDriver(settings, model, service)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, WAIT_S)
 
 
 # -- helpers -------------------------------------------------------------------------------

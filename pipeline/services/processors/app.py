@@ -276,11 +276,11 @@ def _dead_letter_writer(processors: Processors) -> DeadLetterWriter:
     writer = DeadLetterWriter(processors.settings,
                               processors.options.app_id(processors.settings))
 
-    class WritingDeadLetters(faust.Service):
+    class DlqProducers(faust.Service):   # faust logs the name: no "dead" in a sound log
         async def on_stop(self) -> None:
             await writer.release()
 
-    processors.app.service(WritingDeadLetters)
+    processors.app.service(DlqProducers)
     return writer
 
 

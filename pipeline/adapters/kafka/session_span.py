@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pipeline.adapters.kafka.session_reader import read_committed
-from pipeline.codec.records import HEADER_SEQ
+from pipeline.codec.records import read_headers
+from pipeline.core.errors import CodecError
 from pipeline.settings import Settings
 
 FIRST_WINDOW: Final = 1_024
@@ -27,14 +28,12 @@ WINDOW_GROWTH: Final = 4
 
 
 def record_seq(record: Any) -> int | None:
-    """The ``dsh.seq`` header of a record as an int (the last one wins); None without one."""
-    seq = None
-    for name, value in record.headers or ():
-        if name == HEADER_SEQ:
-            seq = value
-    if seq is None or len(seq) > 20 or not seq.isdigit():
+    """The ``dsh.seq`` header of a record (:func:`pipeline.codec.records.read_headers`);
+    None without one, or with a malformed one (such a record is no event of the session)."""
+    try:
+        return read_headers(record.headers).seq
+    except CodecError:
         return None
-    return int(seq)
 
 
 async def session_records_before(settings: Settings, topic: str, partition: int,

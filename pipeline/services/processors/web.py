@@ -77,13 +77,18 @@ async def messages_now(processors: Processors, session_id: str) -> dict[str, Any
     """:func:`session_messages`; when the ``nodes`` table lacks a message the session's
     surface names (the worker's state disagrees with the log), the answer is read back from
     the log instead, as for ``?at_seq=``, counted (``nodes_missing``) and logged."""
-    body, missing = _folded_messages(processors, session_id)
-    if body is None or not missing:
-        return body
+    now, missing = _folded_messages(processors, session_id)
+    return None if now is None else await _latest(processors, session_id, now, missing)
+
+
+async def _latest(processors: Processors, session_id: str, now: dict[str, Any],
+                  missing: list[int]) -> dict[str, Any]:
+    if not missing:
+        return now
     processors.counters.nodes_missing += len(missing)
     log.warning("session %s: the nodes table lacks the messages of surface seqs %s: answered "
                 "from the log", session_id, missing[:20])
-    return await _read_back_messages(processors, session_id, body["atSeq"], body)
+    return await _read_back_messages(processors, session_id, now["atSeq"], now)
 
 
 async def messages_at(processors: Processors, session_id: str, at_seq: int
@@ -93,11 +98,11 @@ async def messages_at(processors: Processors, session_id: str, at_seq: int
     The current ones when ``at_seq`` is the last event folded or later; otherwise read back
     from the session topic (from the offset of the session's first event) and folded by
     core's surface fold: the worker keeps no history of the surface."""
-    now = session_messages(processors, session_id)
+    now, missing = _folded_messages(processors, session_id)
     if now is None:
         return None
     if at_seq >= now["nextSeq"] - 1:
-        return await messages_now(processors, session_id)
+        return await _latest(processors, session_id, now, missing)
     return await _read_back_messages(processors, session_id, at_seq, now)
 
 

@@ -214,32 +214,33 @@ class Faults:
         record.ended = time.monotonic()
 
     async def _stop_driver(self, n: int) -> None:
-        drivers = [s for s in self.fleet.services.values() if s.kind == "driver"]
-        if not await _until(lambda: all(s.alive() and not s.stopped for s in drivers)):
-            return
-        victim = self.rng.choice(drivers)
-        seconds = DRIVER_SESSION_TIMEOUT_MS / 1000 + self.rng.uniform(3.0, 8.0)
-        size = victim.log_path.stat().st_size if victim.log_path.exists() else 0
-        record = self._record("stop-driver", victim.name, stopped_s=round(seconds, 2))
-        self.fleet.pause(victim)
-        await asyncio.sleep(seconds)
-        self.fleet.resume(victim)
-        record.ended = time.monotonic()
-        await asyncio.sleep(5.0)
-        record.detail["fenced_lines"] = _count_after(victim.log_path, size,
-                                                     ("fenced", "Fenced", "revoked"))
+        stopped = await self._stop("driver", DRIVER_SESSION_TIMEOUT_MS / 1000, self.rng)
+        if stopped is not None:
+            victim, record, size = stopped
+            await asyncio.sleep(5.0)
+            record.detail["fenced_lines"] = _count_after(victim.log_path, size,
+                                                         ("fenced", "Fenced", "revoked"))
 
     async def _stop_processors(self, n: int) -> None:
-        workers = [s for s in self.fleet.services.values() if s.kind == "processors"]
-        if not await _until(lambda: all(s.alive() and not s.stopped for s in workers)):
-            return
-        victim = self.stop_rng.choice(workers)
-        seconds = PROCESSORS_SESSION_TIMEOUT_S + self.stop_rng.uniform(3.0, 8.0)
-        record = self._record("stop-processors", victim.name, stopped_s=round(seconds, 2))
+        await self._stop("processors", PROCESSORS_SESSION_TIMEOUT_S, self.stop_rng)
+
+    async def _stop(self, kind: str, timeout_s: float, rng: random.Random
+                    ) -> tuple[Service, FaultRecord, int] | None:
+        """``SIGSTOP`` one of the two services of ``kind`` (both running) for its group
+        session timeout ``timeout_s`` + 3-8 s, then ``SIGCONT``; the victim, its record and
+        its log's size when it stopped."""
+        pair = [s for s in self.fleet.services.values() if s.kind == kind]
+        if not await _until(lambda: all(s.alive() and not s.stopped for s in pair)):
+            return None
+        victim = rng.choice(pair)
+        seconds = timeout_s + rng.uniform(3.0, 8.0)
+        size = victim.log_path.stat().st_size if victim.log_path.exists() else 0
+        record = self._record(f"stop-{kind}", victim.name, stopped_s=round(seconds, 2))
         self.fleet.pause(victim)
         await asyncio.sleep(seconds)
         self.fleet.resume(victim)
         record.ended = time.monotonic()
+        return victim, record, size
 
     # -- network, provider, garbage -------------------------------------------------------
 

@@ -104,13 +104,11 @@ from pipeline.adapters.kafka.event_stream import (
     session_events,
     session_records,
 )
-from pipeline.adapters.kafka.plain_producer import send_records
+from pipeline.adapters.kafka.plain_producer import inbox_command_record, send_records
 from pipeline.adapters.kafka.projection_pointer import active_derived_messages
-from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.spill import SpillRef, read_spill, spill_refs
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.avro import EventSerde
-from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.output_views import (
     Conversation,
     DerivedView,
@@ -280,6 +278,5 @@ async def decide_approval(settings: Settings, session_id: str, call_id: str, *, 
         source["name"] = by
     command = kind(session_id, message_id or str(uuid.uuid4()), call_id, reason=reason,
                    source=source)
-    await send_records(settings, [OutRecord(settings.topics.inbox, session_id.encode("utf-8"),
-                                            InboxCodec().encode(command))])
+    await send_records(settings, [inbox_command_record(settings, command)])
     return command.message_id

@@ -27,8 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
-from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.plain_producer import inbox_command_record, send_records
 from pipeline.adapters.llm.factory import provider_from_settings
 from pipeline.adapters.llm.scripted import (
     Script,
@@ -291,8 +290,7 @@ def run_send(args: argparse.Namespace, settings: Settings) -> int:
             codec = registry_codecs(settings, client)[1]
     else:
         codec = InboxCodec()
-    record = OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
-                       codec.encode(command))
+    record = inbox_command_record(settings, command, codec.encode)
     if isinstance(command, Approve) and args.wait:
         return send_decision_and_wait(settings, command, record, args.wait_timeout)
     [(partition, offset)] = asyncio.run(send_records(settings, [record]))

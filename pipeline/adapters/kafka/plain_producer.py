@@ -7,14 +7,18 @@ as the Java client), which is what keeps the inbox and the session topic co-part
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord, check_fits, inbox_record_limit
+from pipeline.codec.inbox import InboxCodec
+from pipeline.core.inbox import InboxCommand
 from pipeline.settings import Settings
+
+_INBOX_CODEC = InboxCodec()
 
 
 async def send_records(settings: Settings, records: Sequence[OutRecord], *,
@@ -52,3 +56,12 @@ def check_size(settings: Settings, record: OutRecord) -> None:
                    f"the command for session {key!r} (content included)")
     else:
         check_fits(record, settings.max_record_bytes, f"the record for {record.topic!r}")
+
+
+def inbox_command_record(settings: Settings, command: InboxCommand,
+                         encode: Callable[[InboxCommand], bytes] = _INBOX_CODEC.encode
+                         ) -> OutRecord:
+    """The inbox record of ``command``: keyed by its session, so it reaches the partition the
+    session's log lives in (the inbox is co-partitioned with the session topic)."""
+    return OutRecord(settings.topics.inbox, command.session_id.encode("utf-8"),
+                     encode(command))

@@ -23,16 +23,13 @@ from typing import Final
 
 from aiohttp import web
 
-from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.adapters.kafka.records import OutRecord
-from pipeline.codec.inbox import InboxCodec
+from pipeline.adapters.kafka.plain_producer import inbox_command_record, send_records
 from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.inbox import Approve, Deny
 from pipeline.settings import Settings
 
 DECISION_PATH: Final = "/api/sessions/{session_id}/approvals/{call_id}"
-_CODEC: Final = InboxCodec()
 
 
 def is_decision_path(path: str) -> bool:
@@ -77,8 +74,7 @@ async def decide(request: web.Request, settings: Settings, has_token: bool
     command = kind(session_id, str(uuid.uuid4()), call_id, reason=reason or None,
                    source={"kind": "user", "name": _who(request.headers.get("Authorization")),
                            "via": "dashboard"})
-    record = OutRecord(settings.topics.inbox, session_id.encode("utf-8"),
-                       _CODEC.encode(command))
+    record = inbox_command_record(settings, command)
     try:
         [(partition, offset)] = await send_records(settings, [record], timeout_s=10.0)
     except DshError as exc:

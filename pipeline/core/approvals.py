@@ -33,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Final
+from typing import Final, TypeGuard
 
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue
 
 ASKED: Final = "approval/asked"
@@ -116,12 +117,53 @@ class ApprovalBook:
         if type_ == DECISION_TYPE and isinstance(data.get("callId"), str):
             self.verdicts[str(data["callId"])] = verdict_text(data)
 
+    def to_json(self) -> dict[str, JsonValue]:
+        """Every field; ``messageIds`` sorted, so equal books give equal JSON."""
+        waiting = self.waiting
+        return {"policy": self.policy, "require": list(self.require),
+                "waiting": None if waiting is None else {
+                    "id": waiting.id, "callId": waiting.call_id, "toolName": waiting.tool_name,
+                    "askedAt": waiting.asked_at},
+                "verdicts": dict(self.verdicts), "messageIds": sorted(self.message_ids)}
+
+    @classmethod
+    def from_json(cls, raw: JsonValue) -> ApprovalBook:
+        """The book :meth:`to_json` gave (fresh containers); :class:`CodecError` if a field
+        does not fit."""
+        if not isinstance(raw, Mapping):
+            raise CodecError("an approval book must be a JSON object")
+        policy, require, verdicts = raw.get("policy"), raw.get("require"), raw.get("verdicts")
+        ids = raw.get("messageIds")
+        if not (policy is None or isinstance(policy, str)) or not _strings(require) \
+                or not _strings(ids) or not isinstance(verdicts, Mapping) \
+                or not all(isinstance(v, str) for v in verdicts.values()):
+            raise CodecError("an approval book needs policy (string or null), require and "
+                             "messageIds (lists of strings) and verdicts (strings by call id)")
+        return cls(policy=policy, require=tuple(require), waiting=_waiting(raw.get("waiting")),
+                   verdicts={str(k): str(v) for k, v in verdicts.items()},
+                   message_ids=set(ids))
+
     def effective_policy(self, rules: ApprovalRules) -> str:
         return self.policy if self.policy is not None else rules.policy
 
     def rule_for(self, rules: ApprovalRules, tool_name: str) -> str | None:
         """The pattern that gates ``tool_name`` (the driver's first, then the session's)."""
         return matching_rule(rules.require + self.require, tool_name)
+
+
+def _strings(value: JsonValue) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _waiting(raw: JsonValue) -> Waiting | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not all(
+            isinstance(raw.get(key), str) for key in ("id", "callId", "toolName")) \
+            or type(raw.get("askedAt")) is not int:
+        raise CodecError("an approval book's waiting question needs id, callId and toolName "
+                         "strings and an integer askedAt")
+    return Waiting(raw["id"], raw["callId"], raw["toolName"], raw["askedAt"])
 
 
 def scan_approvals(events: Iterable[Event]) -> ApprovalBook:

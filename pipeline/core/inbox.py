@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
-from pipeline.core.errors import EventError
+from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import JsonValue, dumps_json
 
 NEXT_TURN: Final = "next-turn"
@@ -367,6 +367,29 @@ class InboxLists:
         turn = data["target"] == NEXT_TURN
         queue[start:start + removed] = [InboxItem(dict(m), turn or _from_user(m))
                                         for m in inserted]
+
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """``{nextTurn, nextStep}``, each a list of ``{message, wakes}``: ``wakes`` is kept as
+        it is (an item inserted live may not wake the way a rebuilt one would)."""
+        return {"nextTurn": [{"message": i.message, "wakes": i.wakes} for i in self.next_turn],
+                "nextStep": [{"message": i.message, "wakes": i.wakes} for i in self.next_step]}
+
+    @classmethod
+    def from_json(cls, raw: JsonValue) -> InboxLists:
+        """The lists :meth:`to_json` gave (fresh items); :class:`CodecError` if they do
+        not fit."""
+        if not isinstance(raw, Mapping):
+            raise CodecError("inbox lists must be a JSON object {nextTurn, nextStep}")
+        return cls(next_turn=_items(raw.get("nextTurn")), next_step=_items(raw.get("nextStep")))
+
+
+def _items(raw: JsonValue) -> list[InboxItem]:
+    if not isinstance(raw, list) or not all(
+            isinstance(item, Mapping) and isinstance(item.get("message"), Mapping)
+            and isinstance(item.get("wakes"), bool) for item in raw):
+        raise CodecError("an inbox list must be a list of {message: object, wakes: boolean}")
+    return [InboxItem(dict(item["message"]), item["wakes"]) for item in raw]
 
 
 def _from_user(message: Mapping[str, JsonValue]) -> bool:

@@ -10,6 +10,18 @@ O(surface length) for a replace; nothing is recomputed over the whole log. The d
 are built lazily and cached until the surface changes. ``messages_at(seq)`` replays the
 recorded surface changes up to ``seq`` from the nearest checkpoint (surface events only, at
 most a few hundred, never the whole log) and caches the last answer.
+
+A *bounded* log (``bounded=True``, or :meth:`SessionLog.resumed` from a session checkpoint,
+:mod:`pipeline.core.checkpoint`) validates and folds exactly the same way but keeps only the
+events of the open turn, from its ``turn/start`` (none while no turn is open) and no
+surface-change history (so no ``messages_at``): its memory is the live surface plus the open
+turn, never the whole log. That is all a driver reads back: crash repair and the approval
+wait look only inside the open turn (:mod:`pipeline.core.repair`,
+:mod:`pipeline.core.turn_approvals`). The one state that outlives a turn boundary, an
+approval question logged between turns and never decided (no writer of ours logs one), is
+not in those events: a :class:`~pipeline.core.turn_machine.TurnMachine` reads the waiting
+question from its History, so it still waits; ``repair_closers`` called on a bounded log
+directly would close it.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from pipeline.core.surface import (
 from pipeline.core.turns import TurnState
 from pipeline.core.validation import validate_event
 
-__all__ = ["Mode", "SessionLog", "derive_messages"]
+__all__ = ["Mode", "SessionLog", "derive_messages", "hold_open_turn"]
 
 CHECKPOINT_EVERY: Final = 512  # surface changes between snapshots kept for messages_at
 
@@ -64,12 +76,14 @@ class EventsView(Sequence[Event]):
 class SessionLog:
     """One session's log: validates each appended event and folds it incrementally."""
 
-    def __init__(self, session_id: str, *, mode: Mode = "strict") -> None:
+    def __init__(self, session_id: str, *, mode: Mode = "strict", bounded: bool = False) -> None:
         if mode not in MODES:
             raise EventError(f"unknown validation mode {mode!r}", rule="mode")
         self.session_id = session_id
         self.mode: Mode = mode
+        self.bounded = bounded
         self.turn: TurnState = TurnState()
+        self._base_seq = 0  # seq of the first held event (bounded: earlier ones are dropped)
         self._events: list[Event] = []
         self._view = EventsView(self._events)
         self._surface = SurfaceFold()
@@ -85,13 +99,40 @@ class SessionLog:
         log.extend(events)
         return log
 
+    @classmethod
+    def resumed(cls, session_id: str, *, next_seq: int, turn: TurnState,
+                surface: SurfaceFold, events: Sequence[Event], mode: Mode = "strict"
+                ) -> SessionLog:
+        """A bounded log that goes on from a folded state: ``turn`` and ``surface`` as
+        after event ``next_seq - 1``, ``events`` the open turn's (from its ``turn/start``,
+        ending at ``next_seq - 1``; empty when no turn is open).
+
+        The log takes ``surface`` over (pass a copy to keep using it); it must keep messages.
+        Raises :class:`EventError` when the pieces do not fit together.
+        """
+        seqs = [event.seq for event in events]
+        first = next_seq - len(events)
+        if first < 0 or seqs != list(range(first, next_seq)):
+            raise EventError(f"resumed log: the open turn's events must be seqs "
+                             f"{first}..{next_seq - 1}, not {seqs[:3]}...", rule="resume-state")
+        if turn.in_turn != bool(events) or (events and events[0].type != "turn/start"):
+            raise EventError("resumed log: the events must be the open turn's, from its "
+                             "turn/start (none when no turn is open)", rule="resume-state")
+        if not surface.keeps_messages:
+            raise EventError("resumed log: the surface must keep messages", rule="resume-state")
+        log = cls(session_id, mode=mode, bounded=True)
+        log.turn, log._surface, log._base_seq = turn, surface, first
+        log._events.extend(events)
+        return log
+
     @property
     def next_seq(self) -> int:
         """The seq the next event must carry."""
-        return len(self._events)
+        return self._base_seq + len(self._events)
 
     @property
     def events(self) -> Sequence[Event]:
+        """Every event; for a bounded log, only the open turn's (see the module)."""
         return self._view
 
     def append(self, event: Event) -> SurfaceChange | None:
@@ -99,15 +140,19 @@ class SessionLog:
 
         Raises :class:`SequenceError` / :class:`EventError`; on error nothing changes.
         """
-        if event.seq != len(self._events):
-            raise SequenceError(expected=len(self._events), found=event.seq, type=event.type)
+        expected = self.next_seq
+        if event.seq != expected:
+            raise SequenceError(expected=expected, found=event.seq, type=event.type)
         validate_event(event, mode=self.mode)
         change = self._surface.plan(event)
         turn = self.turn.advance(event)
         # Commit: nothing below can fail.
-        self._events.append(event)
         self._surface.commit(event, change)
         self.turn = turn
+        if self.bounded:
+            self._base_seq += hold_open_turn(self._events, event, turn)
+            return change
+        self._events.append(event)
         if change is not None:
             self._change_seqs.append(event.seq)
             self._changes.append(change)
@@ -126,7 +171,14 @@ class SessionLog:
         return self._surface.nodes()
 
     def messages_at(self, seq: int) -> tuple[JsonValue, ...]:
-        """The derived messages as of just after event ``seq`` (-1: before any event)."""
+        """The derived messages as of just after event ``seq`` (-1: before any event).
+
+        Needs an unbounded log (a bounded one keeps no surface history: EventError).
+        """
+        if self.bounded:
+            raise EventError(f"messages_at({seq}) needs an unbounded log: session "
+                             f"{self.session_id!r} is bounded and keeps no surface history",
+                             seq=seq, rule="unbounded-log")
         if seq < -1 or seq >= len(self._events):
             raise EventError(f"messages_at({seq}): the log holds seqs 0..{len(self._events) - 1}",
                              seq=seq, rule="seq-in-log")
@@ -155,6 +207,27 @@ class SessionLog:
             base += CHECKPOINT_EVERY
             self._checkpoints[base] = tuple(nodes)
         return apply_changes(nodes, self._changes[base:count])
+
+
+def hold_open_turn(held: list[Event], event: Event, turn: TurnState) -> int:
+    """Keep ``held`` the events of the open turn once ``event`` is folded (``turn``: the
+    state after it); returns how many events left ``held`` for good (``event`` included
+    when it is not held).
+
+    A ``turn/start`` that opens a turn (one :class:`TurnState` takes: its data is an object)
+    starts ``held`` afresh; an event after which no turn is open (a ``turn/end``, or one
+    between turns) empties it; any other event joins the open turn.
+    """
+    if turn.turn is None:
+        dropped = len(held) + 1
+        held.clear()
+        return dropped
+    if event.type == "turn/start" and isinstance(event.data, dict):
+        dropped = len(held)
+        held[:] = [event]
+        return dropped
+    held.append(event)
+    return 0
 
 
 def derive_messages(events: Iterable[Event], *, mode: Mode = "ingest") -> tuple[JsonValue, ...]:

@@ -3,9 +3,10 @@
 This is core's ONE surface fold: ``derive``, the driver's invariant check, replay, the
 dashboard and the processors all fold with :class:`SurfaceFold`, with every rule. The
 processors' slots (:mod:`pipeline.core.projection`) are a view of it: each node also carries
-its *slot* (the seq of the event first appended at its place), and a fold that does not keep
-messages (``keep_messages=False``) serialises to its live nodes only
-(:meth:`SurfaceFold.to_json`), so its state is bounded by the live surface, never by history.
+its *slot* (the seq of the event first appended at its place), and a fold serialises to its
+live nodes only (:meth:`SurfaceFold.to_json`; with their messages for a fold that keeps them,
+as a driver's session checkpoint does), so its state is bounded by the live surface, never by
+history.
 
 The surface is an ordered list of event seqs; only ``user/message``, ``assistant/message`` and
 ``tool/result`` join it. ``append`` puts the event's seq at the end; ``replace {start,end}``
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue, Replace
 from pipeline.core.rules import fail
 from pipeline.core.types import SURFACE_TYPES
@@ -219,17 +221,57 @@ class SurfaceFold:
         self.commit(event, change)
         return change
 
-    def to_json(self) -> list[list[Any]]:
-        """The live nodes, ``[slot, seq]`` or ``[slot, seq, result]`` for a tool/result
-        (messages are not serialised): bounded by the live surface."""
+    @property
+    def keeps_messages(self) -> bool:
+        return self._keep_messages
+
+    def copy(self) -> SurfaceFold:
+        """An independent fold in the same state (nodes are immutable: shared, not copied)."""
+        fold = SurfaceFold(keep_messages=self._keep_messages)
+        fold._nodes = list(self._nodes)
+        fold._position = dict(self._position)
+        fold._cache = self._cache
+        return fold
+
+    def to_json(self, *, with_messages: bool = False) -> list[list[Any]]:
+        """The live nodes, bounded by the live surface.
+
+        Compact form (the default): ``[slot, seq]``, or ``[slot, seq, result]`` for a
+        tool/result; messages are not serialised. ``with_messages``: every node is
+        ``[slot, seq, result|null, message|null]`` (null message: the node projects to
+        nothing), which only a fold that keeps messages can give (ValueError otherwise).
+        """
+        if with_messages:
+            if not self._keep_messages:
+                raise ValueError("a fold that does not keep messages cannot serialise them")
+            return [[n.slot, n.seq, None if n.result is None else n.result.digest(), n.message]
+                    for n in self._nodes]
         return [[n.slot, n.seq] if n.result is None else [n.slot, n.seq, n.result.digest()]
                 for n in self._nodes]
 
     @classmethod
-    def from_json(cls, raw: Any) -> SurfaceFold:
-        """A fold that does not keep messages, from :meth:`to_json`. The earlier form
+    def from_json(cls, raw: Any, *, keep_messages: bool | None = None) -> SurfaceFold:
+        """A fold from :meth:`to_json`, in either form.
+
+        The compact form gives a fold that does not keep messages. The earlier form
         ``{"nodes": [[slot, seq], ...], "ops": [...]}`` is read too: its nodes' result keys
-        are unknown (the tool-result replacement rules are not checked against them)."""
+        are unknown (the tool-result replacement rules are not checked against them).
+        Entries of the ``with_messages`` form give a fold that keeps messages. An empty
+        surface says neither, so ``keep_messages`` decides (None: infer from the entries;
+        True: the ``with_messages`` form is required, else :class:`CodecError`).
+        """
+        if keep_messages is not False and isinstance(raw, list) and raw \
+                and all(isinstance(e, list) and len(e) == 4 for e in raw):
+            return cls._from_full(raw)
+        if keep_messages:
+            if raw == []:
+                return cls(keep_messages=True)
+            raise CodecError("a surface that keeps messages is a list of "
+                             "[slot, seq, result|null, message|null] entries")
+        return cls._from_compact(raw)
+
+    @classmethod
+    def _from_compact(cls, raw: Any) -> SurfaceFold:
         fold = cls(keep_messages=False)
         if raw is None:
             return fold
@@ -238,9 +280,27 @@ class SurfaceFold:
         else:
             entries = raw
         fold._nodes = [SurfaceNode(int(e[1]), None, int(e[0]),
-                                   ResultKey(digest=str(e[2])) if len(e) > 2 else None)
+                                   ResultKey(digest=str(e[2]))
+                                   if len(e) > 2 and e[2] is not None else None)
                        for e in entries]
         fold._position = {node.seq: index for index, node in enumerate(fold._nodes)}
+        fold._cache = None
+        return fold
+
+    @classmethod
+    def _from_full(cls, entries: list[list[Any]]) -> SurfaceFold:
+        """A fold keeping messages; the shapes are checked (a seq must not repeat)."""
+        fold = cls(keep_messages=True)
+        for slot, seq, digest, message in entries:
+            if type(slot) is not int or type(seq) is not int or seq < 0 \
+                    or not (digest is None or isinstance(digest, str)):
+                raise CodecError(f"surface entry [{slot!r}, {seq!r}, {digest!r}, ...]: slot "
+                                 "and seq must be integers, the result a string or null")
+            fold._nodes.append(SurfaceNode(seq, message, slot,
+                                           None if digest is None else ResultKey(digest=digest)))
+        fold._position = {node.seq: index for index, node in enumerate(fold._nodes)}
+        if len(fold._position) != len(fold._nodes):
+            raise CodecError("surface entries repeat a seq")
         fold._cache = None
         return fold
 

@@ -92,12 +92,20 @@ class TurnMachine(ToolsPhase):
 
     def __init__(self, log: SessionLog, *, new_id: Callable[[], str],
                  config: SessionConfig | None = None,
-                 retry: RetryPolicy | None = None, approvals: ApprovalRules | None = None
-                 ) -> None:
+                 retry: RetryPolicy | None = None, approvals: ApprovalRules | None = None,
+                 history: History | None = None) -> None:
+        """``history``: the session's past as folded up to ``log.next_seq`` (a restored
+        checkpoint's, :mod:`pipeline.core.checkpoint`); None: scanned from ``log.events``,
+        which must then be the whole log. The machine takes it over (its inbox and id sets
+        change as the session goes on)."""
+        if history is None and len(log.events) != log.next_seq:
+            raise TurnError(f"session {log.session_id!r}: a bounded log that no longer holds "
+                            "every event needs the History folded with it")
         self.log = log
         self._new_id = new_id
         self._retry = retry or RetryPolicy()
-        history: History = scan_history(log.events)
+        if history is None:
+            history = scan_history(log.events)
         self.inbox: InboxLists = history.inbox
         self._seen_ids: set[str] = history.message_ids
         self._turn = history.last_turn

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue
 
 
@@ -59,6 +60,47 @@ class TurnState:
         if handler is None or not isinstance(event.data, dict):
             return self
         return handler(self, event, event.data)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """Every field (camelCase); open calls as ``[callId, step, callSeq|null]``."""
+        return {"turn": self.turn, "step": self.step, "lastTurn": self.last_turn,
+                "lastStep": self.last_step,
+                "openCalls": [[c.call_id, c.step, c.call_seq] for c in self.open_calls],
+                "lastEndReason": self.last_end_reason, "turnsEnded": self.turns_ended}
+
+    @classmethod
+    def from_json(cls, raw: JsonValue) -> TurnState:
+        """The state :meth:`to_json` gave; :class:`CodecError` when a field does not fit."""
+        if not isinstance(raw, dict):
+            raise CodecError("a turn state must be a JSON object")
+        try:
+            calls = tuple(_pending_call(entry) for entry in raw["openCalls"])
+            state = cls(turn=_int_or_none(raw["turn"]), step=_int_or_none(raw["step"]),
+                        last_turn=_int(raw["lastTurn"]), last_step=_int(raw["lastStep"]),
+                        open_calls=calls, last_end_reason=raw["lastEndReason"],
+                        turns_ended=_int(raw["turnsEnded"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CodecError(f"a turn state needs turn, step, lastTurn, lastStep, openCalls, "
+                             f"lastEndReason and turnsEnded of the right types ({error})"
+                             ) from None
+        return state
+
+
+def _int(value: JsonValue) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _int_or_none(value: JsonValue) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _pending_call(entry: JsonValue) -> PendingCall:
+    call_id, step, call_seq = entry
+    if not isinstance(call_id, str):
+        raise TypeError(f"call id {call_id!r} is not a string")
+    return PendingCall(call_id, _int(step), _int_or_none(call_seq))
 
 
 def _turn_start(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:

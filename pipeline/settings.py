@@ -70,6 +70,11 @@ class TopicNames:
     def spill(self) -> str:
         return f"{self.prefix}spill"
 
+    @property
+    def driver_checkpoints(self) -> str:
+        """Compacted, one record per session: what a driver needs to continue it."""
+        return f"{self.prefix}driver-checkpoints"
+
     @staticmethod
     def dlq(topic: str) -> str:
         return f"{topic}.dlq"
@@ -111,6 +116,7 @@ class Settings:
     spill_inline_bytes: int = 50_000
     mcp_config: str = ""
     tool_timeout: float = 60.0
+    driver_idle_evict: float = 600.0
 
     @property
     def topics(self) -> TopicNames:
@@ -168,13 +174,16 @@ MIN_RECORD_BYTES: Final = 1024 * 1024
 
 def _check_sizes(settings: Settings) -> None:
     """The record limit can carry a spill chunk (1 MB) and the inline cap fits well inside;
-    the tool timeout is positive."""
+    the tool timeout and the idle eviction are positive."""
     if settings.max_record_bytes < MIN_RECORD_BYTES:
         raise ConfigError(f"DSH_MAX_RECORD_BYTES must be at least {MIN_RECORD_BYTES} "
                           f"(1 MiB), got {settings.max_record_bytes}")
     if not settings.tool_timeout > 0:
         raise ConfigError(f"DSH_TOOL_TIMEOUT must be a positive number of seconds, got "
                           f"{settings.tool_timeout}")
+    if not settings.driver_idle_evict > 0:
+        raise ConfigError(f"DSH_DRIVER_IDLE_EVICT must be a positive number of seconds, got "
+                          f"{settings.driver_idle_evict}")
     if not 0 < settings.spill_inline_bytes <= settings.max_record_bytes // 4:
         raise ConfigError(f"DSH_SPILL_INLINE_BYTES must be 1..{settings.max_record_bytes // 4} "
                           f"(a quarter of DSH_MAX_RECORD_BYTES), got "

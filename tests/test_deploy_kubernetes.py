@@ -158,8 +158,9 @@ def test_topics_are_the_projects_with_their_cleanup_policies() -> None:
     names = TopicNames(config_map()["DSH_TOPIC_PREFIX"])
     expected = {names.session_events, names.inbox, names.derived_messages, names.usage,
                 names.fleet, names.spill, names.dlq(names.session_events),
-                names.dlq(names.inbox)}
+                names.dlq(names.inbox), names.driver_checkpoints}
     assert {t["spec"]["topicName"] for t in of_kind("KafkaTopic")} == expected
+    assert topic(names.driver_checkpoints)["config"]["cleanup.policy"] == "compact"
     events = topic(names.session_events)["config"]
     assert events["cleanup.policy"] == "delete", "session events must never be compacted"
     assert (events["retention.ms"], events["retention.bytes"]) == (-1, -1)

@@ -120,8 +120,11 @@ def test_plan_keeps_session_events_forever_and_co_partitions_inbox() -> None:
                               "retention.bytes": "-1", "max.message.bytes": "8388608"}
     assert events.partitions == inbox.partitions == 12
     assert set(specs) == {"x.session-events", "x.inbox", "x.derived-messages", "x.usage",
-                          "x.fleet", "x.spill", "x.session-events.dlq", "x.inbox.dlq"}
+                          "x.fleet", "x.spill", "x.session-events.dlq", "x.inbox.dlq",
+                          "x.driver-checkpoints"}
     assert specs["x.spill"].cleanup_policy == "compact"
+    assert specs["x.driver-checkpoints"].cleanup_policy == "compact"
+    assert specs["x.driver-checkpoints"].partitions == 12
     assert {s.configs["max.message.bytes"] for s in specs.values()} == {"8388608"}
 
 

@@ -68,6 +68,9 @@ DESCRIPTIONS: Final[dict[str, str]] = {
                   "(`driver --mcp-config` wins); empty: none (docs/mcp.md).",
     "tool_timeout": "Seconds an MCP tool call may take before it ends as a `TOOL_TIMEOUT` "
                     "error result (the server is told to cancel it).",
+    "driver_idle_evict": "Seconds a driven session stays in the driver's memory with no turn "
+                         "running and no command; then it is evicted and loaded again from "
+                         "its checkpoint by its next command (docs/driver-state.md).",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

@@ -90,6 +90,10 @@ def plan_topics(settings: Settings) -> list[TopicSpec]:
         TopicSpec(names.fleet, parts, rf, dict(output), "derived output"),
         # Full texts of spilled tool results, in chunks keyed by content hash.
         TopicSpec(names.spill, parts, rf, dict(compact), "spilled content"),
+        # Written in the driver's transactions, read at every takeover and wake-up: what
+        # the cleaner has not compacted yet is read too, and this bounds it.
+        TopicSpec(names.driver_checkpoints, parts, rf, dict(output),
+                  "co-partitioned with session-events"),
     ]
     for source in (names.session_events, names.inbox):
         # Dead letters keep the original key and bytes; kept forever so nothing is lost.

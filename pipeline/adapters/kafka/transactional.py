@@ -96,27 +96,32 @@ class PartitionProducer:
 
     async def commit(self, records: Sequence[OutRecord],
                      inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None = None
-                     ) -> None:
+                     ) -> list[int]:
         """One transaction: ``records`` plus the group's next inbox offsets, atomically.
 
         ``inbox_offsets`` maps (topic, partition) to (offset of the next record to consume,
-        commit metadata). On failure the transaction is aborted (if still possible) and
+        commit metadata). Returns the offset each record was written at, in ``records``'
+        order. On failure the transaction is aborted (if still possible) and
         :class:`BrokerError` (:class:`FencedError` when fenced) is raised.
         """
         if self._producer is None:
             raise BrokerError(f"producer {self.transactional_id} is not started")
-        await self._guarded(self._transaction(records, inbox_offsets), "commit a transaction")
+        written: list[int] = []
+        await self._guarded(self._transaction(records, inbox_offsets, written),
+                            "commit a transaction")
         self.transactions_committed += 1
+        return written
 
     async def _transaction(self, records: Sequence[OutRecord],
-                           inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None
-                           ) -> None:
+                           inbox_offsets: Mapping[tuple[str, int], tuple[int, str]] | None,
+                           written: list[int]) -> None:
         producer = self._producer
         await producer.begin_transaction()
         try:
-            futures = await _send_all(producer, records)
-            if futures:
-                await asyncio.gather(*futures)
+            sent = await _send_all(producer, records)
+            if sent:
+                metadata = await asyncio.gather(*(future for future, _ in sent))
+                written.extend(_record_offsets(sent, metadata, len(records)))
             if inbox_offsets:
                 offsets = {TopicPartition(t, p): o for (t, p), o in inbox_offsets.items()}
                 await producer.send_offsets_to_transaction(offsets, self.group_id)
@@ -158,8 +163,10 @@ class PartitionProducer:
             await asyncio.wait_for(producer.stop(), self._request_timeout_s)
 
 
-async def _send_all(producer: Any, records: Sequence[OutRecord]) -> list[Any]:
-    """Queue ``records`` in order; one delivery future per batch or per record.
+async def _send_all(producer: Any, records: Sequence[OutRecord]
+                    ) -> list[tuple[Any, list[int]]]:
+    """Queue ``records`` in order; one delivery future per batch or per record, each with
+    the indices (into ``records``) of the records it delivers, in their order in it.
 
     Records with a partition go into one batch per (topic, partition), built here and
     handed over whole: a transaction of a step's events (hundreds of chunks) would
@@ -168,24 +175,35 @@ async def _send_all(producer: Any, records: Sequence[OutRecord]) -> list[Any]:
     by one. Order within a partition is kept: a partition's records are either all in
     batches or all sent singly, since the driver names the partition of every event.
     """
-    futures: list[Any] = []
-    builders: dict[tuple[str, int], Any] = {}
-    for record in records:
+    sent: list[tuple[Any, list[int]]] = []
+    builders: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+    for index, record in enumerate(records):
         if record.partition is None:
-            futures.append(await producer.send(record.topic, record.value, key=record.key,
-                                               headers=list(record.headers) or None))
+            sent.append((await producer.send(record.topic, record.value, key=record.key,
+                                             headers=list(record.headers) or None), [index]))
             continue
         where = (record.topic, record.partition)
-        builder = builders.get(where)
-        if builder is None or not _append(builder, record):
-            if builder is not None:  # full: hand it over, start the next one
-                futures.append(await producer.send_batch(builder, where[0],
-                                                         partition=where[1]))
-            builder = builders[where] = producer.create_batch()
-            _append(builder, record)  # an empty batch takes any one record
-    for (topic, partition), builder in builders.items():
-        futures.append(await producer.send_batch(builder, topic, partition=partition))
-    return futures
+        open_batch = builders.get(where)
+        if open_batch is None or not _append(open_batch[0], record):
+            if open_batch is not None:  # full: hand it over, start the next one
+                sent.append((await producer.send_batch(open_batch[0], where[0],
+                                                       partition=where[1]), open_batch[1]))
+            open_batch = builders[where] = (producer.create_batch(), [])
+            _append(open_batch[0], record)  # an empty batch takes any one record
+        open_batch[1].append(index)
+    for (topic, partition), (builder, indices) in builders.items():
+        sent.append((await producer.send_batch(builder, topic, partition=partition), indices))
+    return sent
+
+
+def _record_offsets(sent: Sequence[tuple[Any, list[int]]], metadata: Sequence[Any],
+                    count: int) -> list[int]:
+    """The offset of each record: a batch's records follow its base offset in order."""
+    offsets = [-1] * count
+    for (_, indices), delivered in zip(sent, metadata, strict=True):
+        for position, index in enumerate(indices):
+            offsets[index] = delivered.offset + position
+    return offsets
 
 
 def _append(builder: Any, record: OutRecord) -> bool:

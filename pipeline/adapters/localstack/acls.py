@@ -58,6 +58,8 @@ def _driver(s: Settings) -> list[AclRule]:
         AclRule("driver", "topic", t.session_events, READ_WRITE,
                 "append session events; read a session back to resume it"),
         AclRule("driver", "topic", t.dlq(t.inbox), WRITE, "dead-letter undecodable commands"),
+        AclRule("driver", "topic", t.driver_checkpoints, READ_WRITE,
+                "checkpoint each session it writes; load a session from its checkpoint"),
     ]
     for group in (f"{g}driver", f"{g}demo-driver"):
         rules += [
@@ -122,6 +124,8 @@ def _ingest(s: Settings) -> list[AclRule]:
         AclRule("ingest", "topic", t.session_events, READ_WRITE,
                 "import/ship session logs; read the last seq of each session"),
         AclRule("ingest", "topic", t.inbox, WRITE, "`send`: post agent commands"),
+        AclRule("ingest", "topic", t.driver_checkpoints, WRITE,
+                "mark an imported session as written by dsh (the driver does not drive it)"),
     ]
     for name in ("import", "ship-"):
         rules += [

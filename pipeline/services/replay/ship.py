@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.adapters.kafka.checkpoints import writer_marks
 from pipeline.adapters.kafka.errors import is_fencing, is_refusal
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.records import OutRecord
@@ -224,7 +225,8 @@ class Shipper:
     async def _commit(self, pending: _Pending) -> int:
         """One transaction for the pending events; then their sessions and files advance."""
         if pending.records:
-            await self.producer.commit(pending.records)
+            marks = writer_marks(pending.records, self.settings.topics.driver_checkpoints)
+            await self.producer.commit([*pending.records, *marks])
             self.stats.transactions += 1
         self.next_seq.update(pending.next_seq)
         self.stats.published += pending.events

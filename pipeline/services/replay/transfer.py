@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.adapters.kafka.checkpoints import writer_marks
 from pipeline.adapters.kafka.event_stream import partition_for, session_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.spill import read_spill, spill_refs
@@ -183,7 +184,8 @@ class Importer:
             records += found[0]
             results.append(found[1])
         if records:
-            await self.producer.commit(records)
+            await self.producer.commit(
+                [*records, *writer_marks(records, self.settings.topics.driver_checkpoints)])
         for result in results:
             if result.events:
                 last[result.session_id] = max(last.get(result.session_id, -1),

@@ -39,6 +39,7 @@ from pipeline.core.approvals import ApprovalRules
 from pipeline.core.inbox import Approve, FollowUp, InboxCommand
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.core.turn_history import History
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.runner import SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
@@ -109,13 +110,13 @@ def make_runner_factory(bench: list[Bench], settings: Settings) -> Any:
     config = SessionConfig(provider=settings.provider, model=settings.model)
     rules = ApprovalRules(require=("danger",))
 
-    def make(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+    def make(log: SessionLog, sink: PartitionSink, history: History) -> SessionRunner:
         # the tool learns its session from its arguments: one script per session
         session_provider = ScriptedProvider(tool_loop_script(
             "danger", json.dumps({"session": log.session_id})))
         return SessionRunner(log, provider_factory=lambda _p, _m: session_provider,
                              tools=tools, sink=sink, config=config, approvals=rules,
-                             admit=sink.admit_step)
+                             admit=sink.admit_step, history=history)
     return make, tools
 
 

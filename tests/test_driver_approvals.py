@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,6 +27,7 @@ from test_driver_kafka import PARTITIONS, wait_for_events
 from wait_support import driver_owning
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.scripted import ScriptedProvider, tool_loop_script
@@ -36,6 +38,7 @@ from pipeline.core.events import Event
 from pipeline.core.inbox import Approve, Cancel, Deny, FollowUp, InboxCommand, Steer
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.core.turn_history import History
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.runner import SessionRunner
 from pipeline.services.driver.service import DriverService
@@ -104,10 +107,10 @@ async def driver(kafka_bootstrap: str) -> AsyncIterator[ApprovalDriver]:
     provider = ScriptedProvider(tool_loop_script("danger", '{"target": "prod"}'))
     config = SessionConfig(provider=settings.provider, model=settings.model)
 
-    def make(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+    def make(log: SessionLog, sink: PartitionSink, history: History) -> SessionRunner:
         rules = TIMEOUT_RULES if "timeout" in log.session_id else RULES
         return SessionRunner(log, provider_factory=lambda _p, _m: provider, tools=tools,
-                             sink=sink, config=config, approvals=rules)
+                             sink=sink, config=config, approvals=rules, history=history)
 
     ctx = dataclasses.replace(driver_context(settings, group_id=f"{prefix}driver", tools=tools,
                                              linger_ms=10), runner_factory=make)
@@ -155,6 +158,45 @@ async def test_timeout_denies_on_expiry(driver: ApprovalDriver) -> None:
     await driver.waiting(session)
     events = await driver.turn_ended(session)  # nobody decides
     assert of_type(events, "approval/decided")[0].data["outcome"] == "unavailable"
+    assert of_type(events, "dsh-pipeline/approval")[0].data["decision"] == "timeout"
+    assert of_type(events, "tool/result")[0].data["error"]["code"] == "APPROVAL_TIMEOUT"
+
+
+async def evict(driver: ApprovalDriver, session: str) -> None:
+    """Evict ``session`` from the driver's memory as the idle sweep does (once its ask is
+    committed: before that the sweep leaves it)."""
+    owned = driver.service.owned[partition_for(session, PARTITIONS)]
+
+    async def evicted() -> None:
+        while session in owned.sessions:
+            owned.evict_idle(time.monotonic() + 1)
+            await asyncio.sleep(0.05)
+    await asyncio.wait_for(evicted(), 30)
+
+
+async def test_a_waiting_approval_survives_eviction(driver: ApprovalDriver) -> None:
+    session = f"s-evicted-{uuid.uuid4().hex[:6]}"
+    await driver.start(session)
+    call_id = await driver.waiting(session)
+    loaded = driver.service.metrics.sessions_loaded
+    await evict(driver, session)
+    before = len(driver.ran)
+    await driver.send(Approve(session, "a-ev", call_id, reason="after eviction"))
+    events = await driver.turn_ended(session)
+    assert len(driver.ran) == before + 1
+    assert driver.service.metrics.sessions_loaded == loaded + 1
+    assert of_type(events, "approval/decided")[0].data["outcome"] == "allowed-once"
+    assert events[-1].data["reason"] == {"kind": "completed"}
+
+
+async def test_the_deadline_of_an_evicted_wait_still_denies(driver: ApprovalDriver) -> None:
+    session = f"s-timeout-evicted-{uuid.uuid4().hex[:6]}"
+    await driver.start(session)
+    await driver.waiting(session)
+    loaded = driver.service.metrics.sessions_loaded
+    await evict(driver, session)
+    events = await driver.turn_ended(session)  # nobody decides: the deadline loads it
+    assert driver.service.metrics.sessions_loaded == loaded + 1
     assert of_type(events, "dsh-pipeline/approval")[0].data["decision"] == "timeout"
     assert of_type(events, "tool/result")[0].data["error"]["code"] == "APPROVAL_TIMEOUT"
 

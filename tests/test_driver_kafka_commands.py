@@ -36,6 +36,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.core.turn_effects import HookDecision, SessionConfig
+from pipeline.core.turn_history import History
 from pipeline.services.driver.hooks import Messages, NextHook, PreStepContext, reject
 from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.runner import SessionRunner
@@ -135,15 +136,15 @@ class CommandDriver:
 
 
 def runner_factory(settings: Settings, model: ScenarioModel
-                   ) -> Callable[[SessionLog, PartitionSink], SessionRunner]:
+                   ) -> Callable[[SessionLog, PartitionSink, History], SessionRunner]:
     provider = ScriptedProvider(model)
     tools = command_tools()
     config = SessionConfig(provider=settings.provider, model=settings.model)
 
-    def make(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+    def make(log: SessionLog, sink: PartitionSink, history: History) -> SessionRunner:
         return SessionRunner(log, provider_factory=lambda _p, _m: provider, tools=tools,
                              sink=sink, hooks=[gatekeeper], config=config, retry=FAST_RETRY,
-                             jitter=lambda: 0.0)
+                             jitter=lambda: 0.0, history=history)
     return make
 
 

@@ -76,6 +76,8 @@ from pipeline.core.inbox import (
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.core.turn_history import History
+from pipeline.services.driver.checkpointing import CheckpointStore
 from pipeline.services.driver.http_status import StatusServer
 from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION, PartitionSink
 from pipeline.services.driver.mcp_tools import McpTools
@@ -341,15 +343,18 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     default_config = SessionConfig(provider=settings.provider, model=settings.model)
     metrics = DriverMetrics()
 
-    def runner_factory(log: SessionLog, sink: PartitionSink) -> SessionRunner:
+    def runner_factory(log: SessionLog, sink: PartitionSink, history: History
+                       ) -> SessionRunner:
         admit = sink.admit_step if steps_per_transaction > 0 else None
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
                              config=default_config, metrics=metrics.runner, admit=admit,
-                             approvals=approvals)
+                             approvals=approvals, history=history)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
                             runner_factory=runner_factory, metrics=metrics,
+                            checkpoints=CheckpointStore(settings, serde.decode,
+                                                        mode=rebuild_mode),
                             linger_ms=linger_ms, pipelined_flush=pipelined_flush,
                             rebuild_mode=rebuild_mode,
                             steps_per_transaction=steps_per_transaction)

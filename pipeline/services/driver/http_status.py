@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector
 
 from pipeline.adapters.metrics.http import Health, StatusHttpServer
 
-GAUGES: Final = frozenset({"partitions_owned", "turns_in_flight", "throttled", "ready"})
+GAUGES: Final = frozenset({"partitions_owned", "turns_in_flight", "throttled", "ready",
+                           "sessions_in_memory", "sessions_indexed"})
 Snapshot = Callable[[], Mapping[str, int]]
 Rendered = Callable[[], str]
 

@@ -11,7 +11,11 @@ transactions batch by themselves under load. A transaction holds, atomically:
   emission order, all to partition p of the session topic;
 - dead letters of bad inbox records of p;
 - the inbox offset of p up to which every command's effect is logged (see
-  :class:`InboxOffsets`), via ``send_offsets_to_transaction``.
+  :class:`InboxOffsets`), via ``send_offsets_to_transaction``;
+- the checkpoint of each session with events in it (partition p of the checkpoint topic):
+  the sink folds every event it buffers into the session's
+  :class:`~pipeline.core.checkpoint.SessionCheckpoint`, so the fold written is exactly the
+  fold of the committed events (``checkpointing.py``).
 
 So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
 offset past it commit together, or neither does. A crash between transactions loses only
@@ -30,14 +34,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pipeline.adapters.kafka.checkpoints import CheckpointEntry, entry_of
 from pipeline.adapters.kafka.records import OutRecord, check_fits
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.approvals import DECISION_TYPE, REFUSED_TYPE
+from pipeline.core.checkpoint import SessionCheckpoint
 from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.driver.admission import StepBudget
+from pipeline.services.driver.checkpointing import record_of
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +229,14 @@ class PartitionSink:
                  partition: int, encode: EventEncoder, offsets: InboxOffsets,
                  on_logged: Callable[[str, str], None], linger_ms: float = 25.0,
                  wait_for_commit: bool = True, max_buffered: int = 20_000,
-                 max_record_bytes: int | None = None, steps_per_transaction: int = 0) -> None:
+                 max_record_bytes: int | None = None, steps_per_transaction: int = 0,
+                 checkpoints_topic: str | None = None,
+                 on_checkpointed: Callable[[str, CheckpointEntry], None] | None = None
+                 ) -> None:
         """``steps_per_transaction``: at most about this many sessions begin a step while
         one transaction commits (:class:`StepBudget`, awaited through
-        :meth:`admit_step`); 0: no bound."""
+        :meth:`admit_step`); 0: no bound. ``checkpoints_topic`` None: no checkpoints
+        (tests of the sink alone); ``on_checkpointed`` learns where each one was written."""
         self.producer = producer
         self.partition = partition
         self.offsets = offsets
@@ -249,6 +260,11 @@ class PartitionSink:
         self._traced: dict[str, str] = {}  # follow-up message id -> caller's traceparent
         self._turn_traces: dict[str, str] = {}  # session -> traceparent of its open turn
         self._max_record_bytes = max_record_bytes
+        self._checkpoints_topic = checkpoints_topic
+        self._on_checkpointed = on_checkpointed
+        self.folds: dict[str, SessionCheckpoint] = {}  # the sessions in memory
+        self._touched: dict[str, None] = {}  # sessions with buffered events, emit order
+        self._committing: dict[str, None] = {}  # ... whose transaction is under way
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
         self.recent_commits: deque[CommitTiming] = deque(maxlen=RECENT_COMMITS)
         # a transaction's worth of records: what the budget's steps emit when they run at once
@@ -265,6 +281,27 @@ class PartitionSink:
         if len(self._traced) >= MAX_TRACED_FOLLOW_UPS:
             del self._traced[next(iter(self._traced))]  # the oldest: its turn never came
         self._traced[message_id] = traceparent
+
+    def track(self, checkpoint: SessionCheckpoint) -> None:
+        """Fold the session's next events into ``checkpoint`` (a session entering memory)."""
+        self.folds[checkpoint.session_id] = checkpoint
+
+    def forget(self, session_id: str) -> bool:
+        """Stop folding the session (it leaves memory); False while events of it are not
+        committed yet (its latest checkpoint is not written)."""
+        if session_id in self._touched or session_id in self._committing:
+            return False
+        self.folds.pop(session_id, None)
+        return True
+
+    def _fold(self, session_id: str, events: Sequence[Event]) -> None:
+        if self._checkpoints_topic is None:
+            return
+        fold = self.folds.get(session_id)
+        if fold is None:
+            fold = self.folds[session_id] = SessionCheckpoint(session_id)
+        fold.advance(events)
+        self._touched[session_id] = None
 
     async def emit(self, session_id: str, events: Sequence[Event]) -> None:
         """Encode and buffer ``events``; they commit with the next transaction.
@@ -291,6 +328,7 @@ class PartitionSink:
                     check_fits(record, limit,
                                f"session {session_id!r} event {event.seq} ({event.type})")
         self._buffer.extend(records)
+        self._fold(session_id, events)
         for event in events:
             if event.type in _LOGS_MESSAGE_IDS:  # not the many chunks
                 for message_id in logged_message_ids(event):
@@ -324,6 +362,7 @@ class PartitionSink:
             if event.type == "turn/end":
                 trace = None
                 self._turn_traces.pop(session_id, None)
+        self._fold(session_id, events)
         self._emitted(time.monotonic())
 
     def _claimed_trace(self, session_id: str, message: Event, turn_start: int | None
@@ -419,6 +458,9 @@ class PartitionSink:
     async def commit_pending(self) -> None:
         """Commit buffered records and the offset progress now (no-op when nothing changed)."""
         records, self._buffer = self._buffer, []
+        self._committing, self._touched = self._touched, {}
+        events = len(records)
+        records += self._checkpoint_records()
         generation = self._emitted_gen
         point = self.offsets.advance()
         first_emit, self._first_emit = self._first_emit, None
@@ -429,14 +471,31 @@ class PartitionSink:
                        else None)
             began = time.monotonic()
             try:
-                await self.producer.commit(records, offsets)
+                written = await self.producer.commit(records, offsets)
             except Exception:
                 self.transactions_aborted += 1
                 raise
+            self._checkpointed(records[events:], written[events:])
             self.recent_commits.append(CommitTiming(
                 began - (first_emit if first_emit is not None else began),
-                time.monotonic() - began, len(records)))
+                time.monotonic() - began, events))
             self.events_committed += sum(1 for r in records if r.topic == self._events_topic)
+        self._committing = {}
         self._committed_gen = generation
         async with self._commit_done:
             self._commit_done.notify_all()
+
+    def _checkpoint_records(self) -> list[OutRecord]:
+        topic, limit = self._checkpoints_topic, self._max_record_bytes or 8 * 1024 * 1024
+        if topic is None:
+            return []
+        return [record_of(topic, self.partition, self.folds[session_id], limit)
+                for session_id in self._committing if session_id in self.folds]
+
+    def _checkpointed(self, records: Sequence[OutRecord], offsets: Sequence[int]) -> None:
+        if self._on_checkpointed is None:
+            return
+        for record, offset in zip(records, offsets, strict=True):
+            entry = entry_of(record.headers, offset)  # as written, not as the fold is now
+            if entry is not None:
+                self._on_checkpointed((record.key or b"").decode("utf-8"), entry)

@@ -1,11 +1,18 @@
 """One owned inbox partition: its producer, its sink, its sessions and their runners.
 
-Built on assignment (:func:`build_partition`): start the transactional producer of the
-partition (this fences any older owner and aborts its open transaction), read the same
-partition of the session topic read_committed up to its end, rebuild each session's
-:class:`SessionLog`, create a runner per session and let it repair an open turn
-(``runner.recover()``), then continue pending inbox work. Inbox commands are then
+Built on assignment (``takeover.build_partition``): start the transactional producer of
+the partition (this fences any older owner and aborts its open transaction), read the same
+partition of the checkpoint topic (one record per session, ``checkpointing.py``), keep its
+index, load the sessions that are busy (a turn open, or waking inbox work), let each repair
+an open turn (``runner.recover()``) and continue pending work. Inbox commands are then
 dispatched to the session's runner; each session's turns run in one task, off the poll loop.
+
+Memory holds the sessions at work, not every session ever seen: a session whose last command
+and turn are ``idle_evict_s`` behind it is evicted once its last events are committed (its
+checkpoint then holds everything), and its next command loads it back from its checkpoint
+(one record, read at the offset the index holds); commands that arrive while it loads wait,
+in order, with their inbox offsets uncommitted. A session waiting for a person's approval is
+evicted too: its deadline stays armed, and a decision or the deadline loads it.
 
 One writer per session: a session whose seq-0 record is marked as published from a dsh file
 (``dsh.writer``, by ``import`` or ``ship``) is written by dsh through its shipper. The driver
@@ -25,11 +32,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Awaitable
 
 from pipeline.adapters.cancelling import cancel_until_done
+from pipeline.adapters.kafka.checkpoints import CheckpointEntry
 from pipeline.adapters.kafka.dlq import dead_letter
 from pipeline.adapters.kafka.records import (
     InboxRecord,
@@ -37,105 +43,33 @@ from pipeline.adapters.kafka.records import (
     inbox_record_limit,
     record_bytes,
 )
-from pipeline.adapters.kafka.session_reader import Decoder, read_session_partition
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_TRACEPARENT
-from pipeline.core.errors import CodecError, DshError, EventError
-from pipeline.core.events import Event
+from pipeline.core.checkpoint import SessionCheckpoint
+from pipeline.core.errors import BrokerError, CodecError, DshError, EventError
 from pipeline.core.genai_trace import TraceParent
 from pipeline.core.inbox import Approve, Configure, FollowUp, InboxCommand, Inject, Steer
-from pipeline.core.log import Mode, SessionLog
+from pipeline.core.log import SessionLog
+from pipeline.services.driver.checkpointing import invalid_log_reason
 from pipeline.services.driver.kafka_sink import (
-    EventEncoder,
     InboxOffsets,
     PartitionSink,
     applied_from_metadata,
     dead_lettered_from_metadata,
-    logged_message_ids,
 )
-from pipeline.services.driver.metrics import RunnerMetrics
-from pipeline.settings import Settings
+from pipeline.services.driver.slots import (
+    CommandDecoder,
+    DriverMetrics,
+    PartitionContext,
+    RunnerFactory,
+    SessionRunnerLike,
+    SessionSlot,
+)
+
+__all__ = ["CommandDecoder", "DriverMetrics", "OwnedPartition", "PartitionContext",
+           "RunnerFactory", "SessionRunnerLike", "SessionSlot"]
 
 log = logging.getLogger(__name__)
-
-
-class SessionRunnerLike(Protocol):
-    """What the driver needs of a session runner (``runner.SessionRunner``)."""
-
-    async def recover(self) -> None: ...
-    def submit(self, command: InboxCommand) -> None: ...
-    async def run_until_idle(self) -> None: ...
-    async def dispose(self) -> None: ...
-    @property
-    def busy(self) -> bool: ...
-    @property
-    def approval_deadline(self) -> int | None: ...
-    def expire_approval(self) -> bool: ...
-
-
-RunnerFactory = Callable[[SessionLog, PartitionSink], SessionRunnerLike]
-CommandDecoder = Callable[[bytes], InboxCommand]
-
-
-@dataclass(slots=True)
-class DriverMetrics:
-    """Plain counters (``snapshot``), plus the runners' labelled series (``runner``)."""
-
-    commands: int = 0
-    duplicates: int = 0
-    redelivered: int = 0
-    dead_letters: int = 0
-    sessions_rebuilt: int = 0
-    turns_repaired: int = 0
-    session_failures: int = 0
-    partitions_built: int = 0
-    partitions_lost: int = 0
-    fenced: int = 0
-    broker_failures: int = 0
-    pauses: int = 0
-    events_committed: int = 0
-    transactions: int = 0
-    transactions_aborted: int = 0
-    runner: RunnerMetrics = field(default_factory=RunnerMetrics)
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__ if name != "runner"}
-
-
-@dataclass(slots=True)
-class SessionSlot:
-    """A session owned through its partition: log, runner, and the offsets it works on."""
-
-    session_id: str
-    log: SessionLog
-    runner: SessionRunnerLike | None
-    message_ids: set[str] = field(default_factory=set)
-    offsets: list[int] = field(default_factory=list)      # submitted, not yet idle
-    awaiting: dict[str, int] = field(default_factory=dict)  # message id -> inbox offset
-    task: asyncio.Task[None] | None = None
-    failure: str | None = None
-    writer: str | None = None  # another writer's mark: the driver never writes the session
-
-    @property
-    def driving(self) -> bool:
-        return self.task is not None and not self.task.done()
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionContext:
-    """What every owned partition shares (built once by the service)."""
-
-    settings: Settings
-    group_id: str
-    decode_event: Decoder
-    encode_event: EventEncoder
-    decode_command: CommandDecoder
-    runner_factory: RunnerFactory
-    metrics: DriverMetrics
-    linger_ms: float = 25.0
-    rebuild_mode: Mode = "strict"
-    pipelined_flush: bool = False  # True: a step boundary does not wait for its commit
-    steps_per_transaction: int = 0  # PartitionSink's step budget (0: unbounded)
 
 
 class OwnedPartition:
@@ -158,9 +92,14 @@ class OwnedPartition:
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
                                   max_record_bytes=ctx.settings.max_record_bytes,
-                                  steps_per_transaction=ctx.steps_per_transaction)
+                                  steps_per_transaction=ctx.steps_per_transaction,
+                                  checkpoints_topic=topics.driver_checkpoints,
+                                  on_checkpointed=self._on_checkpointed)
         self.sink_task: asyncio.Task[None] | None = None
         self._approval_timers: dict[str, asyncio.TimerHandle] = {}
+        self.index: dict[str, CheckpointEntry] = {}  # every session of the partition
+        self._loading: dict[str, list[tuple[InboxRecord, InboxCommand]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # loads and the eviction sweep
         self.accepting = False
         self.released = False
 
@@ -171,29 +110,33 @@ class OwnedPartition:
     def start_sink(self) -> None:
         self.sink_task = asyncio.create_task(self.sink.run(), name=f"sink-p{self.partition}")
 
-    def adopt(self, session_id: str, events: list[Event]) -> SessionSlot:
-        """A slot for a session rebuilt from its committed events (failed if invalid)."""
-        log_ = SessionLog(session_id, mode=self.ctx.rebuild_mode)
-        slot = SessionSlot(session_id, log_, None)
-        try:
-            log_.extend(events)
-        except EventError as exc:
-            slot.failure = f"its log on the session topic does not rebuild: {exc}"
-            log.error("session %s in partition %d: %s", session_id, self.partition, slot.failure)
+    def adopt(self, checkpoint: SessionCheckpoint) -> SessionSlot:
+        """A slot for a session restored from its checkpoint (no runner if another writer
+        writes it); the sink folds its next events into ``checkpoint``."""
+        session_id = checkpoint.session_id
+        if checkpoint.writer is not None:
+            slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
+                               writer=checkpoint.writer)
             self.sessions[session_id] = slot
             return slot
-        for event in events:
-            slot.message_ids.update(logged_message_ids(event))
-        slot.runner = self.ctx.runner_factory(log_, self.sink)
+        try:
+            log_, history = checkpoint.restore(mode=self.ctx.rebuild_mode)
+        except DshError as exc:  # it fails alone: its commands are dead-lettered
+            log.error("session %s: its checkpoint does not restore: %s", session_id, exc)
+            slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
+                               failure=f"its checkpoint does not restore: {exc}")
+            self.sessions[session_id] = slot
+            return slot
+        slot = SessionSlot(session_id, log_, None)
+        slot.message_ids.update(history.message_ids, history.configure_ids,
+                                history.approvals.message_ids)
+        slot.runner = self.ctx.runner_factory(log_, self.sink, history)
+        self.sink.track(checkpoint)
         self.sessions[session_id] = slot
         return slot
 
-    def adopt_written_elsewhere(self, session_id: str, writer: str) -> SessionSlot:
-        """A slot, without runner, for a session another writer owns (its log not rebuilt)."""
-        slot = SessionSlot(session_id, SessionLog(session_id, mode=self.ctx.rebuild_mode), None,
-                           writer=writer)
-        self.sessions[session_id] = slot
-        return slot
+    def _on_checkpointed(self, session_id: str, entry: CheckpointEntry) -> None:
+        self.index[session_id] = entry
 
     def _on_logged(self, session_id: str, message_id: str) -> None:
         slot = self.sessions.get(session_id)
@@ -230,21 +173,130 @@ class OwnedPartition:
         except DshError as exc:
             self._dead_letter(record, exc)
             return
-        slot = self.sessions.get(command.session_id)
+        self._dispatch(record, command)
+
+    def _dispatch(self, record: InboxRecord, command: InboxCommand) -> None:
+        session_id = command.session_id
+        queued = self._loading.get(session_id)
+        if queued is not None:  # it is being loaded: in order, after the load
+            queued.append((record, command))
+            return
+        slot = self.sessions.get(session_id)
         if slot is None:
-            slot = self.adopt(command.session_id, [])
+            entry = self.index.get(session_id)
+            if entry is not None and entry.writer is None:
+                self._load(session_id, entry, [(record, command)])
+                return
+            writer = entry.writer if entry is not None else None
+            slot = self.adopt(SessionCheckpoint(session_id, writer=writer))
         if slot.writer is not None:
-            self._dead_letter(record, EventError(
-                f"session {command.session_id!r} is written by {slot.writer!r} (its events are "
-                "published from a dsh session file): the driver does not drive it",
-                rule="session-not-driven"))
+            self._not_driven(record, session_id, slot.writer)
             return
         if slot.failure is not None or slot.runner is None:
             self._dead_letter(record, EventError(
-                f"session {command.session_id!r} cannot take commands: {slot.failure}",
+                f"session {session_id!r} cannot take commands: {slot.failure}",
                 rule="session-failed"))
             return
+        slot.last_active = time.monotonic()
         self._submit(slot, record, command)
+
+    def _not_driven(self, record: InboxRecord, session_id: str, writer: str) -> None:
+        reason = invalid_log_reason(writer)
+        if reason is not None:
+            self._dead_letter(record, EventError(
+                f"session {session_id!r} cannot take commands: {reason}",
+                rule="session-failed"))
+            return
+        self._dead_letter(record, EventError(
+            f"session {session_id!r} is written by {writer!r} (its events are published from a "
+            "dsh session file): the driver does not drive it", rule="session-not-driven"))
+
+    # -- leaving memory and coming back ----------------------------------------------------
+
+    def _load(self, session_id: str, entry: CheckpointEntry,
+              queued: list[tuple[InboxRecord, InboxCommand]]) -> None:
+        """Load an evicted session from its checkpoint, then dispatch what waited for it."""
+        self._loading[session_id] = queued
+        self._spawn(self._load_and_dispatch(session_id, entry), f"load-{session_id}")
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load_and_dispatch(self, session_id: str, entry: CheckpointEntry) -> None:
+        try:
+            checkpoint = await self._load_checkpoint(session_id, entry)
+        except DshError as exc:  # a checkpoint that does not decode: the session fails alone
+            log.error("session %s: its checkpoint does not load: %s", session_id, exc)
+            checkpoint = None
+            failure = f"its checkpoint does not load: {exc}"
+        if self.released:
+            return
+        if checkpoint is None:
+            slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
+                               failure=failure)
+            self.sessions[session_id] = slot
+        else:
+            slot = self.adopt(checkpoint)
+        self.ctx.metrics.sessions_loaded += 1
+        if slot.runner is not None:
+            await slot.runner.recover()  # an evicted session is idle: normally nothing to do
+        for record, command in self._loading.pop(session_id, []):
+            self._dispatch(record, command)
+        if not slot.driving:
+            self._arm_approval_timer(slot)
+
+    async def _load_checkpoint(self, session_id: str, entry: CheckpointEntry
+                               ) -> SessionCheckpoint:
+        """Retried while the broker fails: the waiting commands' offsets stay uncommitted."""
+        while True:
+            try:
+                return await self.ctx.checkpoints.load(self.partition, session_id, entry)
+            except BrokerError as exc:
+                log.warning("session %s: loading its checkpoint failed (%s); retrying",
+                            session_id, exc)
+                await asyncio.sleep(self.ctx.load_retry_s)
+
+    def start_evicting(self) -> None:
+        """Sweep idle sessions out of memory, every quarter of the idle time (at most 30 s)."""
+        self._spawn(self._evict_forever(), f"evict-p{self.partition}")
+
+    async def _evict_forever(self) -> None:
+        period = min(30.0, self.ctx.evict_after_s / 4)
+        while not self.released:
+            await asyncio.sleep(period)
+            self.evict_idle(time.monotonic() - self.ctx.evict_after_s)
+
+    def evict_idle(self, active_before: float) -> int:
+        """Evict the sessions last active before ``active_before`` whose events are all
+        committed; returns how many left memory."""
+        evicted = 0
+        for session_id, slot in list(self.sessions.items()):
+            if (slot.last_active >= active_before or slot.driving or slot.offsets
+                    or slot.awaiting or slot.failure is not None
+                    or not self.sink.forget(session_id)):
+                continue
+            deadline = slot.runner.approval_deadline if slot.runner is not None else None
+            timer = self._approval_timers.pop(session_id, None)
+            if timer is not None:
+                timer.cancel()
+            del self.sessions[session_id]
+            if deadline is not None:  # the deadline loads it back
+                self._approval_timers[session_id] = asyncio.get_running_loop().call_later(
+                    max(0.0, deadline / 1000 - time.time()), self._deadline_wake, session_id)
+            evicted += 1
+        self.ctx.metrics.sessions_evicted += evicted
+        return evicted
+
+    def _deadline_wake(self, session_id: str) -> None:
+        self._approval_timers.pop(session_id, None)
+        entry = self.index.get(session_id)
+        if self.released or session_id in self.sessions or session_id in self._loading \
+                or entry is None:
+            return
+        self._load(session_id, entry, [])
 
     def _command_of(self, record: InboxRecord) -> InboxCommand:
         if record.value is None:
@@ -313,6 +365,7 @@ class OwnedPartition:
                 taken, slot.offsets = slot.offsets, []
                 await slot.runner.run_until_idle()
                 self._offsets_done(slot, taken)
+                slot.last_active = time.monotonic()
                 if not slot.offsets:
                     self._arm_approval_timer(slot)
                     return
@@ -343,7 +396,8 @@ class OwnedPartition:
 
     def _approval_expired(self, slot: SessionSlot) -> None:
         self._approval_timers.pop(slot.session_id, None)
-        if self.released or slot.runner is None or slot.failure is not None:
+        if self.released or slot.runner is None or slot.failure is not None \
+                or self.sessions.get(slot.session_id) is not slot:  # evicted meanwhile
             return
         if slot.driving:  # its turn runs now: look again once it returned
             self._arm_approval_timer(slot, 0.05)
@@ -373,6 +427,7 @@ class OwnedPartition:
         self.accepting = False
         for timer in self._approval_timers.values():
             timer.cancel()
+        await cancel_until_done(list(self._tasks))  # loads and the sweep
         tasks = [s.task for s in self.sessions.values() if s.task is not None and not s.task.done()]
         if tasks and grace_s > 0:
             await asyncio.wait(tasks, timeout=grace_s)
@@ -406,63 +461,3 @@ class OwnedPartition:
             return
         with contextlib.suppress(asyncio.CancelledError, DshError):
             await task
-
-
-CommittedReader = Callable[[], Awaitable[tuple[int | None, str]]]
-
-
-async def build_partition(ctx: PartitionContext, partition: int,
-                          read_committed: CommittedReader) -> OwnedPartition:
-    """Fence, rebuild every session of ``partition`` from the session topic, repair, resume.
-
-    The committed inbox offset (and its metadata) is read after fencing: before it, the
-    previous owner could still commit a transaction that moves it.
-    """
-    producer = PartitionProducer(ctx.settings, group_id=ctx.group_id, partition=partition)
-    await producer.start()
-    owned: OwnedPartition | None = None
-    try:
-        committed, metadata = await read_committed()
-        contents = await read_session_partition(ctx.settings, ctx.settings.topics.session_events,
-                                                partition, ctx.decode_event)
-        owned = OwnedPartition(ctx, partition, producer, committed or 0, metadata)
-        for offset, reason in contents.undecodable:
-            log.error("session topic partition %d offset %d is undecodable: %s", partition,
-                      offset, reason)
-        for session_id, events in contents.events.items():
-            writer = contents.writers.get(session_id)
-            if writer is None:
-                owned.adopt(session_id, events)
-            else:
-                owned.adopt_written_elsewhere(session_id, writer)
-        ctx.metrics.sessions_rebuilt += len(contents.events)
-        owned.start_sink()
-        await _recover_sessions(owned)
-    except BaseException:  # cancelled (the partition left) or failed: nothing runs on
-        if owned is not None:
-            await owned.release(grace_s=0)  # its sink and the sessions' tasks stop too
-        else:
-            await producer.close()
-        raise
-    owned.accepting = True
-    ctx.metrics.partitions_built += 1
-    return owned
-
-
-async def _recover_sessions(owned: OwnedPartition) -> None:
-    for slot in owned.sessions.values():
-        if slot.runner is None:
-            continue
-        before = slot.log.next_seq
-        try:
-            await slot.runner.recover()
-        except DshError:
-            raise  # the sink failed: the whole partition is retried
-        except Exception as exc:  # a runner bug must not block the other sessions
-            slot.failure = f"its crash repair failed: {type(exc).__name__}: {exc}"
-            log.exception("session %s: crash repair failed", slot.session_id)
-            owned.ctx.metrics.session_failures += 1
-            continue
-        if slot.log.next_seq != before:
-            owned.ctx.metrics.turns_repaired += 1
-        owned.drive(slot)  # continue work the rebuilt inbox lists still hold

@@ -48,6 +48,7 @@ from pipeline.core.turn_effects import (
     ToolCall,
     ToolOutcome,
 )
+from pipeline.core.turn_history import History
 from pipeline.core.turn_machine import TurnMachine
 from pipeline.services.driver.hooks import PreStepContext, PreStepHook, run_pre_step_hooks
 from pipeline.services.driver.metrics import RunnerMetrics
@@ -112,13 +113,16 @@ class SessionRunner:
                  request_check: Callable[[ModelRequest], ModelRequest] | None = None,
                  metrics: RunnerMetrics | None = None,
                  admit: Callable[[], Awaitable[None]] | None = None,
-                 approvals: ApprovalRules | None = None) -> None:
+                 approvals: ApprovalRules | None = None, history: History | None = None
+                 ) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
         ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
         ``admit``: awaited before each step begins (the Kafka driver's
         ``PartitionSink.admit_step``: a bound on the steps per transaction); None: no wait.
         ``approvals``: which tool calls wait for a person, and for how long.
+        ``history``: what the session's past left (a log resumed from a checkpoint holds
+        only its open turn); None: read from ``log``.
 
         ``request_check`` (tests only) may rewrite the request just before it is checked
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
@@ -127,7 +131,7 @@ class SessionRunner:
         if config is not None and config.tools is None:
             config = dataclasses.replace(config, tools=tools.definitions())
         self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry,
-                                   approvals=approvals)
+                                   approvals=approvals, history=history)
         self._provider_factory = provider_factory
         self._providers: dict[tuple[str, str], ModelProvider] = {}
         self._tools = tools

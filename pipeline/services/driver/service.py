@@ -72,8 +72,8 @@ from pipeline.services.driver.partition import (
     DriverMetrics,
     OwnedPartition,
     PartitionContext,
-    build_partition,
 )
+from pipeline.services.driver.takeover import build_partition
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,10 @@ class DriverService:
         snap["transactions_aborted"] += sum(o.sink.transactions_aborted
                                             for o in self.owned.values())
         snap["partitions_owned"] = len(self.owned)
+        snap["sessions_in_memory"] = sum(len(o.sessions) for o in self.owned.values())
+        snap["sessions_indexed"] = sum(len(o.index) for o in self.owned.values())
+        snap["session_records_read"] = self.ctx.checkpoints.session_records_read
+        snap["checkpoint_records_read"] = self.ctx.checkpoints.checkpoint_records_read
         snap["turns_in_flight"] = self.turns_in_flight
         snap["throttled"] = int(self._throttled)
         snap["ready"] = int(self.ready.is_set())
@@ -330,6 +334,7 @@ class DriverService:
                                for o in owned_now), return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
+        await self.ctx.checkpoints.close()
 
 
 async def _drop_build(task: asyncio.Task[OwnedPartition]) -> None:

@@ -53,7 +53,11 @@ class Assumed:
     chunk_share: float = 0.87           # of all events (the fixtures' mix)
     events_per_turn: float = 35.0
     steps_per_turn: float = 2.0
-    events_per_session_log: float = 500.0  # a session's log when its partition moves
+    active_share: float = 0.25          # sessions with a command or turn within the idle evict
+    index_bytes_per_session: float = 200.0  # an evicted session's index entry in its driver
+    checkpoint_bytes: float = 20_000.0  # a session's checkpoint (its live surface, mostly)
+    lifetime_events_per_session: float = 20_000.0  # history each session leaves on the topic
+    broker_disk_tb: float = 4.0         # log storage a broker holds
     driver_busy: float = 0.5            # loop utilisation kept for latency (queueing)
     worker_busy: float = 0.7
     driver_memory_gib: float = 4.0
@@ -65,7 +69,8 @@ class Assumed:
     derived_factor: float = 0.3         # bytes the processors write per session-topic byte
     topics: int = 10                    # inbox, session events, derived and compacted topics
     linger_ms: float = 25.0             # the driver's commit timer
-    rebuild_budget_s: float = 10.0      # a moved partition's sessions rebuilt within this
+    takeover_read_mb_s: float = 100.0   # checkpoint bytes a takeover reads per second
+    takeover_budget_s: float = 2.0      # a moved partition's checkpoints read within this
 
 
 @dataclass
@@ -88,29 +93,34 @@ def plan(sessions: int, m: Measured, a: Assumed) -> Plan:
     chunks_per_s = sessions * a.streaming_share * a.tokens_per_s / a.tokens_per_chunk
     events_per_s = chunks_per_s / a.chunk_share
     driver_cores = events_per_s / m.driver_events_per_cpu_s
-    by_memory = sessions * m.driver_bytes_per_session / (a.driver_memory_gib * 2**30)
+    memory = sessions * (a.active_share * m.driver_bytes_per_session
+                         + a.index_bytes_per_session)
+    by_memory = memory / (a.driver_memory_gib * 2**30)
     drivers = max(2, math.ceil(max(driver_cores / a.driver_busy, by_memory)))
     workers = max(2, math.ceil(events_per_s / m.worker_events_per_cpu_s / a.worker_busy))
-    per_partition_events = a.rebuild_budget_s * m.rebuild_events_per_cpu_s
-    by_rebuild = sessions * a.events_per_session_log / per_partition_events
-    partitions = _round_up(max(2 * drivers, 2 * workers, by_rebuild, 6))
+    per_partition_bytes = a.takeover_budget_s * a.takeover_read_mb_s * 1e6
+    by_takeover = sessions * a.checkpoint_bytes / per_partition_bytes
+    partitions = _round_up(max(2 * drivers, 2 * workers, by_takeover, 6))
     in_bytes = events_per_s * m.record_bytes * (1 + a.derived_factor)
     cluster_bytes = in_bytes * (1 + 2 * (a.replication - 1)) + events_per_s * m.record_bytes * (
         a.readers)
     txn_per_s = partitions * 1000 / a.linger_ms
     replicas = partitions * a.topics * a.replication
+    history_bytes = (sessions * a.lifetime_events_per_session * m.record_bytes
+                     * a.replication)
     brokers = max(a.replication, math.ceil(cluster_bytes / (a.broker_mb_s * 1e6) / NETWORK_CEILING),
                   math.ceil(replicas / a.replicas_per_broker),
-                  math.ceil(txn_per_s / a.txn_per_s_per_broker))
+                  math.ceil(txn_per_s / a.txn_per_s_per_broker),
+                  math.ceil(history_bytes / (a.broker_disk_tb * 1e12)))
     loads = {  # each as a share of its ceiling (the utilisation a plan allows it)
         "broker network": cluster_bytes / (brokers * a.broker_mb_s * 1e6) / NETWORK_CEILING,
         "partitions per broker": replicas / (brokers * a.replicas_per_broker),
         "transactions per broker": txn_per_s / (brokers * a.txn_per_s_per_broker),
         "driver event loop": driver_cores / drivers / a.driver_busy,
-        "driver memory": sessions * m.driver_bytes_per_session / (
-            drivers * a.driver_memory_gib * 2**30),
+        "driver memory": memory / (drivers * a.driver_memory_gib * 2**30),
         "processors CPU": events_per_s / m.worker_events_per_cpu_s / workers / a.worker_busy,
-        "rebuild after a move": by_rebuild / partitions,
+        "takeover after a move": by_takeover / partitions,
+        "broker disk (lifetime history)": history_bytes / (brokers * a.broker_disk_tb * 1e12),
     }
     return Plan(sessions, events_per_s, events_per_s * a.steps_per_turn / a.events_per_turn,
                 drivers, workers, partitions, brokers, loads)
@@ -147,17 +157,23 @@ WHAT_THE_DESIGN_DOES = {
                                "transaction; each driver partition commits at most once per "
                                "linger",
     "driver event loop": "add driver processes (one loop each): inbox partitions move between "
-                         "them by the consumer group, each partition's sessions rebuilt from "
-                         "the log",
-    "driver memory": "sessions idle past a limit could be evicted and rebuilt from the log on "
-                     "their next command (not built: today every session of an owned "
-                     "partition stays in memory)",
+                         "them by the consumer group; a moved partition's busy sessions load "
+                         "from their checkpoints",
+    "driver memory": "sessions idle for `DSH_DRIVER_IDLE_EVICT` leave memory and load from "
+                     "their checkpoint on their next command (docs/driver-state.md): memory is "
+                     "the active sessions' state plus an index entry per session; a shorter "
+                     "idle time lowers the active share",
     "processors CPU": "add workers to the processors group (one partition each at most)",
     "record-size limits": "not a count: a record is ~130 bytes on average, and content "
                           "above the one max record size spills (dsh's spill policy) instead "
                           "of failing; it bounds the largest tool output, not the fleet",
-    "rebuild after a move": "more partitions: a moved partition's sessions are rebuilt from "
-                            "the log before its commands run",
+    "takeover after a move": "more partitions: a takeover reads its partition's checkpoints "
+                             "(one per session, never the session topic), so fewer sessions "
+                             "per partition read faster",
+    "broker disk (lifetime history)": "add brokers or disk, or tiered storage for the session "
+                                      "topic: the driver and the readers start from "
+                                      "checkpoints and compacted outputs, so old segments are "
+                                      "read only by replays",
 }
 
 
@@ -198,8 +214,10 @@ def render(plans: list[Plan], m: Measured, a: Assumed, taken: list[str]) -> str:
             "- Broker figures (network, partitions, transactions per broker) are assumptions "
             "for a mid-size cloud VM, not measured here: the suite runs one broker on the "
             "same 2 cores as everything else.",
-            "- Each session's idle state stays in its driver's memory (measured per session); "
-            "at 1,000,000 sessions that is the driver memory row."]
+            "- A driver keeps in memory the sessions active within the idle eviction time "
+            "(`--active-share` of them, each at the measured state per session) and an index "
+            "entry for every other session of its partitions; the session topic's lifetime "
+            "history no longer enters any driver or reader's start, only broker disk."]
     out += ["", "## Per-core figures (measured)", ""]
     out += [f"- `{f.name}` = {getattr(m, f.name):,.0f}" for f in fields(m)]
     out += [f"- from: {', '.join(taken) if taken else DEFAULTS_FROM}", "",
@@ -209,16 +227,16 @@ def render(plans: list[Plan], m: Measured, a: Assumed, taken: list[str]) -> str:
             "- events/s = sessions x streaming share x tokens/s / tokens per chunk / chunk "
             "share; steps/s = events/s x steps per turn / events per turn.",
             "- drivers = driver CPU (events/s over the driver's events per CPU-second) at "
-            "the stated loop utilisation, or the memory of every session's state, whichever "
-            "needs more; at least 2.",
+            "the stated loop utilisation, or memory (active sessions' state plus every "
+            "session's index entry), whichever needs more; at least 2.",
             "- workers = events/s over the worker's events per CPU-second at the stated "
             "utilisation; at least 2.",
             "- partitions (per topic) = twice the larger group, or enough that a moved "
-            "partition's sessions rebuild within the budget; a multiple of 12.",
+            "partition's checkpoints are read within the takeover budget; a multiple of 12.",
             "- brokers = the most of: the replication factor; cluster traffic (writes, "
             "replication, the readers' reads) at 70% of a broker's network; partition "
             "replicas per broker; transaction commits (one per partition per linger) per "
-            "broker.", ""]
+            "broker; the sessions' lifetime history, replicated, on broker disk.", ""]
     return "\n".join(out)
 
 

@@ -28,6 +28,7 @@ from suite_approval import bench_approval
 from suite_browser import bench_browser
 from suite_core import CHECKOUT, Context, Figure, load_average, wait_quiet
 from suite_dashboard import bench_dashboard
+from suite_history import bench_history
 from suite_idle import bench_idle_cpu
 from suite_import import bench_import
 from suite_kafka import bench_ingest_consume, bench_replay
@@ -61,6 +62,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "restart": (bench_restart_time, True),
     "approval": (bench_approval, True),
     "mcp": (bench_mcp_call, True),  # runs server-everything (make mcp-servers)
+    "history": (bench_history, True),
 }
 
 

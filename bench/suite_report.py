@@ -23,6 +23,7 @@ TITLES = {
     "idle": "Idle CPU (issue 21)",
     "secure": "The secure stack against plaintext (issue 16)",
     "restart": "Processors restart with history (issue 16)",
+    "history": "Driver start, memory and wake-up against history (issue 28)",
     "approval": "Approval of a tool call (issue 32)",
     "mcp": "MCP tool calls (issue 32)",
 }

@@ -2,7 +2,8 @@
 
 For each history size (events on the session topic, in sessions of about 1,000 events each,
 the driver's own turns, cloned under new ids): publish it on fresh topics, let a first
-``dsh-pipeline driver`` migrate it (the one full read; timed), stop it, then:
+``dsh-pipeline driver`` migrate it (the one full read; timed until it is ready: every
+partition built), stop it, then:
 
 - **start to first turn**: spawn a fresh ``dsh-pipeline driver`` process and, at once, send a
   follow-up to a new session; the figure is the wall time from the spawn until that session's
@@ -136,6 +137,14 @@ class Driven:
                     if record.value is not None and b"turn/end" in record.value:
                         self.turn_ends.setdefault(session, now)
 
+    async def ready(self, timeout_s: float = 3600) -> None:
+        """Until the driver printed its ``ready`` line: every partition built (migrated)."""
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline),
+                                      timeout_s)
+        if not line.startswith(b"ready"):
+            raise RuntimeError(f"the driver exited before it was ready: {line!r}")
+
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -185,9 +194,7 @@ async def one_size(bootstrap: str, events: int, wakeups: int, active_count: int
     await ensure_topics(settings)
     old = await publish_history(settings, events)
     migrating = Driven(settings)
-    await migrating.start_tail()
-    await follow_up(settings, ["migrated-probe"])
-    await migrating.wait({"migrated-probe"}, "turn")
+    await migrating.ready()  # every partition migrated
     migrate_s = time.perf_counter() - migrating.started
     await migrating.stop()
     driven = Driven(settings)  # the timed start

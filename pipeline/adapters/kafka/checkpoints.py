@@ -42,6 +42,10 @@ from pipeline.settings import Settings
 MIGRATED_KEY: Final = b"\x00migrated"
 HEADER_SEQ: Final = "dsh.ckpt.seq"
 HEADER_BUSY: Final = "dsh.ckpt.busy"
+# A takeover's read holds this much of a checkpoint partition at a time (values are mostly
+# read to be dropped: only the busy sessions' are kept).
+SCAN_FETCH_BYTES: Final = 1024 * 1024
+SCAN_BATCH: Final = 200
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +146,8 @@ async def scan_checkpoints(settings: Settings, partition: int, *,
 
     scan.end_offset = await read_committed(
         settings, settings.topics.driver_checkpoints, partition, visit, timeout_s=timeout_s,
-        what=f"read the driver checkpoints of partition {partition}")
+        what=f"read the driver checkpoints of partition {partition}", batch=SCAN_BATCH,
+        fetch_bytes=SCAN_FETCH_BYTES)
     return scan
 
 

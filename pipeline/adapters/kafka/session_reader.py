@@ -66,15 +66,20 @@ async def read_session_partition(settings: Settings, topic: str, partition: int,
 async def read_committed(settings: Settings, topic: str, partition: int,
                          visit: Callable[[Any], bool], *, start_offset: int | None = None,
                          what: str = "", timeout_s: float = 120.0,
-                         batch: int = 5000) -> int:
+                         batch: int = 5000, fetch_bytes: int | None = None) -> int:
     """Hand ``visit`` each committed record of ``topic``/``partition`` in offset order, from
     ``start_offset`` (the beginning when None) up to the LSO taken when the read starts, until
     ``visit`` returns False. Returns that end offset.
 
     ``timeout_s`` bounds the start, the end-offset query and the read each; a broker failure
     or a timeout is a :class:`BrokerError` naming ``what`` (the partition by default).
+    ``fetch_bytes``: a smaller fetch than the record limit's, for a read of large records
+    that should not hold many at once (a broker still returns a larger record whole).
     """
-    consumer = AIOKafkaConsumer(**client_options(settings), **consumer_size_options(settings),
+    sizes = consumer_size_options(settings)
+    if fetch_bytes is not None:
+        sizes["max_partition_fetch_bytes"] = fetch_bytes
+    consumer = AIOKafkaConsumer(**client_options(settings), **sizes,
                                 group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 auto_offset_reset="earliest")

@@ -46,7 +46,7 @@ from pipeline.settings import Settings
 
 PARTITIONS = 6
 SESSIONS = 60
-FOLLOW_UPS = 6
+FOLLOW_UPS = 40  # queued per session: every partition stays busy past the kill
 
 
 def _free_port() -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import (
     GroupAuthorizationFailedError,
+    InvalidSessionTimeoutError,
     KafkaConnectionError,
     KafkaTimeoutError,
     NotLeaderForPartitionError,
@@ -134,3 +135,9 @@ def test_fencing_and_refusals_are_told_apart() -> None:
     assert "not authorized for the consumer group" in str(refused)
     unreachable = kafka_error("connect", KafkaConnectionError("no route"))
     assert "no broker accepted the connection" in str(unreachable)
+
+
+def test_a_refused_session_timeout_says_which_broker_settings_bound_it() -> None:
+    refused = kafka_error("cannot join group 'g'", InvalidSessionTimeoutError())
+    assert "group.min.session.timeout.ms" in str(refused) and "--session-timeout" in str(refused)
+    assert not is_transient(refused)

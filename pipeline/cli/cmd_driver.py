@@ -132,9 +132,11 @@ def _register_driver(subparsers: Any) -> None:
     driver.add_argument("--instance-id",
                         help="static group membership id (e.g. the pod name): a restarted "
                              "driver with the same id gets its partitions back at once")
-    add_duration(driver, "--session-timeout", default=10.0, ms=True,
+    add_duration(driver, "--session-timeout", default=3.0, ms=True,
                  dest="session_timeout_ms",
-                 help="group session timeout: how long a dead driver keeps partitions")
+                 help="group session timeout: how long a dead driver keeps partitions (the "
+                      "brokers' group.min.session.timeout.ms must allow it; Kafka's default "
+                      "minimum is 6 s, the project's brokers allow 2 s)")
     driver.add_argument("--session-timeout-ms", type=int, dest="session_timeout_ms",
                         help=argparse.SUPPRESS)
     add_driver_approval_options(driver)

@@ -25,6 +25,7 @@ from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     InvalidProducerEpoch,
+    InvalidSessionTimeoutError,
     KafkaConnectionError,
     KafkaError,
     ProducerFenced,
@@ -53,6 +54,11 @@ def kafka_error(what: str, exc: BaseException, *, timeout_s: float | None = None
         detail = "producer fenced: another producer with the same transactional id took over"
     elif (refused := _refusal(exc)) is not None:
         detail = refused
+    elif isinstance(exc, InvalidSessionTimeoutError):
+        detail = ("the brokers refuse this group session timeout: it must lie within their "
+                  "group.min.session.timeout.ms and group.max.session.timeout.ms (Kafka's "
+                  "default minimum is 6 s; the driver's default of 3 s needs 2 s, as the "
+                  "project's broker configurations set): pass --session-timeout within them")
     elif isinstance(exc, TimeoutError):
         detail = (f"timed out after {timeout_s:.0f}s" if timeout_s is not None
                   else "timed out waiting for the broker")

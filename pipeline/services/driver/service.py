@@ -88,7 +88,7 @@ class DriverConfig:
     shutdown_grace_s: float = 10.0
     poll_timeout_ms: int = 100
     rebuild_retry_s: float = 2.0
-    session_timeout_ms: int = 10_000
+    session_timeout_ms: int = 3_000  # a killed driver's partitions move within 5 s
     instance_id: str | None = None  # static membership: a restart keeps the assignment
 
     def __post_init__(self) -> None:

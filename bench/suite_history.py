@@ -23,7 +23,7 @@ def history_runs_in_child(bootstrap: str, sizes: list[int], wakeups: int, active
 
 
 def bench_history(ctx: Context) -> list[Figure]:
-    sizes = [100_000, 1_000_000] if not ctx.quick else [10_000, 30_000]
+    sizes = [100_000, 1_000_000] if not ctx.quick else [10_000]
     wakeups = ctx.size(100, 10)
     active = ctx.size(1000, 100)
     note = ("sessions of ~1,000 events of the driver's own turns (scripted model), 6 "

@@ -14,11 +14,12 @@ which a rebuild restores); a cancel when its session's runner went idle after it
 
 On a crash between transactions: events not committed are lost (readers never saw them:
 they read committed); the next owner fences the dead producer (its open transaction is
-aborted), rebuilds each session from the committed events, writes crash-repair closers for
-an open turn (``turn/end interrupted``), and gets every command after the committed inbox
-offset again. Commands whose message id is in the log are skipped; the inbox lists are
-rebuilt from the splices and the configuration from the last config event or header, so
-queued work continues as configured. A cancel leaves no id in the log: those applied beyond
+aborted), loads each busy session from its checkpoint (the fold of exactly the committed
+events, written in the same transactions: ``takeover``, docs/driver-state.md), writes
+crash-repair closers for an open turn (``turn/end interrupted``), and gets every command
+after the committed inbox offset again. Commands whose message id entered the session are
+skipped; the checkpoint holds the inbox lists and the configuration, so queued work
+continues as configured. A cancel leaves no id in the log: those applied beyond
 the commit point are named in the commit's metadata (same transaction) and skipped too.
 
 Eager rebalances (aiokafka has no cooperative protocol): on revocation nothing is torn

@@ -86,8 +86,8 @@ def writer_marks(records: Iterable[OutRecord], topic: str) -> list[OutRecord]:
     one per seq-0 record carrying a writer mark, so a driver never drives them."""
     marks: list[OutRecord] = []
     for record in records:
-        writer = next((v for k, v in record.headers if k == HEADER_WRITER and v), None)
-        if writer is None or record.key is None:
+        writer = header_value(record.headers, HEADER_WRITER)
+        if not writer or record.key is None:
             continue
         checkpoint = SessionCheckpoint(record.key.decode("utf-8", "replace"),
                                        writer=writer.decode("utf-8", "replace"))

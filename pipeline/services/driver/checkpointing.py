@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from typing import Any, Final
 
 from pipeline.adapters.kafka.checkpoints import (
@@ -33,7 +32,6 @@ from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.adapters.kafka.session_reader import (
     Decoder,
     read_committed,
-    read_session_partition,
 )
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_WRITER
@@ -92,23 +90,6 @@ def decode_checkpoint(value: bytes) -> SessionCheckpoint | None:
     return SessionCheckpoint.from_json(raw)
 
 
-def fold_events(session_id: str, events: Sequence[Event], *, mode: Mode,
-                writer: str | None = None) -> SessionCheckpoint:
-    """The checkpoint of a session read from the session topic. A log that does not
-    rebuild under ``mode`` is marked :data:`INVALID_LOG`: the driver never drives it."""
-    if writer is not None:
-        return SessionCheckpoint(session_id, writer=writer)
-    try:
-        SessionLog(session_id, mode=mode, bounded=True).extend(events)
-    except EventError as exc:
-        log.error("session %s: its log on the session topic does not rebuild (%s): it is "
-                  "marked %r and not driven", session_id, exc, INVALID_LOG)
-        return SessionCheckpoint(session_id, writer=invalid_log_mark(exc))
-    checkpoint = SessionCheckpoint(session_id)
-    checkpoint.advance(events)
-    return checkpoint
-
-
 class CheckpointStore:
     """Loads sessions' checkpoints for one driver (every partition it owns)."""
 
@@ -143,13 +124,13 @@ class CheckpointStore:
         return checkpoint
 
     async def from_session_topic(self, partition: int, session_id: str) -> SessionCheckpoint:
-        """The slow path of a too-large checkpoint: the session's events, read whole."""
-        contents = await read_session_partition(
-            self._settings, self._settings.topics.session_events, partition,
-            self._decode_event)
-        self.session_records_read += contents.records
-        return fold_events(session_id, contents.events.get(session_id, []), mode=self._mode,
-                           writer=contents.writers.get(session_id))
+        """The slow path of a too-large checkpoint: the session's events, folded as the
+        migration folds them (only this session's records are decoded)."""
+        fold = MigrationFold(self._decode_event, self._mode, only=session_id)
+        await read_committed(self._settings, self._settings.topics.session_events, partition,
+                             fold.visit, what=f"read session {session_id!r} back")
+        self.session_records_read += fold.records
+        return fold.checkpoints.get(session_id) or SessionCheckpoint(session_id)
 
     async def migrate(self, producer: PartitionProducer, partition: int) -> CheckpointScan:
         """Checkpoint every session of a partition without them, then mark it migrated.
@@ -191,15 +172,19 @@ class MigrationFold:
     it, a broken rule) is marked :data:`INVALID_LOG` and not driven, as a full rebuild would
     have found it."""
 
-    def __init__(self, decode: Decoder, mode: Mode) -> None:
+    def __init__(self, decode: Decoder, mode: Mode, *, only: str | None = None) -> None:
+        """``only``: fold that session alone (other keys are passed over undecoded)."""
         self._decode = decode
         self._mode = mode
+        self._only = only.encode("utf-8") if only is not None else None
         self.checkpoints: dict[str, SessionCheckpoint] = {}
         self._logs: dict[str, SessionLog] = {}  # the sessions still folding
         self.records = 0
 
     def visit(self, record: Any) -> bool:
         self.records += 1
+        if self._only is not None and record.key != self._only:
+            return True
         if record.value is None:
             log.error("session topic %s[%d]@%d: null value (tombstone)", record.topic,
                       record.partition, record.offset)

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from processors_support import ROOT, Worker, free_port, generated_sessions, work
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.compacted import CompactedFollow
+from pipeline.adapters.kafka.session_first import first_offset_of
 from pipeline.adapters.kafka.topic_scan import TopicScan
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OutputDecoder
@@ -40,6 +41,7 @@ from pipeline.core.log import derive_messages
 from pipeline.core.usage import UsageScan
 from pipeline.sdk import Snapshot, follow_fleet
 from pipeline.services.dashboard.server import start_dashboard
+from pipeline.services.replay.transfer import read_session
 from pipeline.settings import Settings
 
 
@@ -101,6 +103,7 @@ async def test_history_is_read_from_the_outputs_and_the_tail_only(
     ends, (partition, last_surface) = await _ends_and_last_surface(settings, chosen)
 
     await asyncio.to_thread(_sessions_command_lists, settings, history, worker)
+    await _whole_session_reads_start_at_its_first_event(settings, history, worker)
     dashboard = await start_dashboard(settings, EventSerde().decode, host="127.0.0.1", port=0)
     try:
         base = dashboard.url
@@ -138,6 +141,10 @@ async def test_history_is_read_from_the_outputs_and_the_tail_only(
         assert snapshot["messages"] == list(derive_messages(history[chosen]))
         assert snapshot["fromOffset"] == last_surface + 1
         assert snapshot["partition"] == partition
+        # Only the session's partition of the derived messages was read (session layout).
+        assert snapshot["layout"] == "session"
+        derived = await _records_per_partition(settings, settings.topics.derived_messages)
+        assert snapshot["recordsRead"] == derived[partition] < sum(derived.values())
         last_change = max(e.seq for e in history[chosen] if e.type in SURFACE_TYPES)
         assert snapshot["atSeq"] == last_change
         tail_of_session = [e.seq for e in history[chosen] if e.seq > last_change]
@@ -177,6 +184,15 @@ async def test_history_is_read_from_the_outputs_and_the_tail_only(
         await dashboard.stop()
 
 
+async def _records_per_partition(settings: Settings, topic: str) -> dict[int, int]:
+    counts = dict.fromkeys(range(settings.partitions), 0)
+    async with TopicScan(settings, topic) as scan:
+        async for run in scan.client_batches():
+            for record in run:
+                counts[record.partition] += 1
+    return counts
+
+
 async def _after_publish(base: str, session_id: str, settings: Settings,
                          events: list[Any], wanted: int) -> SseMessages:
     """The first ``wanted`` ``event`` frames of a session stream opened before ``events``
@@ -189,6 +205,44 @@ async def _after_publish(base: str, session_id: str, settings: Settings,
     await publish(settings, session_id, events)
     frames = await reading
     return [f for f in frames if f[0] == "event"]
+
+
+async def _first_offsets(settings: Settings) -> dict[str, tuple[int, int]]:
+    """session -> (partition, offset) of its seq-0 record, from a scan of the topic."""
+    found: dict[str, tuple[int, int]] = {}
+    async with TopicScan(settings, settings.topics.session_events) as scan:
+        async for run in scan.client_batches():
+            for record in run:
+                if read_headers(record.headers).seq == 0:
+                    found[(record.key or b"").decode()] = (record.partition, record.offset)
+    return found
+
+
+async def _whole_session_reads_start_at_its_first_event(
+        settings: Settings, history: dict[str, list[Any]], worker: Worker) -> None:
+    """The processors' fleet record names where a session's first event lies; ``export``
+    and ``tail SESSION --from-beginning`` read from there, in the session's partition."""
+    firsts = await _first_offsets(settings)
+    session_id = max(firsts, key=lambda sid: firsts[sid][1])   # the latest to begin
+    partition, first = firsts[session_id]
+    assert first > 0 and await first_offset_of(settings, session_id) == first
+    assert await first_offset_of(settings, "never-seen") is None
+    read: list[tuple[int, int]] = []
+    session = await read_session(settings, session_id, EventSerde().decode, read=_add(read))
+    assert session.events == history[session_id]
+    assert min(read) == (partition, first) and {p for p, _ in read} == {partition}
+    done = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "pipeline.cli.main", "tail", session_id, "--from-beginning",
+        "-e", "--format", "json"], cwd=ROOT, env=worker_env(settings, worker.log_path.parent),
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["event"]["seq"] for r in shown] == [e.seq for e in history[session_id]]
+    assert min(r["offset"] for r in shown) == first
+
+
+def _add(into: list[tuple[int, int]]) -> Callable[[int, int], None]:
+    return lambda partition, offset: into.append((partition, offset))
 
 
 def _sessions_command_lists(settings: Settings, history: dict[str, list[Any]],

@@ -20,8 +20,8 @@ import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.kafka.event_stream import EventStream, Start
-from pipeline.adapters.kafka.topic_scan import BulkProducer
+from pipeline.adapters.kafka.event_stream import EventStream, Start, partition_for
+from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import BrokerError, EventError
@@ -35,6 +35,7 @@ from pipeline.core.projection import (
     fold_slots,
     handover_key,
     held_key,
+    layout_key,
     publish_topic,
     with_session,
     writer_key,
@@ -89,6 +90,19 @@ def test_publish_topic_splits_the_log_at_the_covered_offsets() -> None:
     assert publish_topic(ActivePointer(0, "t"), 0, 0) == "t"
 
 
+def test_a_layout_record_says_where_a_topics_changes_lie() -> None:
+    state = fold_pointer_records(P, [
+        _record(layout_key(P, "t.v1"), {"layout": "session"}),
+        _record(layout_key(P, "t.v2"), {"layout": "session"}),
+        _record(layout_key(P, "t.v2"), None),
+    ])
+    assert (state.layout_of("t.v1"), state.layout_of("t.v2"), state.layout_of("t")) == (
+        "session", "key", "key")   # no record (or a tombstone): the default partitioner
+    assert (state.partition_of("t.v1", 2), state.partition_of("t", 2)) == (2, None)
+    with pytest.raises(EventError, match="layout must be 'key' or 'session', got 'slot'"):
+        fold_pointer_records(P, [_record(layout_key(P, "t.v3"), {"layout": "slot"})])
+
+
 def test_a_malformed_pointer_record_is_an_error_naming_it() -> None:
     with pytest.raises(EventError, match="projection-versions record b'derived-messages'"):
         fold_pointer_records(P, [(P.encode(), b"[1, 2]")])
@@ -127,13 +141,18 @@ class StandInWriter:
                                               SurfaceFold(keep_messages=False))
                 changes = with_session(fold_slots(slots, event), record.session_id)
                 if topic is not None and changes:
-                    for change in changes:
-                        value = change.to_json()
-                        await out.send(topic, change.key.encode(),
-                                       None if value is None else dumps_json(value).encode())
+                    where = self.follow.partition_of(record.partition)
+                    await out.send_many(topic, [
+                        (c.key.encode(), None if (v := c.to_json()) is None
+                         else dumps_json(v).encode(), ()) for c in changes],
+                        partition_of=None if where is None else _always(where))
                     await out.flush()
                     self.published[topic] = self.published.get(topic, 0) + len(changes)
                 self.folded += 1
+
+
+def _always(partition: int) -> Callable[[bytes], int]:
+    return lambda _key: partition
 
 
 async def _until(what: str, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -194,6 +213,12 @@ def test_a_switched_version_keeps_receiving_every_change_from_the_live_writer(
     assert (state.pending(), state.writers, state.held) == (None, {}, {})  # all withdrawn
     pointer = state.active
     assert pointer is not None and set(pointer.covered) <= set(range(settings.partitions))
+    # Both versions hold every change in its session's partition (version 0: never
+    # written when the writer started; version 1: rebuilt, then written live).
+    assert state.layout_of(settings.topics.derived_messages) == "session"
+    assert state.layout_of(v1) == "session"
+    for topic in (settings.topics.derived_messages, v1):
+        assert asyncio.run(misplaced_changes(settings, topic)) == (True, [])
 
 
 @pytest.mark.broker
@@ -256,6 +281,31 @@ def test_the_processors_publish_into_the_version_replay_switched_to(
     finally:
         worker.stop()
     assert asyncio.run(derived_conversations(settings)) == _expected()
+    v1 = asyncio.run(active_version(settings)).topic
+    for topic in (settings.topics.derived_messages, v1):   # the processors' and replay's
+        assert asyncio.run(misplaced_changes(settings, topic)) == (True, [])
+
+
+@pytest.mark.broker
+def test_a_version_0_written_before_layouts_keeps_the_key_layout(
+        kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A worker finding version 0 already written (by code older than layouts: by key)
+    names no layout for it and keeps publishing by key: moving a key to another
+    partition would leave its older value there, beside the newer one, for good."""
+    settings = fanout_settings(kafka_bootstrap, topic_prefix)
+
+    async def scenario() -> tuple[str, int | None]:
+        await ensure_topics(settings)
+        async with BulkProducer(settings) as out:   # what an older worker left
+            await out.send(settings.topics.derived_messages, b"s/000000000000", None)
+        follow = ProjectionFollow(settings, "late", lambda: range(settings.partitions))
+        await follow.start()
+        try:
+            return follow.state.layout_of(follow.active.topic), follow.partition_of(1)
+        finally:
+            await follow.stop()
+
+    assert asyncio.run(scenario()) == ("key", None)
 
 
 def test_a_worker_id_must_be_a_single_key_segment() -> None:
@@ -278,3 +328,16 @@ def test_a_follower_that_could_not_start_refuses_to_route() -> None:
             await follow.gate(0, 0)
 
     asyncio.run(scenario())
+
+
+async def misplaced_changes(settings: Settings, topic: str) -> tuple[bool, list[str]]:
+    """Whether ``topic`` holds records, and those not in their session's partition."""
+    wrong: list[str] = []
+    async with TopicScan(settings, topic) as scan:
+        async for run in scan.client_batches():
+            for record in run:
+                session_id = (record.key or b"").decode().rpartition("/")[0]
+                if record.partition != partition_for(session_id, settings.partitions):
+                    wrong.append(f"{record.key!r}@{record.partition}")
+        return scan.total > 0, wrong
+

@@ -6,7 +6,9 @@ object per event, ``{"session", "partition", "offset", "timestamp", "event"}``. 
 keeps only the given event types (filtered by the ``dsh.type`` header: others are never
 decoded). Where to start: the end (default), ``--from-beginning``, ``--from-seq N`` (of
 SESSION) or ``--from-time T``. ``-c N`` stops after N events, ``-e`` at the end of the topic
-as it was when tail started.
+as it was when tail started. SESSION from its beginning (or ``--from-seq``) reads the
+session's partition only, from its first event when its fleet record names it (the
+processors publish it), else from the partition's start.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from pipeline.adapters.kafka.event_stream import At, EventRecord, EventStream, Start
+from pipeline.adapters.kafka.event_stream import (
+    At,
+    EventRecord,
+    EventStream,
+    InSession,
+    Start,
+)
+from pipeline.adapters.kafka.session_first import first_offset_of
 from pipeline.cli.common import add_session_argument, parse_duration, use_colour
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ConfigError
@@ -119,7 +128,11 @@ class _Output:
 async def _tail(settings: Settings, args: argparse.Namespace, start: Start | At) -> int:
     output = _Output(args)
     shown = 0
-    async with EventStream(settings, decode=EventSerde().decode, start=start,
+    begin: Start | At | InSession = start
+    if args.session is not None and start is Start.BEGINNING:
+        # the session's partition alone, from its first event when the fleet says where
+        begin = InSession(args.session, await first_offset_of(settings, args.session) or 0)
+    async with EventStream(settings, decode=EventSerde().decode, start=begin,
                            types=types_of(args.types)) as stream:
         ends = await stream.end_offsets() if args.exit_at_end else None
         records = stream.__aiter__()

@@ -34,6 +34,9 @@ HEADER_SCHEMA: Final = "dsh.schema"
 HEADER_TRACEPARENT: Final = "traceparent"
 HEADER_SOURCE_PARTITION: Final = "dsh.source.partition"
 HEADER_SOURCE_OFFSET: Final = "dsh.source.offset"
+# On a fleet record: the session-topic offset of the session's first event (seq 0), where a
+# reader of the whole session starts (the partition is the session's: the fleet topic's).
+HEADER_SESSION_FIRST: Final = "dsh.session.first"
 HEADER_WRITER: Final = "dsh.writer"
 WRITER_DSH_FILE: Final = b"dsh-file"
 
@@ -156,6 +159,22 @@ def source_position(headers: Iterable[tuple[str, bytes | None]] | None
     except (TypeError, ValueError):
         return None
     return found if found.partition >= 0 and found.offset >= 0 else None
+
+
+def session_first_header(offset: int) -> tuple[str, bytes]:
+    return HEADER_SESSION_FIRST, str(offset).encode()
+
+
+def session_first_offset(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
+    """The offset :func:`session_first_header` wrote; None when absent or malformed."""
+    for name, value in headers or ():
+        if name == HEADER_SESSION_FIRST and value is not None:
+            try:
+                found = int(value)
+            except ValueError:
+                return None
+            return found if found >= 0 else None
+    return None
 
 
 class ConsumedRecord(Protocol):

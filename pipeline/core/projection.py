@@ -40,6 +40,12 @@ from pipeline.core.surface import Appended, SurfaceChange, SurfaceFold
 
 SLOT_DIGITS: Final = 12
 ChangeKind = Literal["append", "replace", "remove"]
+# Where a version's records lie. "key": where the default partitioner puts the slot key (a
+# reader of one session reads every partition). "session": in the partition of the session's
+# own events (the same partition number of the session topic; both topics have one partition
+# count), so a reader of one session reads one partition. A topic keeps one layout for its
+# life: a record written elsewhere would survive compaction beside its key's newer value.
+Layout = Literal["key", "session"]
 
 
 def slot_key(session_id: str, slot: int) -> str:
@@ -130,6 +136,9 @@ def rebuild_conversations(records: Iterable[tuple[str, JsonValue | None]]
 #   "<projection>/handover"           a rebuilt version waiting for the live writers to hold
 #   "<projection>/writer/<worker>"    a live writer (a processors worker) following the pointer
 #   "<projection>/held/<worker>"      that worker holds (folds nothing) for a handover
+#   "<projection>/layout/<topic>"     {"layout": "session"}: the topic's records lie in their
+#                                     session's partition; written before its first record
+#                                     (no such record: "key", the default partitioner's)
 # The rules and why they are correct: pipeline.services.replay.versions.
 
 
@@ -201,6 +210,7 @@ class PointerState:
     handover: HandoverRequest | None = None
     writers: dict[str, JsonValue] = field(default_factory=dict)
     held: dict[str, HeldBy] = field(default_factory=dict)
+    layouts: dict[str, Layout] = field(default_factory=dict)   # topic -> layout
 
     def apply(self, key: str, value: Mapping[str, JsonValue] | None) -> None:
         """Fold one record (``value`` None: a tombstone); keys of other projections are
@@ -217,6 +227,17 @@ class PointerState:
             _set_or_drop(self.writers, worker, None if value is None else dict(value))
         elif kind == "held" and worker:
             _set_or_drop(self.held, worker, None if value is None else HeldBy.from_json(value))
+        elif kind == "layout" and worker:
+            _set_or_drop(self.layouts, worker, None if value is None else _layout(value))
+
+    def layout_of(self, topic: str) -> Layout:
+        """Where ``topic``'s records lie (see :data:`Layout`)."""
+        return self.layouts.get(topic, "key")
+
+    def partition_of(self, topic: str, source_partition: int) -> int | None:
+        """The partition of a change to ``topic`` whose event lies in ``source_partition`` of
+        the session topic (None: the default partitioner's, by key)."""
+        return source_partition if self.layout_of(topic) == "session" else None
 
     def pending(self) -> HandoverRequest | None:
         """The handover live writers must hold for (None: nothing pending)."""
@@ -227,6 +248,15 @@ class PointerState:
 
     def held_partitions(self, request: str) -> set[int]:
         return {p for h in self.held.values() if h.request == request for p in h.partitions}
+
+
+def _layout(value: Mapping[str, JsonValue]) -> Layout:
+    found = value.get("layout")
+    if found == "key":
+        return "key"
+    if found == "session":
+        return "session"
+    raise EventError(f"layout must be 'key' or 'session', got {found!r}", rule="pointer-shape")
 
 
 def _set_or_drop(table: dict[str, Any], key: str, value: Any) -> None:
@@ -256,6 +286,10 @@ def writer_key(projection: str, worker: str) -> str:
 
 def held_key(projection: str, worker: str) -> str:
     return f"{projection}/held/{worker}"
+
+
+def layout_key(projection: str, topic: str) -> str:
+    return f"{projection}/layout/{topic}"
 
 
 def fold_pointer_records(projection: str, records: Iterable[tuple[bytes | None, bytes | None]],

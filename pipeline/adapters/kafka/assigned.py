@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
 from aiokafka.protocol.metadata import MetadataRequest
 
 from pipeline.adapters.kafka.errors import broker_errors
@@ -37,8 +38,10 @@ class AssignedTopics:
 async def start_assigned(settings: Settings, topics: Sequence[str], *, what: str,
                          start_at: StartAt = "beginning",
                          resume: Mapping[tuple[str, int], int] | None = None,
+                         only_key: bytes | None = None,
                          **options: Any) -> AssignedTopics:
-    """A consumer on every partition of ``topics``, positioned at each partition's first
+    """A consumer on every partition of ``topics`` (or, with ``only_key``, on the one the
+    default partitioner gives that key in each topic), positioned at each partition's first
     offset (``start_at="beginning"``) or end, or where ``resume`` says ((topic, partition)
     -> offset). ``options`` go to the client (fetch sizes and waits). Nothing is left open
     when it fails or is cancelled. ``what`` names the read in errors."""
@@ -48,14 +51,15 @@ async def start_assigned(settings: Settings, topics: Sequence[str], *, what: str
     try:
         with broker_errors(what):
             await consumer.start()
-            return await _assign(consumer, topics, start_at, resume or {})
+            return await _assign(consumer, topics, start_at, resume or {}, only_key)
     except BaseException:
         await consumer.stop()
         raise
 
 
 async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: StartAt,
-                  resume: Mapping[tuple[str, int], int]) -> AssignedTopics:
+                  resume: Mapping[tuple[str, int], int], only_key: bytes | None
+                  ) -> AssignedTopics:
     found = AssignedTopics(consumer)
     known = await topic_partitions(consumer, topics)
     parts: list[TopicPartition] = []
@@ -63,6 +67,8 @@ async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: S
         ids = known.get(topic)
         if not ids:
             found.missing.append(topic)
+        if ids and only_key is not None:
+            ids = [key_partition(only_key, len(ids))]
         parts += [TopicPartition(topic, p) for p in ids or ()]
     if not parts:
         return found
@@ -73,6 +79,11 @@ async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: S
         default = found.starts[tp] if start_at == "beginning" else found.ends[tp]
         consumer.seek(tp, resume.get((tp.topic, tp.partition), default))
     return found
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives ``key`` (murmur2, positive)."""
+    return (int(murmur2(key)) & 0x7FFFFFFF) % partitions
 
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topics: Sequence[str]

@@ -46,12 +46,15 @@ _FETCH_WAIT_MS: Final = 100
 
 
 class CompactedFollow:
-    """Every record of ``topics``: up to the ends taken at start, then live."""
+    """Every record of ``topics`` (of the partition of ``only_key`` in each): up to the ends
+    taken at start, then live."""
 
     def __init__(self, settings: Settings, topics: Sequence[str], *,
                  live_only: bool = False, poll_ms: int = 200,
-                 resume: Mapping[tuple[str, int], int] | None = None) -> None:
+                 resume: Mapping[tuple[str, int], int] | None = None,
+                 only_key: bytes | None = None) -> None:
         self.topics = tuple(topics)
+        self.only_key = only_key   # read only the partition of this key (None: all)
         self.live_only = live_only
         self.resume = dict(resume or {})  # live_only: (topic, partition) -> where to go on
         self.poll_ms = poll_ms
@@ -74,7 +77,7 @@ class CompactedFollow:
         started = await start_assigned(
             self._settings, self.topics, what=f"follow {', '.join(self.topics)}",
             start_at="end" if self.live_only else "beginning",
-            resume=self.resume if self.live_only else None,
+            resume=self.resume if self.live_only else None, only_key=self.only_key,
             fetch_max_wait_ms=_FETCH_WAIT_MS, **scan_fetch_options(self._settings))
         self._consumer = started.consumer
         self.missing, self.ends = started.missing, started.ends

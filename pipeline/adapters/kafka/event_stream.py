@@ -31,9 +31,8 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.partitioner import murmur2
 
-from pipeline.adapters.kafka.assigned import topic_partitions
+from pipeline.adapters.kafka.assigned import key_partition, topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import Headers, headers_of
@@ -68,6 +67,15 @@ class At:
 
 
 @dataclass(frozen=True, slots=True)
+class InSession:
+    """Read the partition of ``session_id`` only (no group), from ``offset`` (e.g. where
+    the session's first event lies: what a reader of one session needs)."""
+
+    session_id: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     """One decoded session event and where it came from."""
 
@@ -92,7 +100,7 @@ class SessionGap(SequenceError):
 
 def partition_for(session_id: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives a session-id key (murmur2, positive)."""
-    return (int(murmur2(record_key(session_id))) & 0x7FFFFFFF) % partitions
+    return key_partition(record_key(session_id), partitions)
 
 
 class _Seeker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -125,8 +133,10 @@ class EventStream:
 
     def __init__(self, settings: Settings, *, decode: Decoder,
                  types: Collection[str] | None = None, group_id: str | None = None,
-                 start: Start | At = Start.BEGINNING, dedup: bool = False,
+                 start: Start | At | InSession = Start.BEGINNING, dedup: bool = False,
                  topic: str | None = None) -> None:
+        if group_id is not None and isinstance(start, InSession):
+            raise ValueError("InSession reads one partition alone: no group_id")
         self._settings = settings
         self._decode = decode
         self._types = frozenset(types) if types is not None else None
@@ -167,6 +177,9 @@ class EventStream:
 
     async def _assign_all(self, consumer: AIOKafkaConsumer) -> None:
         partitions = await partitions_of(consumer, self._topic)
+        if isinstance(self._start, InSession) and partitions:
+            wanted = partition_for(self._start.session_id, len(partitions))
+            partitions = [tp for tp in partitions if tp.partition == wanted]
         consumer.assign(partitions)
         self._consumer = consumer
         await self._position(set(partitions))
@@ -181,6 +194,9 @@ class EventStream:
                 await consumer.seek_to_beginning(*partitions)
             elif start is Start.END:
                 await consumer.seek_to_end(*partitions)
+            elif isinstance(start, InSession):
+                for tp in partitions:
+                    consumer.seek(tp, start.offset)
             elif isinstance(start, At):
                 found = await consumer.offsets_for_times({tp: start.epoch_ms
                                                           for tp in partitions})

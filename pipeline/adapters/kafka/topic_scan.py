@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, Protocol
 
@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from pipeline.adapters.kafka.admin import MAX_COMPACTION_LAG, OUTPUT_MAX_COMPACTION_LAG_MS
-from pipeline.adapters.kafka.assigned import start_assigned
+from pipeline.adapters.kafka.assigned import start_assigned, topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import (
     client_options,
@@ -182,6 +182,21 @@ async def topic_exists(settings: Settings, topic: str) -> bool:
         await admin.close()
 
 
+async def never_written(settings: Settings, topic: str) -> bool:
+    """Whether no record was ever written to ``topic`` (or it does not exist): every
+    partition's high watermark is 0, records of open transactions counted."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_uncommitted",
+                                **client_options(settings))
+    try:
+        with broker_errors(f"read the end offsets of {topic!r}"):
+            await consumer.start()
+            ids = (await topic_partitions(consumer, [topic])).get(topic) or []
+            ends = await consumer.end_offsets([TopicPartition(topic, p) for p in ids])
+        return all(end == 0 for end in ends.values())
+    finally:
+        await consumer.stop()
+
+
 async def ensure_topic(settings: Settings, topic: str, *, compact: bool) -> bool:
     """Create ``topic`` (settings' partitions and replication) unless it exists.
 
@@ -319,14 +334,17 @@ class BulkProducer:
         """Queue one record (``value`` None: a tombstone); see :meth:`send_many`."""
         await self.send_many(topic, ((key, value, headers),))
 
-    async def send_many(self, topic: str, records: Iterable[BulkRecord]) -> None:
-        """Queue ``records`` in order; waits when too many are in flight."""
+    async def send_many(self, topic: str, records: Iterable[BulkRecord], *,
+                        partition_of: Callable[[bytes], int] | None = None) -> None:
+        """Queue ``records`` in order; waits when too many are in flight. ``partition_of``
+        gives a record's partition from its key (default: the producer's partitioner)."""
         producer = self._started()
         with broker_errors(f"send to {topic!r}"):
             partitions = await self._key_partitions(topic)
             builders = self._batches.setdefault(topic, {})
             for key, value, headers in records:
-                partition = partitions.of(key, value)
+                partition = (partitions.of(key, value) if partition_of is None or key is None
+                             else partition_of(key))
                 listed = headers if type(headers) is list else list(headers)
                 builder = builders.get(partition)
                 if builder is None or builder.append(timestamp=None, key=key, value=value,

@@ -2,7 +2,10 @@
 of the session topic from which its live events follow.
 
 The derived messages come from the active ``derived-messages`` version (the projection
-pointer says which), read to its end offsets; only the session's slot keys are decoded. Each
+pointer says which), read to its end offsets; only the session's slot keys are decoded. A
+version with the ``session`` layout holds them in the session's own partition, and only
+that partition is read; one with the ``key`` layout (written before layouts existed; a
+``replay`` rebuilds it with the session layout) is read whole. Each
 record carries its source position (``dsh.source.*``): the session-topic offset of the event
 whose change it is. The page's events then follow from the offset after the latest of them,
 so every event after the snapshot is sent once and none before it is fetched:
@@ -20,10 +23,11 @@ from dataclasses import dataclass, field
 
 from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import partition_for
-from pipeline.adapters.kafka.projection_pointer import active_derived_messages
+from pipeline.adapters.kafka.projection_pointer import read_pointer_state
 from pipeline.codec.output_views import DerivedView
-from pipeline.codec.records import SourcePosition
+from pipeline.codec.records import SourcePosition, record_key
 from pipeline.core.events import JsonValue
+from pipeline.core.projection import ActivePointer, Layout
 from pipeline.services.dashboard.service import DashboardService
 
 
@@ -34,6 +38,7 @@ class SessionStart:
     session_id: str
     version: int
     topic: str
+    layout: Layout = "key"   # "session": only the session's partition was read
     nodes: list[list[int]] = field(default_factory=list)       # [slot, seq], surface order
     messages: dict[int, JsonValue | None] = field(default_factory=dict)  # slot -> message
     at_seq: int = -1
@@ -47,6 +52,7 @@ class SessionStart:
 
     def to_json(self) -> dict[str, JsonValue]:
         return {"session": self.session_id, "version": self.version, "topic": self.topic,
+                "layout": self.layout,
                 "atSeq": self.at_seq, "partition": self.partition,
                 "fromOffset": self.from_offset, "basis": self.basis, "row": self.row,
                 "messages": [self.messages[slot] for slot, _ in self.nodes
@@ -60,12 +66,15 @@ class SessionStart:
 async def session_start(service: DashboardService, session_id: str) -> SessionStart:
     """Read the session's snapshot (see the module doc)."""
     settings = service.settings
-    active = await active_derived_messages(settings)
+    pointer = await read_pointer_state(settings)
+    active = pointer.active or ActivePointer(0, settings.topics.derived_messages)
     start = SessionStart(session_id, active.version, active.topic,
+                         pointer.layout_of(active.topic),
                          partition=partition_for(session_id, settings.partitions))
     view = DerivedView(service.outputs)
     prefix = f"{session_id}/".encode()
-    async with CompactedFollow(settings, [active.topic]) as follow:
+    only_key = record_key(session_id) if start.layout == "session" else None
+    async with CompactedFollow(settings, [active.topic], only_key=only_key) as follow:
         async for batch in follow.snapshot():
             for record in batch:
                 if record.key is not None and record.key.startswith(prefix):

@@ -66,6 +66,7 @@ from pipeline.adapters.kafka.session_span import record_seq
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.codec.records import (
     ConsumedRecord,
+    session_first_header,
     source_headers,
 )
 from pipeline.core.dedup import Delivery
@@ -120,6 +121,9 @@ class DerivedRoute(Protocol):
 
     async def gate(self, partition: int, offset: int) -> str | None: ...
     def topic_for(self, partition: int, offset: int) -> str | None: ...
+    # The partition of a change of an event in ``partition`` of the session topic, in the
+    # version topic_for named (both read the active version in one synchronous step).
+    def partition_of(self, partition: int) -> int | None: ...
 
 
 @dataclass(slots=True)
@@ -417,11 +421,14 @@ class SessionFolder:
                                   f"{largest:,} bytes, above the {self.max_record_bytes:,}-"
                                   f"byte record limit of the producer; not folded")
             topic: str | None = self.topics.derived_messages
+            partition: int | None = None
             if self.route is not None:
                 topic = self.route.topic_for(record.partition, record.offset)
+                partition = self.route.partition_of(record.partition)
             if topic is not None:
                 source = source_headers(record.partition, record.offset)
-                found += [OutRecord(topic, key, value, source) for key, value in values]
+                found += [OutRecord(topic, key, value, source, partition)
+                          for key, value in values]
                 self.counters.derived_changes += len(values)
         if plan.sample is not None:
             self.counters.usage_samples += 1
@@ -436,12 +443,16 @@ class SessionFolder:
 
     async def _publish_last_values(self, batch: _Batch, source: Headers) -> None:
         """The batch's last fleet status and usage totals of each session it changed, with
-        the batch's last offset as their source position (readers: ``source_position``)."""
+        the batch's last offset as their source position (readers: ``source_position``); a
+        fleet record also names where the session's first event lies (``export``, ``tail``
+        start there: :func:`~pipeline.codec.records.session_first_offset`)."""
         for session_id in sorted(batch.fleet):
-            fleet = batch.states[session_id].fleet
-            if fleet is not None:
+            state = batch.states[session_id]
+            if state.fleet is not None:
+                headers = (*source, session_first_header(state.first_offset))
                 await self._send(OutRecord(self.topics.fleet, session_id.encode(),
-                                           self.outputs.fleet.encode(fleet.to_json()), source))
+                                           self.outputs.fleet.encode(state.fleet.to_json()),
+                                           headers))
         for session_id in sorted(batch.usage):
             totals = batch.states[session_id].usage.totals
             await self._send(OutRecord(self.topics.usage, f"session/{session_id}".encode(),

@@ -20,6 +20,14 @@ through one :class:`ProjectionFollow`:
   request (``derived-messages/held/<worker>``, with the partitions :attr:`owned` returns)
   as soon as it sees it, also when no record arrives. A record that passed the gate before
   the request published to the old version: harmless, the rebuild covers it.
+- a change goes to the partition the version's layout says (:meth:`partition_of`): with
+  the ``session`` layout, its event's partition, so a reader of one session reads one
+  partition. Version 0 gets that layout when a worker finds its topic never written and
+  no layout named for it (:meth:`_claim_layout`): the first record ever published is
+  therefore published after a layout was written, and a worker that finds the topic
+  written reads the pointer after it looked, so it sees that layout. A topic written
+  before layouts existed keeps ``key`` (the default partitioner's): ``replay`` rebuilds
+  it into a version with the ``session`` layout.
 
 Wiring (done in ``app.py``/``folding.py``; this module imports nothing of theirs):
 
@@ -30,7 +38,8 @@ Wiring (done in ``app.py``/``folding.py``; this module imports nothing of theirs
     # in SessionFolder, before folding a batch (or a record):
     #     await follow.gate(first.partition, first.offset)
     #   and for each record: topic = follow.topic_for(record.partition, record.offset);
-    #   its derived changes go to ``topic`` (none when it is None); usage and fleet as before
+    #   its derived changes go to ``topic`` (none when it is None), in partition
+    #   follow.partition_of(record.partition); usage and fleet as before
 
 The pointer topic's I/O is :mod:`pipeline.adapters.kafka.projection_pointer`, shared with
 replay (services never import each other).
@@ -53,6 +62,7 @@ from pipeline.adapters.kafka.projection_pointer import (
     read_pointer_state,
     write_pointer_records,
 )
+from pipeline.adapters.kafka.topic_scan import never_written
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue
 from pipeline.core.projection import (
@@ -62,6 +72,7 @@ from pipeline.core.projection import (
     PointerState,
     fold_pointer_records,
     held_key,
+    layout_key,
     publish_topic,
     writer_key,
 )
@@ -134,6 +145,7 @@ class ProjectionFollow:
                                        {"worker": self.worker})
             async with self._reading:
                 await self._read()
+                await self._claim_layout()
         except BaseException as exc:
             self._failed = exc
             raise
@@ -181,6 +193,23 @@ class ProjectionFollow:
         request seen mid-batch lets the rest of the batch publish to the old version
         (covered by the rebuild), and a switch seen mid-batch routes them by ``covered``."""
         return publish_topic(self.active, partition, offset)
+
+    def partition_of(self, partition: int) -> int | None:
+        """The partition of a change, in the version :meth:`topic_for` just named, of an
+        event in ``partition`` of the session topic (None: by its key)."""
+        return self.state.partition_of(self.active.topic, partition)
+
+    async def _claim_layout(self) -> None:
+        """Give version 0 the session layout if its topic was never written (module doc);
+        the pointer is read again after looking, whatever was found."""
+        topic = self.settings.topics.derived_messages
+        if self.active.version != 0 or topic in self.state.layouts:
+            return
+        if await never_written(self.settings, topic):
+            await write_pointer_record(self.settings, layout_key(PROJECTION, topic),
+                                       {"layout": "session"})
+            log.info("%s: never written; its changes lie in their session's partition", topic)
+        await self._read()
 
     async def _read(self) -> None:
         """Read the pointer up to its ends now (the lock held) and act on it. After a failure

@@ -133,7 +133,8 @@ class Rebuilder:
         self.sessions: dict[str, _Session] = {}
         self._by_key: dict[bytes | None, _Session] = {}
         # slot key -> its last change and the session-topic position of its event
-        self._pending: dict[str, tuple[MessageChange, Headers]] = {}
+        # slot key -> its last change, source position, session-topic partition
+        self._pending: dict[str, tuple[MessageChange, Headers, int]] = {}
         self._written: set[str] = set()  # slot keys with a record on the topic
         self._coalesce_keys = coalesce_keys
         self._scan_batch = scan_batch
@@ -289,20 +290,23 @@ class Rebuilder:
                 state.messages.pop(change.slot, None)
             else:
                 state.messages[change.slot] = change.message
-            pending[change.key] = (change, source)
+            pending[change.key] = (change, source, record.partition)
         self.result.changes += len(changes)
 
     async def _flush(self, out: BulkProducer) -> None:
         """Write the last change of every pending slot key (a removal: a tombstone, only
         for a key the topic holds)."""
         pending, self._pending = self._pending, {}
-        await out.send_many(self.result.topic, self._records(pending))
+        # the session layout (claim_version): a change lies in its event's partition
+        partitions = {key.encode(): partition for key, (_c, _s, partition) in pending.items()}
+        await out.send_many(self.result.topic, self._records(pending),
+                            partition_of=partitions.__getitem__)
         await out.flush()
 
-    def _records(self, pending: dict[str, tuple[MessageChange, Headers]]
+    def _records(self, pending: dict[str, tuple[MessageChange, Headers, int]]
                  ) -> Iterator[BulkRecord]:
         written, encode = self._written, self.encoder.encode_change
-        for key, (change, source) in pending.items():
+        for key, (change, source, _partition) in pending.items():
             if change.kind == "remove":
                 if key not in written:
                     continue

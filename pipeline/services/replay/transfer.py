@@ -23,6 +23,7 @@ writes its files, so export(import(x)) == x byte for byte for a file dsh wrote.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -32,6 +33,7 @@ from pathlib import Path
 from pipeline.adapters.kafka.checkpoints import writer_marks
 from pipeline.adapters.kafka.event_stream import partition_for, session_records
 from pipeline.adapters.kafka.records import OutRecord
+from pipeline.adapters.kafka.session_first import first_offset_of
 from pipeline.adapters.kafka.spill import read_spill, spill_refs
 from pipeline.adapters.kafka.topic_scan import last_seqs
 from pipeline.adapters.kafka.transactional import PartitionProducer
@@ -59,6 +61,8 @@ from pipeline.services.replay.topic import (
 from pipeline.settings import Settings
 
 Progress = Callable[[str], None]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +269,20 @@ class TopicSession:
                             packed=packed)
 
 
-async def read_session(settings: Settings, session_id: str, decode: Decoder) -> TopicSession:
-    """One session from the topic; a gap (or a differing repeat) is a SequenceError."""
+async def read_session(settings: Settings, session_id: str, decode: Decoder, *,
+                       read: Callable[[int, int], None] | None = None) -> TopicSession:
+    """One session from the topic, from where its fleet record says its first event lies;
+    a gap (or a differing repeat) is a SequenceError. ``read(partition, offset)`` is told
+    each record fetched."""
     found = TopicSession()
-    records = [r async for r in session_records(settings, session_id, decode=decode)]
+    start = await first_offset_of(settings, session_id)   # None: from the partition's start
+    records = [r async for r in session_records(settings, session_id, decode=decode,
+                                                from_offset=start or 0, read=read)]
+    if start and (not records or records[0].event.seq != 0):   # not where it said: all of it
+        log.warning("session %s: its first event is not at offset %d as its fleet record "
+                    "says; reading its partition from the start", session_id, start)
+        records = [r async for r in session_records(settings, session_id, decode=decode,
+                                                    read=read)]
     found.events = _in_seq_order(r.event for r in records)
     first = next((r for r in records if r.event.seq == 0), None)
     if first is not None:

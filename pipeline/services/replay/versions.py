@@ -97,6 +97,7 @@ from pipeline.core.projection import (
     HandoverRequest,
     PointerState,
     handover_key,
+    layout_key,
 )
 from pipeline.settings import Settings
 
@@ -138,10 +139,13 @@ async def claim_version(settings: Settings, active: ActiveVersion) -> int:
     """The first version after ``active`` whose topic this call created. The broker creates
     a topic once, so two replays started together never rebuild into the same version; a
     topic that exists was left by an earlier rebuild that was not switched to, or belongs
-    to a concurrent one."""
+    to a concurrent one. The version gets the ``session`` layout (its changes lie in their
+    session's partition) before anything is written to it."""
     version = active.version + 1
     while not await ensure_topic(settings, version_topic(settings, version), compact=True):
         version += 1
+    await write_pointer(settings, {layout_key(PROJECTION, version_topic(settings, version)):
+                                   {"layout": "session"}})
     return version
 
 

@@ -35,6 +35,7 @@ from suite_kafka import bench_ingest_consume, bench_replay
 from suite_local import bench_avro_codec, bench_fold, bench_memory, bench_processors_state
 from suite_mcp import bench_mcp_call
 from suite_otel import bench_otel_export
+from suite_page import bench_session_page
 from suite_report import render
 from suite_scale import bench_scale
 from suite_secure import bench_restart_time, bench_secure_cost
@@ -63,6 +64,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "approval": (bench_approval, True),
     "mcp": (bench_mcp_call, True),  # runs server-everything (make mcp-servers)
     "history": (bench_history, True),
+    "page": (bench_session_page, True),
 }
 
 

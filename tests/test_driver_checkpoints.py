@@ -24,19 +24,22 @@ from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_reader import read_session_partition
-from pipeline.adapters.llm.scripted import ScriptedProvider, echo_script
+from pipeline.adapters.kafka.topic_scan import BulkProducer
+from pipeline.adapters.llm.scripted import ScriptedProvider, ScriptedReply, echo_script
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.records import event_headers
 from pipeline.core.events import Event
-from pipeline.core.inbox import FollowUp
-from pipeline.core.log import SessionLog
+from pipeline.core.inbox import Configure, FollowUp
+from pipeline.core.log import SessionLog, derive_messages
+from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.partition import PartitionContext
 from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
+from pipeline.testing.synth import synth_session
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 PARTITIONS = 2
@@ -195,3 +198,46 @@ async def test_a_topic_without_checkpoints_is_migrated_once(topics: Settings) ->
     for session in ("mig-a", "mig-b", "mig-c"):
         log = SessionLog.from_events(session, found[session])
         assert not log.turn.in_turn
+
+
+@pytest.mark.timeout(600)
+async def test_a_300k_event_session_costs_its_live_surface_not_its_length(
+        topics: Settings) -> None:
+    """A 300,000-event session with a dsh compaction every few turns, written by older
+    code: migrated once, then taken over from its checkpoint alone (no session-topic record
+    read), and its next turn's model request is core's derivation of the whole log."""
+    settings = topics
+    session = "long-300k"
+    events = synth_session(3, 300_000)
+    events = events[:max(i for i, e in enumerate(events) if e.type == "turn/end") + 1]
+    assert sum(1 for e in events if e.type == "compaction/end") > 10
+    async with BulkProducer(settings) as out:
+        await out.send_many(settings.topics.session_events, (
+            (session.encode(), SERDE.encode(session, e), list(event_headers(e)))
+            for e in events), partition_of=lambda _key: partition_of(session))
+        await out.flush()
+    first = context(settings)
+    async with driver_owning(first, PARTITIONS):
+        assert first.checkpoints.session_records_read == len(events)   # the migration, once
+    requests: list[ModelRequest] = []
+
+    def recording(request: ModelRequest, attempt: int) -> ScriptedReply:
+        requests.append(request)
+        return echo_script(request, attempt)
+
+    second = driver_context(settings, group_id=f"{settings.group_id_prefix}driver",
+                            tools=builtin_registry(), linger_ms=10, script=recording)
+    async with driver_owning(second, PARTITIONS):
+        await send_records(settings, [OutRecord(  # its recorded provider: not here
+            settings.topics.inbox, session.encode(), InboxCodec().encode(Configure(
+                session, "to-scripted", provider="scripted", model="scripted-1")))])
+        await follow_up(settings, session, "and after 300,000 events?")
+        found = await asyncio.wait_for(wait_turns(
+            settings, {session: ended_turns(events) + 1}), 120)
+    assert second.checkpoints.session_records_read == 0
+    logged = found[session]
+    assert logged[:len(events)] == events
+    answered = next(i for i in range(len(events), len(logged))   # the model's first words
+                    if logged[i].type.startswith("assistant/"))
+    assert requests and list(requests[0].messages) == list(derive_messages(logged[:answered]))
+    assert len(requests[0].messages) < 200   # the live surface, not 300,000 events' worth

@@ -1,7 +1,8 @@
 """The benchmark suite (issue 8): every figure next to its anchor, measured in the same run.
 
     .venv/bin/python bench/suite.py [--quick] [--only NAME ...] [--output BENCHMARKS.md]
-                                    [--bootstrap HOST:PORT] [--runs N]
+                                    [--bootstrap HOST:PORT] [--cluster HOST:PORT,...]
+                                    [--runs N]
     dsh-pipeline bench ...        (the same)
     make bench
 
@@ -58,7 +59,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "dashboard": (bench_dashboard, True),
     "browser": (bench_browser, True),
     "idle": (bench_idle_cpu, True),
-    "scaleout": (bench_scale, False),  # starts its own 3-node cluster
+    "scaleout": (bench_scale, False),  # starts its own 3-node cluster, or uses --cluster
     "secure": (bench_secure_cost, False),  # starts its own plaintext and secure brokers
     "restart": (bench_restart_time, True),
     "approval": (bench_approval, True),
@@ -77,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=CHECKOUT / "BENCHMARKS.md")
     parser.add_argument("--bootstrap", default="",
                         help="use this Kafka instead of starting a local one")
+    parser.add_argument("--cluster", default="",
+                        help="a 3-node cluster for the scale-out benchmark instead of its own")
     parser.add_argument("--runs", type=int, default=0,
                         help="runs per figure (default 3, 1 with --quick)")
     return parser.parse_args(argv)
@@ -121,7 +124,7 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
     failures: dict[str, str] = {}
     with broker(args.bootstrap, needs_broker) as (bootstrap, pids):
         lib = tools_lib() if needs_broker else None
-        ctx = Context(bootstrap, args.quick, runs, lib, log, pids)
+        ctx = Context(bootstrap, args.quick, runs, lib, log, pids, args.cluster)
         for name in names:
             if BENCHMARKS[name][1] and pids:
                 log(f"{name}: {wait_quiet(pids)}")

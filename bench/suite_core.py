@@ -99,6 +99,7 @@ class Context:
     tools_lib: Path | None
     log: Callable[[str], None]
     broker_pids: tuple[int, ...] = ()  # the broker's processes when the suite started it
+    cluster: str = ""  # a 3-node cluster given for the scale-out benchmark (``--cluster``)
 
     @property
     def latency_runs(self) -> int:

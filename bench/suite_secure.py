@@ -25,8 +25,9 @@ def bench_secure_cost(ctx: Context) -> list[Figure]:
                     note=note)
     fold = Figure("secure stack: processors records/s (TLS + SCRAM + ACLs)", "records/s", [],
                   "the same on a plaintext broker, same run", goal=">= 0.7x plaintext")
+    rounds = ctx.runs if ctx.quick else max(ctx.runs, 2)  # quick: one of each, no figure
     with tempfile.TemporaryDirectory(prefix="dsh-bench-secure-") as tmp:
-        found = bench_secure.run(events, max(ctx.runs, 2), Path(tmp), ctx.log)
+        found = bench_secure.run(events, rounds, Path(tmp), ctx.log)
     ingest.ours, ingest.anchor_values = found["secure_ingest"], found["plain_ingest"]
     fold.ours, fold.anchor_values = found["secure_fold"], found["plain_fold"]
     return [ingest, fold]

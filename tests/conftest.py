@@ -10,15 +10,19 @@
 - ``group_id`` (function): a unique consumer group id.
 - ``settings`` (function): ``Settings`` with that prefix, 3 partitions, replication factor 1,
   the fixture broker and the fixture registry.
+- ``shared_cluster`` (session): a 3-node cluster for the tests that kill none of its nodes;
+  they run one after the other, and it stops after the last of them (``cluster``, module
+  scoped, is a cluster of the module's own).
 
 Tests using ``kafka_bootstrap`` or ``settings`` get the ``broker`` marker automatically, those
-using ``registry_url`` or ``settings`` the ``registry`` marker, those using ``cluster`` the
-``cluster`` and ``jars`` markers, those using ``secure_stack`` ``broker``, ``registry`` and
-``jars``. A test that runs Java itself carries ``jars`` (checked: one that starts a Java program
-without it, or without a marker of a tier that runs Java anyway, fails saying so). ``make
-check`` runs the unit tier: every test without ``broker``, ``registry``, ``cluster``, ``jars``,
-``browser`` or ``promtool`` (the Makefile's ``UNIT_MARKERS``). The Java artifacts are resolved
-by ``make setup``, never here: a fixture that finds them missing fails with the command to run.
+using ``registry_url`` or ``settings`` the ``registry`` marker, those using ``cluster`` or
+``shared_cluster`` the ``cluster`` and ``jars`` markers, those using ``secure_stack``
+``broker``, ``registry`` and ``jars``. A test that runs Java itself carries ``jars`` (checked:
+one that starts a Java program without it, or without a marker of a tier that runs Java
+anyway, fails saying so). ``make check`` runs the unit tier: every test without ``broker``,
+``registry``, ``cluster``, ``jars``, ``browser`` or ``promtool`` (the Makefile's
+``UNIT_MARKERS``). The Java artifacts are resolved by ``make setup``, never here: a fixture
+that finds them missing fails with the command to run.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ TEST_PARTITIONS = 3
 READY_BUDGET_S = 300.0
 KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "settings", "secure_stack"})
 REGISTRY_FIXTURES = frozenset({"registry_url", "settings", "secure_stack"})
-CLUSTER_FIXTURES = frozenset({"cluster"})
-JARS_FIXTURES = frozenset({"cluster", "secure_stack"})
+SHARED_CLUSTER = "shared_cluster"
+CLUSTER_FIXTURES = frozenset({"cluster", SHARED_CLUSTER})
+JARS_FIXTURES = frozenset({"cluster", SHARED_CLUSTER, "secure_stack"})
 # The markers of the tiers that run Java: a test that starts a Java program carries one.
 JAVA_MARKERS = ("jars", "broker", "registry", "cluster")
 
@@ -122,6 +127,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _REGISTRY_WANTED = pytest.StashKey[bool]()
 
 
+class _SharedCluster:
+    """The session's shared 3-node cluster: started on first use, stopped once the last of
+    its ``users`` (the collected tests using it) is torn down, or at the session's end."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self._kafka: KafkaLocal | None = None
+
+    def get(self) -> KafkaLocal:
+        if self._kafka is None:
+            self._kafka = KafkaLocal(Artifacts.default().require_kafka(), nodes=3, heap_mb=384)
+            self._kafka.start(budget_s=READY_BUDGET_S)
+        return self._kafka
+
+    def release(self) -> None:
+        """One user is done; after the last one the cluster stops."""
+        self.users -= 1
+        if self.users <= 0:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._kafka is not None:
+            self._kafka.stop()
+            self._kafka = None
+
+
+_SHARED_CLUSTER = pytest.StashKey[_SharedCluster]()
+
+
+def _shared_cluster(config: pytest.Config) -> _SharedCluster:
+    return config.stash.setdefault(_SHARED_CLUSTER, _SharedCluster())
+
+
+def _uses_shared_cluster(item: pytest.Item) -> bool:
+    return SHARED_CLUSTER in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests using the shared cluster run one after the other, where the first of them
+    was (the order is otherwise kept), so that the cluster runs only while they do."""
+    users = [item for item in session.items if _uses_shared_cluster(item)]
+    _shared_cluster(session.config).users = len(users)
+    if users:
+        first = session.items.index(users[0])
+        others = [item for item in session.items if not _uses_shared_cluster(item)]
+        session.items[:] = [*others[:first], *users, *others[first:]]
+
+
 # --- every test that runs Java says so ----------------------------------------------------
 # An audit hook sees each process this one starts; ``java -version`` (a probe: find_java) is
 # not a Java program. Processes that children start are not seen: the commands that start the
@@ -160,6 +213,15 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     return (yield from _java_unmarked(item))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    finally:
+        if _uses_shared_cluster(item):
+            _shared_cluster(item.config).release()
+
+
 @pytest.fixture(scope="session")
 def _local_services(pytestconfig: pytest.Config) -> Iterator[_LocalServices]:
     services = _LocalServices(pytestconfig.stash.get(_REGISTRY_WANTED, False))
@@ -192,6 +254,18 @@ def cluster() -> Iterator[KafkaLocal]:
         yield kafka
     finally:
         kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(pytestconfig: pytest.Config) -> Iterator[KafkaLocal]:
+    """A 3-node cluster (replication 3, min ISR 2) shared by the tests that kill none of its
+    nodes (each on topics and groups of its own); they run one after the other, and the
+    cluster stops after the last of them."""
+    shared = _shared_cluster(pytestconfig)
+    try:
+        yield shared.get()
+    finally:
+        shared.stop()
 
 
 @pytest.fixture(scope="session")

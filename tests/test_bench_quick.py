@@ -1,5 +1,6 @@
-"""`dsh-pipeline bench --quick` end to end against the test broker: every benchmark produces
-its figures and the report is written. No assertion on any timing (figures go to
+"""`dsh-pipeline bench --quick` end to end against the test broker (the scale-out benchmark on
+the session's shared 3-node cluster): every benchmark produces its figures and the report is
+written. No assertion on any timing (figures go to
 BENCHMARKS.md, not to tests)."""
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.cli.cmd_bench import BENCHMARK_NAMES, SUITE
 
 pytestmark = pytest.mark.broker
 
 
-def test_quick_suite_gives_every_figure_and_writes_the_report(kafka_bootstrap: str,
-                                                               tmp_path: Path) -> None:
+def test_quick_suite_gives_every_figure_and_writes_the_report(
+        kafka_bootstrap: str, shared_cluster: KafkaLocal, tmp_path: Path) -> None:
     report = tmp_path / "BENCHMARKS.md"
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli.main", "bench", "--quick",
-         "--bootstrap", kafka_bootstrap, "--output", str(report)],
+         "--bootstrap", kafka_bootstrap, "--cluster", shared_cluster.bootstrap,
+         "--output", str(report)],
         capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     figures = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -62,5 +62,6 @@ async def _scenario(cluster: KafkaLocal) -> None:
     assert await read_committed(options, f"{GROUP}-new", tp) == (None, "")
 
 
-def test_a_group_level_error_is_not_read_as_no_committed_offset(cluster: KafkaLocal) -> None:
-    asyncio.run(_scenario(cluster))
+def test_a_group_level_error_is_not_read_as_no_committed_offset(
+        shared_cluster: KafkaLocal) -> None:
+    asyncio.run(_scenario(shared_cluster))

@@ -1,4 +1,4 @@
-"""Scale-out on the local 3-node cluster (issue 9 item 4, the small version of
+"""Scale-out on the session's shared 3-node cluster (issue 9 item 4, the small version of
 ``bench/bench_scale_out.py``): 3 driver processes and 2 processors workers over a
 12-partition topic; driver 1 and worker 1 get SIGKILL mid-run. Every session still ends its
 turn (the dead driver's sessions move to the survivors, whose crash repair closes the turns
@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scale_out_support import ScaleOutPlan, local_cluster, run_scale_out
+from scale_out_support import ScaleOutPlan, run_scale_out
+
+from pipeline.adapters.localstack.kafka import KafkaLocal
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster, pytest.mark.jars,
               pytest.mark.timeout(900)]
@@ -29,10 +31,10 @@ PLAN = ScaleOutPlan(drivers=3, workers=2, sessions=36, turns=1, partitions=12, k
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def run(tmp_path_factory: pytest.TempPathFactory,
+        shared_cluster: KafkaLocal) -> Iterator[dict[str, Any]]:
     workdir: Path = tmp_path_factory.mktemp("scale-out")
-    with local_cluster(print) as kafka:
-        figures = asyncio.run(run_scale_out(kafka.bootstrap, PLAN, workdir, print))
+    figures = asyncio.run(run_scale_out(shared_cluster.bootstrap, PLAN, workdir, print))
     print(figures)
     yield figures
 

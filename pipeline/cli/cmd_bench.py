@@ -39,6 +39,10 @@ def register(subparsers: Any) -> None:
                                              "(default: BENCHMARKS.md of the checkout)")
     parser.add_argument("--bootstrap", default="", metavar="HOST:PORT",
                         help="use this Kafka instead of starting a local one")
+    parser.add_argument("--cluster", default="", metavar="HOST:PORT,...",
+                        help="run the scale-out benchmark on this 3-node cluster (replication "
+                             "3, min ISR 2; its brokers' CPU is not measured) instead of "
+                             "starting one")
     parser.add_argument("--runs", type=int, default=0, metavar="N",
                         help="runs per figure (default 3; 1 with --quick)")
     parser.set_defaults(func=run_bench)
@@ -53,6 +57,8 @@ def suite_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--only", *args.only]
     if args.bootstrap:
         argv += ["--bootstrap", args.bootstrap]
+    if args.cluster:
+        argv += ["--cluster", args.cluster]
     if args.runs:
         if args.runs < 1:
             raise ConfigError(f"--runs must be at least 1, got {args.runs}")

@@ -88,15 +88,18 @@ class Shipper:
 
     def __init__(self, settings: Settings, root: str | os.PathLike[str], encode: Encoder, *,
                  batch: int = 5000, progress: Progress | None = None,
-                 live: Progress | None = None) -> None:
+                 live: Progress | None = None, request_timeout_s: float = 30.0) -> None:
         """``progress`` gets a summary line per pass and every problem; ``live`` a line
-        after every transaction (the CLI shows those only on a terminal)."""
+        after every transaction (the CLI shows those only on a terminal);
+        ``request_timeout_s`` bounds each of the producer's requests (a pass on a dead
+        broker fails after it, and the abort after that)."""
         self.settings = settings
         self.root = Path(root).resolve()
         self.encode = encode
         self.batch = batch
         self.progress = progress or (lambda _line: None)
         self.live = live or (lambda _line: None)
+        self.request_timeout_s = request_timeout_s
         self.stats = ShipStats()
         self.next_seq: dict[str, int] = {}
         self._seen: dict[Path, _Seen] = {}
@@ -108,7 +111,8 @@ class Shipper:
         self.producer = self._new_producer()
 
     def _new_producer(self) -> PartitionProducer:
-        return PartitionProducer(self.settings, group_id=self._group_id, partition=0)
+        return PartitionProducer(self.settings, group_id=self._group_id, partition=0,
+                                 request_timeout_s=self.request_timeout_s)
 
     async def __aenter__(self) -> Shipper:
         if not self.root.is_dir():

@@ -290,18 +290,18 @@ def test_the_processors_publish_into_the_version_replay_switched_to(
 def test_a_version_0_written_before_layouts_keeps_the_key_layout(
         kafka_bootstrap: str, topic_prefix: str) -> None:
     """A worker finding version 0 already written (by code older than layouts: by key)
-    names no layout for it and keeps publishing by key: moving a key to another
+    names the key layout for it and keeps publishing by key: moving a key to another
     partition would leave its older value there, beside the newer one, for good."""
     settings = fanout_settings(kafka_bootstrap, topic_prefix)
 
-    async def scenario() -> tuple[str, int | None]:
+    async def scenario() -> tuple[str | None, int | None]:
         await ensure_topics(settings)
         async with BulkProducer(settings) as out:   # what an older worker left
             await out.send(settings.topics.derived_messages, b"s/000000000000", None)
         follow = ProjectionFollow(settings, "late", lambda: range(settings.partitions))
         await follow.start()
         try:
-            return follow.state.layout_of(follow.active.topic), follow.partition_of(1)
+            return follow.state.layouts.get(follow.active.topic), follow.partition_of(1)
         finally:
             await follow.stop()
 

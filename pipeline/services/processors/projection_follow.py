@@ -200,15 +200,22 @@ class ProjectionFollow:
         return self.state.partition_of(self.active.topic, partition)
 
     async def _claim_layout(self) -> None:
-        """Give version 0 the session layout if its topic was never written (module doc);
-        the pointer is read again after looking, whatever was found."""
+        """Name version 0's layout when nothing names it (module doc): ``session`` if its
+        topic was never written, else ``key`` (written by code older than layouts). The
+        pointer is read again after looking: a layout written before any record is seen."""
         topic = self.settings.topics.derived_messages
         if self.active.version != 0 or topic in self.state.layouts:
             return
-        if await never_written(self.settings, topic):
-            await write_pointer_record(self.settings, layout_key(PROJECTION, topic),
-                                       {"layout": "session"})
-            log.info("%s: never written; its changes lie in their session's partition", topic)
+        empty = await never_written(self.settings, topic)
+        await self._read()
+        if self.active.version != 0 or topic in self.state.layouts:
+            return
+        layout = "session" if empty else "key"
+        await write_pointer_record(self.settings, layout_key(PROJECTION, topic),
+                                   {"layout": layout})
+        log.info("%s: %s; its changes lie %s", topic,
+                 "never written" if empty else "written before layouts existed",
+                 "in their session's partition" if empty else "where their key hashes")
         await self._read()
 
     async def _read(self) -> None:

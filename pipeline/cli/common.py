@@ -22,9 +22,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from pipeline.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.core.rules import Mode
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -88,6 +91,16 @@ def refuse_overwrite(output: str | None, *inputs: str) -> None:
         if same:
             raise ConfigError(f"refusing to overwrite the input file {given} with the output "
                               "(give another -o)")
+
+
+def log_mode(args: argparse.Namespace) -> Mode:
+    """How a file command validates a session file: ``--strict``, else ingest mode."""
+    return "strict" if args.strict else "ingest"
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (which ingest mode accepts) shown as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # --- the parser convention --------------------------------------------------------------------

@@ -33,6 +33,7 @@ from pipeline.settings import Settings
 # One module per command group, registered in this order (the order of --help).
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
+    "pipeline.cli.cmd_validate",
     "pipeline.cli.cmd_avro",
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_certs",
@@ -57,7 +58,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 COMMANDS: dict[str, tuple[str, str]] = {
     "derive": ("pipeline.cli.cmd_derive",
                "show a session file's turns and the messages the model sees"),
-    "validate": ("pipeline.cli.cmd_derive", "check session files against the session-log rules"),
+    "validate": ("pipeline.cli.cmd_validate", "check session files against the session-log rules"),
     "encode": ("pipeline.cli.cmd_avro", "write a session file as an Avro container file"),
     "decode": ("pipeline.cli.cmd_avro", "print the events of an Avro container file as JSONL"),
     "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "

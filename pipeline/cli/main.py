@@ -34,7 +34,8 @@ from pipeline.settings import Settings
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_validate",
-    "pipeline.cli.cmd_avro",
+    "pipeline.cli.cmd_encode",
+    "pipeline.cli.cmd_decode",
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_certs",
     "pipeline.cli.cmd_topics",
@@ -59,8 +60,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "derive": ("pipeline.cli.cmd_derive",
                "show a session file's turns and the messages the model sees"),
     "validate": ("pipeline.cli.cmd_validate", "check session files against the session-log rules"),
-    "encode": ("pipeline.cli.cmd_avro", "write a session file as an Avro container file"),
-    "decode": ("pipeline.cli.cmd_avro", "print the events of an Avro container file as JSONL"),
+    "encode": ("pipeline.cli.cmd_encode", "write a session file as an Avro container file"),
+    "decode": ("pipeline.cli.cmd_decode", "print the events of an Avro container file as JSONL"),
     "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "
                                           "foreground"),
     "certs": ("pipeline.cli.cmd_certs", "write a secure deployment's CA, certificates and "

@@ -42,6 +42,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
+    "pipeline.cli.cmd_send",
     "pipeline.cli.cmd_processors",
     "pipeline.cli.cmd_tail",
     "pipeline.cli.cmd_fanout",
@@ -72,7 +73,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("pipeline.cli.cmd_config", "print every setting: env variable, default, current "
                                           "value (secrets masked)"),
     "driver": ("pipeline.cli.cmd_driver", "run agent turns from the inbox topic"),
-    "send": ("pipeline.cli.cmd_driver", "put one command on a session's inbox"),
+    "send": ("pipeline.cli.cmd_send", "put one command on a session's inbox"),
     "processors": ("pipeline.cli.cmd_processors", "run a stream-processors worker (derived "
                                                   "messages, usage, fleet)"),
     "tail": ("pipeline.cli.cmd_tail", "live readable view of session events"),

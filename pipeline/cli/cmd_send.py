@@ -31,15 +31,7 @@ from pipeline.cli.common import add_session_argument
 from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError, SessionFileError
-from pipeline.core.inbox import (
-    Approve,
-    Cancel,
-    Configure,
-    FollowUp,
-    InboxCommand,
-    Inject,
-    Steer,
-)
+from pipeline.core.inbox import Approve, Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.settings import Settings
 
 

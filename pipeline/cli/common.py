@@ -103,6 +103,34 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# --- progress on stderr ---------------------------------------------------------------------
+
+def progress_line(line: str) -> None:
+    """A line of progress on stderr (``export``, ``ship``, ``replay``)."""
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a live progress line
+    print(f"{clear}{line}", file=sys.stderr, flush=True)
+
+
+class TerminalProgress:
+    """One progress line on a terminal's stderr, rewritten in place (``import``, ``ship``)."""
+
+    def __init__(self) -> None:
+        self.line = ""
+
+    def __call__(self, line: str) -> None:
+        self.line = line
+        sys.stderr.write(f"\r\x1b[K{line}")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        sys.stderr.write("\r\x1b[K")
+
+    def done(self) -> None:
+        if self.line:
+            sys.stderr.write(f"\r\x1b[K{self.line}\n")
+            sys.stderr.flush()
+
+
 # --- the parser convention --------------------------------------------------------------------
 
 class HelpFormatter(argparse.HelpFormatter):

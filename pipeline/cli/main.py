@@ -30,7 +30,7 @@ from pipeline.cli.common import (
 from pipeline.core.errors import ConfigError, DshError
 from pipeline.settings import Settings
 
-# One module per command group, registered in this order (the order of --help).
+# One module per command or command group, registered in this order (the order of --help).
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_validate",
@@ -45,7 +45,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_send",
     "pipeline.cli.cmd_processors",
     "pipeline.cli.cmd_tail",
-    "pipeline.cli.cmd_fanout",
+    "pipeline.cli.cmd_export",
+    "pipeline.cli.cmd_import",
+    "pipeline.cli.cmd_ship",
+    "pipeline.cli.cmd_replay",
+    "pipeline.cli.cmd_check",
     "pipeline.cli.cmd_dashboard",
     "pipeline.cli.cmd_otel",
     "pipeline.cli.cmd_schemas",
@@ -77,12 +81,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "processors": ("pipeline.cli.cmd_processors", "run a stream-processors worker (derived "
                                                   "messages, usage, fleet)"),
     "tail": ("pipeline.cli.cmd_tail", "live readable view of session events"),
-    "export": ("pipeline.cli.cmd_fanout", "write a session as a dsh JSONL file"),
-    "import": ("pipeline.cli.cmd_fanout", "publish dsh session files (idempotent)"),
-    "ship": ("pipeline.cli.cmd_fanout", "follow a directory of dsh session files"),
-    "replay": ("pipeline.cli.cmd_fanout", "rebuild derived messages into a new version (or "
+    "export": ("pipeline.cli.cmd_export", "write a session as a dsh JSONL file"),
+    "import": ("pipeline.cli.cmd_import", "publish dsh session files (idempotent)"),
+    "ship": ("pipeline.cli.cmd_ship", "follow a directory of dsh session files"),
+    "replay": ("pipeline.cli.cmd_replay", "rebuild derived messages into a new version (or "
                                           "print one session)"),
-    "check": ("pipeline.cli.cmd_fanout", "fsck of the session topic (JSON summary)"),
+    "check": ("pipeline.cli.cmd_check", "fsck of the session topic (JSON summary)"),
     "sessions": ("pipeline.cli.cmd_sessions", "list the sessions of the fleet (from the "
                                               "processors' outputs)"),
     "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.adapters.kafka.dlq import dead_letter
 from pipeline.adapters.kafka.records import InboxRecord, header_value
-from pipeline.cli.cmd_driver import command_from_args, register
+from pipeline.cli.cmd_send import command_from_args, register
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.records import event_headers
 from pipeline.core.errors import CodecError, ConfigError, SchemaError

@@ -32,7 +32,8 @@ from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.adapters.llm.factory import provider_from_settings
 from pipeline.adapters.llm.scripted import Script, ScriptedReply, echo_script
 from pipeline.adapters.registry.client import RegistryClient
-from pipeline.cli.cmd_driver import driver_context, registry_codecs
+from pipeline.cli.cmd_driver import driver_context
+from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.sessionfile import read_session_file

@@ -1,4 +1,4 @@
-"""The approval options of ``driver`` and ``send`` (kept out of ``cmd_driver`` for its size).
+"""The approval options of ``driver`` and ``send`` (shared by ``cmd_driver`` and ``cmd_send``).
 
 ``driver --require-approval PATTERN`` (repeatable glob over tool names) and
 ``--approval-timeout DURATION`` make :class:`ApprovalRules`; ``send SESSION --approve CALL_ID``

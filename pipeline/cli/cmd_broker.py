@@ -39,8 +39,8 @@ from pipeline.adapters.localstack.security import SecureSetup, read_env_file
 from pipeline.adapters.localstack.stack import LocalStack
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import register_output_schemas
-from pipeline.cli.cmd_driver import registry_codecs
 from pipeline.cli.common import add_duration, add_logging_options, configure_logging
+from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 

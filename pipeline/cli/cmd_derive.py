@@ -1,15 +1,13 @@
-"""``dsh-pipeline derive`` and ``dsh-pipeline validate``: look at and check session files.
+"""``dsh-pipeline derive``: show a session file's turns and the messages the model sees.
 
 ``derive FILE`` prints a readable view of the log (turn and step boundaries, chunk types, tool
 calls, other events) and then the derived messages the model sees, like the example of the
 spec. ``derive --json FILE`` prints exactly one JSON array: the derived messages, each as it
-stands in its event. ``validate FILE...`` prints one line per problem,
-``FILE:LINE: seq N, type T: message [rule: R]``, and exits 1 if there is any, or if a torn
-tail (an unterminated last line, a cut last zstd frame) had to be dropped, unless
-``--allow-torn-tail`` accepts that (the dropped bytes are reported either way).
+stands in its event.
 
-Both read files in ingest mode (the spec's simplified shapes accepted) unless ``--strict``;
-``-`` reads stdin. Neither reads the ``DSH_*`` settings.
+It reads files in ingest mode (the spec's simplified shapes accepted) unless ``--strict``;
+``-`` reads stdin. It does not read the ``DSH_*`` settings. (``validate``, which checks
+files: :mod:`pipeline.cli.cmd_validate`.)
 """
 
 from __future__ import annotations
@@ -17,24 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from typing import IO, Any, Final, TextIO
+from typing import Any, Final, TextIO
 
-from pipeline.cli.common import binary_input, input_name
-from pipeline.codec.sessionfile import (
-    FileProblem,
-    SessionFile,
-    load_session,
-    scan_session_file,
-)
-from pipeline.core.errors import EventError, SessionFileError
+from pipeline.cli.common import binary_input, input_name, log_mode, printable
+from pipeline.codec.sessionfile import SessionFile, load_session
 from pipeline.core.events import Event, JsonValue, Replace
-from pipeline.core.log import Mode, SessionLog
+from pipeline.core.log import SessionLog
 from pipeline.core.lossless import dumps_json_safe
 from pipeline.settings import Settings
 
 PREVIEW: Final = 160
-MAX_PROBLEMS_SHOWN: Final = 100  # per file
-REFUSED_PLACEHOLDER: Final = "x-dsh-pipeline/refused"
 
 
 def register(subparsers: Any) -> None:
@@ -53,30 +43,12 @@ def register(subparsers: Any) -> None:
                         help="derive the messages as of just after event SEQ")
     derive.set_defaults(func=run_derive, uses_settings=False)
 
-    validate = subparsers.add_parser(
-        "validate", help="check session files against the session-log rules",
-        description="Check each FILE; print one line per problem "
-                    "(FILE:LINE: seq N, type T: message [rule: R]); exit 1 if any, or if a "
-                    "torn tail was dropped (unless --allow-torn-tail).")
-    validate.add_argument("files", metavar="FILE", nargs="+",
-                          help="session files to check (- for stdin)")
-    validate.add_argument("--strict", action="store_true",
-                          help="require dsh's strict message shapes (what the driver writes)")
-    validate.add_argument("--allow-torn-tail", action="store_true",
-                          help="accept a file whose torn tail (unterminated last line, cut "
-                               "last zstd frame) was dropped, as a crash mid-write leaves it; "
-                               "the dropped bytes are still reported")
-    validate.set_defaults(func=run_validate, uses_settings=False)
-
-
-def _mode(args: argparse.Namespace) -> Mode:
-    return "strict" if args.strict else "ingest"
-
 
 def run_derive(args: argparse.Namespace, settings: Settings, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     with binary_input(args.file) as handle:
-        session_file, log = load_session(input_name(args.file), mode=_mode(args), handle=handle)
+        session_file, log = load_session(input_name(args.file), mode=log_mode(args),
+                                         handle=handle)
     for warning in session_file.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     messages = log.messages() if args.at_seq is None else log.messages_at(args.at_seq)
@@ -86,71 +58,6 @@ def run_derive(args: argparse.Namespace, settings: Settings, out: TextIO | None 
     for line in render_view(session_file, log, messages):
         out.write(printable(line) + "\n")
     return 0
-
-
-def run_validate(args: argparse.Namespace, settings: Settings,
-                 out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    failed = False
-    for path in args.files:
-        try:
-            with binary_input(path) as handle:
-                problems, session_file = validate_file(input_name(path), _mode(args),
-                                                       handle=handle)
-        except SessionFileError as exc:  # cannot be opened: reported, the others checked
-            problems, session_file = [FileProblem(path, None, exc)], None
-        for problem in problems[:MAX_PROBLEMS_SHOWN]:
-            out.write(printable(str(problem)) + "\n")
-        if len(problems) > MAX_PROBLEMS_SHOWN:
-            out.write(f"{path}: ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems\n")
-        if session_file is None:
-            failed = True
-            continue
-        torn = _torn_tail_note(session_file)
-        refused = bool(torn) and not args.allow_torn_tail
-        if refused:
-            out.write(f"{input_name(path)}: {torn}: data is missing (--allow-torn-tail accepts "
-                      "it)\n")
-        if problems or refused:
-            failed = True
-        else:
-            accepted = f"; {torn}, accepted" if torn else ""
-            out.write(f"{input_name(path)}: valid ({len(session_file.events)} events{accepted})\n")
-    return 1 if failed else 0
-
-
-
-
-def _torn_tail_note(session_file: SessionFile) -> str:
-    """What was dropped at the end of the file, or "" when nothing was."""
-    if not session_file.dropped_bytes:
-        return ""
-    return f"torn tail of {session_file.dropped_bytes} bytes dropped"
-
-
-def validate_file(path: str, mode: Mode, *, handle: IO[bytes] | None = None
-                  ) -> tuple[list[FileProblem], SessionFile | None]:
-    """Every line problem of ``path`` and every event the fold refuses.
-
-    A refused event is replaced by an inert placeholder (an unknown ``ignorable`` event) so
-    that the events after it are still checked against the log as accepted so far; a hole
-    left by a bad line ends the fold (the events after it cannot be placed).
-    """
-    try:
-        session_file, problems = scan_session_file(path, handle=handle)
-    except SessionFileError as exc:  # the file cannot be opened at all
-        return [FileProblem(path, None, exc)], None
-    log = SessionLog(session_file.session_id or "", mode=mode)
-    for event, line in zip(session_file.events, session_file.lines, strict=True):
-        if event.seq != log.next_seq:
-            break  # a hole already reported as a line problem
-        try:
-            log.append(event)
-        except EventError as exc:
-            problems.append(FileProblem(path, line, exc))
-            log.append(Event(REFUSED_PLACEHOLDER, event.seq, event.time, None, ignorable=True))
-    problems.sort(key=lambda p: p.line or 0)
-    return problems, session_file
 
 
 # --- the readable view -----------------------------------------------------------------------
@@ -258,11 +165,6 @@ def _block_text(block: JsonValue) -> str:
 
 def _json(value: JsonValue) -> str:
     return dumps_json_safe(value)
-
-
-def printable(text: str) -> str:
-    """``text`` with lone surrogates (which ingest mode accepts) shown as escapes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _clip(text: str) -> str:

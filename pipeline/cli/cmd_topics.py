@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import register_output_schemas
-from pipeline.cli.cmd_driver import registry_codecs
+from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.settings import Settings
 
 

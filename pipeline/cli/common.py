@@ -22,9 +22,12 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from pipeline.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.core.rules import Mode
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -88,6 +91,44 @@ def refuse_overwrite(output: str | None, *inputs: str) -> None:
         if same:
             raise ConfigError(f"refusing to overwrite the input file {given} with the output "
                               "(give another -o)")
+
+
+def log_mode(args: argparse.Namespace) -> Mode:
+    """How a file command validates a session file: ``--strict``, else ingest mode."""
+    return "strict" if args.strict else "ingest"
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (which ingest mode accepts) shown as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# --- progress on stderr ---------------------------------------------------------------------
+
+def progress_line(line: str) -> None:
+    """A line of progress on stderr (``export``, ``ship``, ``replay``)."""
+    clear = "\r\x1b[K" if sys.stderr.isatty() else ""  # over a live progress line
+    print(f"{clear}{line}", file=sys.stderr, flush=True)
+
+
+class TerminalProgress:
+    """One progress line on a terminal's stderr, rewritten in place (``import``, ``ship``)."""
+
+    def __init__(self) -> None:
+        self.line = ""
+
+    def __call__(self, line: str) -> None:
+        self.line = line
+        sys.stderr.write(f"\r\x1b[K{line}")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        sys.stderr.write("\r\x1b[K")
+
+    def done(self) -> None:
+        if self.line:
+            sys.stderr.write(f"\r\x1b[K{self.line}\n")
+            sys.stderr.flush()
 
 
 # --- the parser convention --------------------------------------------------------------------

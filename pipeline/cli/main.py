@@ -30,19 +30,26 @@ from pipeline.cli.common import (
 from pipeline.core.errors import ConfigError, DshError
 from pipeline.settings import Settings
 
-# One module per command group, registered in this order (the order of --help).
+# One module per command or command group, registered in this order (the order of --help).
 COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
-    "pipeline.cli.cmd_avro",
+    "pipeline.cli.cmd_validate",
+    "pipeline.cli.cmd_encode",
+    "pipeline.cli.cmd_decode",
     "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_certs",
     "pipeline.cli.cmd_topics",
     "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
+    "pipeline.cli.cmd_send",
     "pipeline.cli.cmd_processors",
     "pipeline.cli.cmd_tail",
-    "pipeline.cli.cmd_fanout",
+    "pipeline.cli.cmd_export",
+    "pipeline.cli.cmd_import",
+    "pipeline.cli.cmd_ship",
+    "pipeline.cli.cmd_replay",
+    "pipeline.cli.cmd_check",
     "pipeline.cli.cmd_dashboard",
     "pipeline.cli.cmd_otel",
     "pipeline.cli.cmd_schemas",
@@ -57,9 +64,9 @@ COMMAND_MODULES: tuple[str, ...] = (
 COMMANDS: dict[str, tuple[str, str]] = {
     "derive": ("pipeline.cli.cmd_derive",
                "show a session file's turns and the messages the model sees"),
-    "validate": ("pipeline.cli.cmd_derive", "check session files against the session-log rules"),
-    "encode": ("pipeline.cli.cmd_avro", "write a session file as an Avro container file"),
-    "decode": ("pipeline.cli.cmd_avro", "print the events of an Avro container file as JSONL"),
+    "validate": ("pipeline.cli.cmd_validate", "check session files against the session-log rules"),
+    "encode": ("pipeline.cli.cmd_encode", "write a session file as an Avro container file"),
+    "decode": ("pipeline.cli.cmd_decode", "print the events of an Avro container file as JSONL"),
     "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "
                                           "foreground"),
     "certs": ("pipeline.cli.cmd_certs", "write a secure deployment's CA, certificates and "
@@ -70,16 +77,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("pipeline.cli.cmd_config", "print every setting: env variable, default, current "
                                           "value (secrets masked)"),
     "driver": ("pipeline.cli.cmd_driver", "run agent turns from the inbox topic"),
-    "send": ("pipeline.cli.cmd_driver", "put one command on a session's inbox"),
+    "send": ("pipeline.cli.cmd_send", "put one command on a session's inbox"),
     "processors": ("pipeline.cli.cmd_processors", "run a stream-processors worker (derived "
                                                   "messages, usage, fleet)"),
     "tail": ("pipeline.cli.cmd_tail", "live readable view of session events"),
-    "export": ("pipeline.cli.cmd_fanout", "write a session as a dsh JSONL file"),
-    "import": ("pipeline.cli.cmd_fanout", "publish dsh session files (idempotent)"),
-    "ship": ("pipeline.cli.cmd_fanout", "follow a directory of dsh session files"),
-    "replay": ("pipeline.cli.cmd_fanout", "rebuild derived messages into a new version (or "
+    "export": ("pipeline.cli.cmd_export", "write a session as a dsh JSONL file"),
+    "import": ("pipeline.cli.cmd_import", "publish dsh session files (idempotent)"),
+    "ship": ("pipeline.cli.cmd_ship", "follow a directory of dsh session files"),
+    "replay": ("pipeline.cli.cmd_replay", "rebuild derived messages into a new version (or "
                                           "print one session)"),
-    "check": ("pipeline.cli.cmd_fanout", "fsck of the session topic (JSON summary)"),
+    "check": ("pipeline.cli.cmd_check", "fsck of the session topic (JSON summary)"),
     "sessions": ("pipeline.cli.cmd_sessions", "list the sessions of the fleet (from the "
                                               "processors' outputs)"),
     "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "

@@ -82,9 +82,10 @@ def test_replay_builds_verifies_switches_and_reports_a_corrupted_version(
     forged = {"session": "text-turn", "slot": 1, "seq": 1, "changeSeq": 1, "op": "append",
               "message": {"role": "user", "content": [{"type": "text", "text": "forged"}]}}
     first_slot = _first_slot(settings, live, "text-turn")
-    asyncio.run(send_records(settings, [OutRecord(
+    asyncio.run(send_records(settings, [OutRecord(   # where the version's layout puts it
         live, slot_key("text-turn", first_slot).encode(),
-        default_output_codecs().derived.encode(forged) or b"")]))
+        default_output_codecs().derived.encode(forged) or b"", (),
+        partition_for("text-turn", settings.partitions))]))
 
     assert main(["replay"]) == 1  # differs from the live version: reported, not switched
     out = capsys.readouterr()

@@ -46,9 +46,7 @@ from pipeline.codec.payload import (
 )
 from pipeline.codec.schemas import (
     CONFLUENT_HEADER_LEN,
-    CONFLUENT_MAGIC,
     SINGLE_OBJECT_HEADER_LEN,
-    SINGLE_OBJECT_MAGIC,
     SchemaTable,
     WriterSchema,
     current_event_schema,
@@ -119,13 +117,7 @@ class EventSerde:
         self.table = table or SchemaTable()
         self.records = EventRecords()
         self.writer = self.records.schema
-        if schema_id is not None:
-            if not 0 <= schema_id < 2**32:
-                raise CodecError(f"registry schema id {schema_id} does not fit 4 bytes")
-            self.table.add_id(schema_id, self.writer)
-            self.prefix = bytes([CONFLUENT_MAGIC]) + schema_id.to_bytes(4, "big")
-        else:
-            self.prefix = SINGLE_OBJECT_MAGIC + self.writer.fingerprint
+        self.prefix = self.table.framing_prefix(self.writer, schema_id)
         self.framing: Framing = "confluent" if schema_id is not None else "single-object"
         self.schema_id = schema_id
         self._by_prefix: dict[bytes, tuple[WriterSchema, int]] = {}

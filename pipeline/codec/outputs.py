@@ -37,10 +37,8 @@ from typing import Any, Final
 from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.payload import json_text, json_text_ascii, parse_json_text
 from pipeline.codec.schemas import (
-    CONFLUENT_MAGIC,
     HISTORY_DIR,
     SCHEMA_DIR,
-    SINGLE_OBJECT_MAGIC,
     KnownSchemaTable,
     SchemaLookup,
     parse_record_schema,
@@ -221,13 +219,7 @@ class OutputSerde(OutputDecoder):
                  table: OutputSchemaTable | None = None) -> None:
         super().__init__(table)
         self.writer = current_output_schema(name)
-        if schema_id is not None:
-            if not 0 <= schema_id < 2**32:
-                raise CodecError(f"registry schema id {schema_id} does not fit 4 bytes")
-            self.table.add_id(schema_id, self.writer)
-            self.prefix = bytes([CONFLUENT_MAGIC]) + schema_id.to_bytes(4, "big")
-        else:
-            self.prefix = SINGLE_OBJECT_MAGIC + self.writer.fingerprint
+        self.prefix = self.table.framing_prefix(self.writer, schema_id)
         self.schema_id = schema_id
 
     def encode(self, value: Mapping[str, JsonValue] | None) -> bytes | None:

@@ -162,6 +162,17 @@ class KnownSchemaTable(Generic[SchemaT]):
         with self._lock:
             self._by_id[schema_id] = self._by_fp.setdefault(schema.fingerprint, schema)
 
+    def framing_prefix(self, writer: SchemaT, schema_id: int | None) -> bytes:
+        """What every value ``writer`` encodes starts with: the Confluent magic byte and
+        ``schema_id`` (remembered here) when given, else the single-object marker and the
+        writer's fingerprint. Raises CodecError for an id that does not fit 4 bytes."""
+        if schema_id is None:
+            return SINGLE_OBJECT_MAGIC + writer.fingerprint
+        if not 0 <= schema_id < 2**32:
+            raise CodecError(f"registry schema id {schema_id} does not fit 4 bytes")
+        self.add_id(schema_id, writer)
+        return bytes([CONFLUENT_MAGIC]) + schema_id.to_bytes(4, "big")
+
     def by_fingerprint(self, fp: bytes) -> SchemaT:
         found = self._by_fp.get(fp)
         if found is None:

@@ -1,6 +1,6 @@
 """A consumer assigned to every partition of some topics (no group, read committed): the start
 shared by the readers that read up to offsets taken when they start (``TopicScan``,
-``CompactedFollow``).
+``CompactedFollow``), and their read up to those offsets (:func:`fetch_until`).
 
 The offsets are listed *before* the partitions are assigned. Once a partition is assigned
 and positioned, the client keeps a fetch parked at the broker for up to its fetch wait, and
@@ -10,7 +10,7 @@ assignment would wait behind that fetch (500 ms each with the client's default w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,6 +79,24 @@ async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: S
         default = found.starts[tp] if start_at == "beginning" else found.ends[tp]
         consumer.seek(tp, resume.get((tp.topic, tp.partition), default))
     return found
+
+
+async def fetch_until(consumer: AIOKafkaConsumer, ends: Mapping[TopicPartition, int], *,
+                      what: str, max_records: int) -> AsyncIterator[dict[TopicPartition, Any]]:
+    """What each fetch returns, fetch after fetch, until every partition's position reaches
+    its end in ``ends``. A fetch may hold records at or past an end: the caller cuts them.
+    ``what`` names the read in errors."""
+    remaining = dict(ends)
+    while remaining:
+        with broker_errors(what):
+            for tp in list(remaining):  # markers can put the position past the last record
+                if await consumer.position(tp) >= remaining[tp]:
+                    del remaining[tp]
+            if not remaining:
+                return
+            fetched = await consumer.getmany(*remaining, timeout_ms=500,
+                                             max_records=max_records)
+        yield fetched
 
 
 def key_partition(key: bytes, partitions: int) -> int:

@@ -32,7 +32,7 @@ from typing import Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.adapters.kafka.assigned import start_assigned
+from pipeline.adapters.kafka.assigned import fetch_until, start_assigned
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord, inbox_record_of
 from pipeline.adapters.kafka.topic_scan import scan_fetch_options
@@ -96,17 +96,9 @@ class CompactedFollow:
         """Batches of the records below the ends, each partition in offset order."""
         if self.live_only:
             return
-        consumer = self._client()
-        remaining = {tp: end for tp, end in self.ends.items() if end > 0}
-        while remaining:
-            with broker_errors(f"read {', '.join(self.topics)}"):
-                for tp in list(remaining):  # markers can put the position past the last record
-                    if await consumer.position(tp) >= remaining[tp]:
-                        del remaining[tp]
-                if not remaining:
-                    return
-                fetched = await consumer.getmany(*remaining, timeout_ms=500,
-                                                 max_records=_BATCH)
+        ends = {tp: end for tp, end in self.ends.items() if end > 0}
+        async for fetched in fetch_until(self._client(), ends, max_records=_BATCH,
+                                         what=f"read {', '.join(self.topics)}"):
             batch: list[InboxRecord] = []
             for tp, raws in fetched.items():
                 end = self.ends[tp]

@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from pipeline.adapters.kafka.admin import MAX_COMPACTION_LAG, OUTPUT_MAX_COMPACTION_LAG_MS
-from pipeline.adapters.kafka.assigned import start_assigned, topic_partitions
+from pipeline.adapters.kafka.assigned import fetch_until, start_assigned, topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import (
     client_options,
@@ -121,17 +121,10 @@ class TopicScan:
         consumer = self._consumer
         if consumer is None:
             raise BrokerError("TopicScan used before start()")
-        remaining = dict(self._ends)
-        while remaining:
-            with broker_errors(f"scan {self.topic!r}"):
-                for tp in list(remaining):  # markers can put the position past the last record
-                    if await consumer.position(tp) >= remaining[tp]:
-                        del remaining[tp]
-                if not remaining:
-                    return
-                fetched = await consumer.getmany(*remaining, timeout_ms=500,
-                                                 max_records=self._batch)
-            runs = [_before(raws, remaining.get(tp)) for tp, raws in fetched.items()]
+        ends = self._ends
+        async for fetched in fetch_until(consumer, ends, what=f"scan {self.topic!r}",
+                                         max_records=self._batch):
+            runs = [_before(raws, ends.get(tp)) for tp, raws in fetched.items()]
             yield [run for run in runs if run]
 
 

@@ -9,8 +9,11 @@ anchor's values measured in the same run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -130,6 +133,17 @@ def wait_quiet(pids: tuple[int, ...], budget_s: float = QUIET_BUDGET_S) -> str:
             return f"broker quiet ({share:.0%} of a core) after {waited:.0f} s"
         if waited >= budget_s:
             return f"broker still busy ({share:.0%} of a core) after {waited:.0f} s; going on"
+
+
+def json_lines_of_child(script: str, arguments: list[str], *, timeout_s: float = 3600.0
+                        ) -> list[dict[str, float]]:
+    """Run ``bench/<script>`` in a process of its own; the JSON objects it printed, one per
+    line. A failed run raises, with the end of its stderr."""
+    done = subprocess.run([sys.executable, str(BENCH_DIR / script), *arguments],
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} exited with {done.returncode}: {done.stderr[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def percentile(values: list[float], q: float) -> float:

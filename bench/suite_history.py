@@ -3,23 +3,14 @@ history on the session topic (bench/bench_driver_history.py, in a process of its
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from suite_core import BENCH_DIR, Context, Figure
+from suite_core import Context, Figure, json_lines_of_child
 
 
 def history_runs_in_child(bootstrap: str, sizes: list[int], wakeups: int, active: int
                           ) -> list[dict[str, float]]:
-    done = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "bench_driver_history.py"), "--bootstrap", bootstrap,
-         "--wakeups", str(wakeups), "--active", str(active), "--sizes", *map(str, sizes)],
-        capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench_driver_history.py exited with {done.returncode}: "
-                           f"{done.stderr[-2000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines_of_child("bench_driver_history.py", [
+        "--bootstrap", bootstrap, "--wakeups", str(wakeups), "--active", str(active),
+        "--sizes", *map(str, sizes)])
 
 
 def bench_history(ctx: Context) -> list[Figure]:

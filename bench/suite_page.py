@@ -4,22 +4,12 @@ the key layout (bench/bench_session_page.py, in a process of its own)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from suite_core import BENCH_DIR, Context, Figure
+from suite_core import Context, Figure, json_lines_of_child
 
 
 def page_runs_in_child(bootstrap: str, sizes: list[int], pages: int) -> list[dict[str, float]]:
-    done = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "bench_session_page.py"), "--bootstrap", bootstrap,
-         "--pages", str(pages), "--sizes", *map(str, sizes)],
-        capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench_session_page.py exited with {done.returncode}: "
-                           f"{done.stderr[-2000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return json_lines_of_child("bench_session_page.py", [
+        "--bootstrap", bootstrap, "--pages", str(pages), "--sizes", *map(str, sizes)])
 
 
 def bench_session_page(ctx: Context) -> list[Figure]:

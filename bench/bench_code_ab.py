@@ -17,11 +17,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
+from suite_core import kafka_for
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -47,21 +45,12 @@ def main() -> None:
     args = parser.parse_args()
     checkouts = {"A (base)": args.base.resolve(), "B (this checkout)": HERE}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
-    with tempfile.TemporaryDirectory(prefix="dsh-bench-ab-") as tmp:
-        kafka = None if args.bootstrap else KafkaLocal(Artifacts.default().require_kafka(),
-                                                       Path(tmp) / "kafka")
-        if kafka is not None:
-            kafka.start(300)
-        bootstrap = args.bootstrap or (kafka.bootstrap if kafka else "")
-        try:
-            for _ in range(args.rounds):
-                for name, checkout in checkouts.items():
-                    result = run_checkout(checkout, bootstrap, args.sessions)
-                    results[name].append(result)
-                    print(json.dumps({"checkout": name, **result}), flush=True)
-        finally:
-            if kafka is not None:
-                kafka.stop()
+    with kafka_for(args.bootstrap) as bootstrap:
+        for _ in range(args.rounds):
+            for name, checkout in checkouts.items():
+                result = run_checkout(checkout, bootstrap, args.sessions)
+                results[name].append(result)
+                print(json.dumps({"checkout": name, **result}), flush=True)
     steps = {name: statistics.median(r["steps_per_s"] for r in runs)
              for name, runs in results.items()}
     p99 = {name: max(r["visible_ms_p99"] for r in runs) for name, runs in results.items()}

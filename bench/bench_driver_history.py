@@ -31,12 +31,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from suite_core import kafka_for
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
@@ -44,8 +44,6 @@ from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer
 from pipeline.adapters.llm.scripted import ScriptedProvider, echo_script
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.records import event_headers
@@ -225,19 +223,10 @@ def main() -> None:
     parser.add_argument("--active", type=int, default=1000, help="sessions active for the RSS")
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dsh-bench-history-") as tmp:
-        kafka = None if args.bootstrap else KafkaLocal(Artifacts.default().require_kafka(),
-                                                       Path(tmp) / "kafka")
-        if kafka is not None:
-            kafka.start(300)
-        bootstrap = args.bootstrap or (kafka.bootstrap if kafka else "")
-        try:
-            for size in args.sizes:
-                result = asyncio.run(one_size(bootstrap, size, args.wakeups, args.active))
-                print(json.dumps(result), flush=True)
-        finally:
-            if kafka is not None:
-                kafka.stop()
+    with kafka_for(args.bootstrap) as bootstrap:
+        for size in args.sizes:
+            result = asyncio.run(one_size(bootstrap, size, args.wakeups, args.active))
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -26,20 +26,17 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
+from suite_core import kafka_for
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.inbox import FollowUp
 from pipeline.settings import Settings
@@ -149,26 +146,17 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=3000)
     parser.add_argument("--bootstrap", default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dsh-bench-move-") as tmp:
-        kafka = None if args.bootstrap else KafkaLocal(Artifacts.default().require_kafka(),
-                                                       Path(tmp) / "kafka")
-        if kafka is not None:
-            kafka.start(300)
-        bootstrap = args.bootstrap or (kafka.bootstrap if kafka else "")
-        samples: list[float] = []
-        try:
-            for _ in range(args.runs):
-                run = one_run(bootstrap, args.session_timeout_ms)
-                samples += run
-                print(json.dumps({"samples_ms": run,
-                                  "session_timeout_ms": args.session_timeout_ms}), flush=True)
-        finally:
-            if kafka is not None:
-                kafka.stop()
-        ordered = sorted(samples)
-        print(json.dumps({"p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-                          "p50_ms": ordered[len(ordered) // 2], "worst_ms": ordered[-1],
-                          "samples": len(ordered)}), flush=True)
+    samples: list[float] = []
+    with kafka_for(args.bootstrap) as bootstrap:
+        for _ in range(args.runs):
+            run = one_run(bootstrap, args.session_timeout_ms)
+            samples += run
+            print(json.dumps({"samples_ms": run,
+                              "session_timeout_ms": args.session_timeout_ms}), flush=True)
+    ordered = sorted(samples)
+    print(json.dumps({"p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                      "p50_ms": ordered[len(ordered) // 2], "worst_ms": ordered[-1],
+                      "samples": len(ordered)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 
 import httpx
+from suite_core import kafka_for
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import partition_for
@@ -135,17 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["session", "key"],
                         choices=["session", "key"])
     args = parser.parse_args(argv)
-    if args.bootstrap:
-        asyncio.run(run(args.bootstrap, args.sizes, args.pages, args.layouts))
-        return 0
-    from pipeline.adapters.localstack.artifacts import Artifacts
-    from pipeline.adapters.localstack.kafka import KafkaLocal
-    kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
-    kafka.start(budget_s=180)
-    try:
-        asyncio.run(run(kafka.bootstrap, args.sizes, args.pages, args.layouts))
-    finally:
-        kafka.stop()
+    with kafka_for(args.bootstrap) as bootstrap:
+        asyncio.run(run(bootstrap, args.sizes, args.pages, args.layouts))
     return 0
 
 

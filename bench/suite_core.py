@@ -9,6 +9,7 @@ anchor's values measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +134,23 @@ def wait_quiet(pids: tuple[int, ...], budget_s: float = QUIET_BUDGET_S) -> str:
             return f"broker quiet ({share:.0%} of a core) after {waited:.0f} s"
         if waited >= budget_s:
             return f"broker still busy ({share:.0%} of a core) after {waited:.0f} s; going on"
+
+
+@contextlib.contextmanager
+def kafka_for(bootstrap: str | None) -> Iterator[str]:
+    """``bootstrap`` when given, else the address of a single-node Kafka started here for the
+    block (in a temporary folder, removed after)."""
+    if bootstrap:
+        yield bootstrap
+        return
+    from pipeline.adapters.localstack.artifacts import Artifacts
+    from pipeline.adapters.localstack.kafka import KafkaLocal
+    kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
+    kafka.start(300)
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
 
 
 def json_lines_of_child(script: str, arguments: list[str], *, timeout_s: float = 3600.0

@@ -25,7 +25,7 @@ from pipeline.adapters.kafka.options import client_options, consumer_size_option
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import JsonValue, dumps_json
-from pipeline.core.projection import ActivePointer, PointerState, fold_pointer_records
+from pipeline.core.projection import ActivePointer, Layout, PointerState, fold_pointer_records
 from pipeline.settings import Settings
 
 DERIVED_MESSAGES: Final = "derived-messages"  # the projection versioned through the pointer
@@ -57,8 +57,14 @@ async def read_pointer_state(settings: Settings, projection: str = DERIVED_MESSA
 async def active_derived_messages(settings: Settings) -> ActivePointer:
     """The derived-messages version readers read: the last switch recorded, else version 0
     (the processors' own ``<prefix>derived-messages``)."""
-    active = (await read_pointer_state(settings, DERIVED_MESSAGES)).active
-    return active or ActivePointer(0, settings.topics.derived_messages)
+    return (await active_derived_layout(settings))[0]
+
+
+async def active_derived_layout(settings: Settings) -> tuple[ActivePointer, Layout]:
+    """:func:`active_derived_messages`, and where its records lie."""
+    state = await read_pointer_state(settings, DERIVED_MESSAGES)
+    active = state.active or ActivePointer(0, settings.topics.derived_messages)
+    return active, state.layout_of(active.topic)
 
 
 async def write_pointer_records(settings: Settings, records: Mapping[str, JsonValue | None]

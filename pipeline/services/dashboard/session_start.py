@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import partition_for
-from pipeline.adapters.kafka.projection_pointer import read_pointer_state
+from pipeline.adapters.kafka.projection_pointer import active_derived_layout
 from pipeline.codec.output_views import DerivedView
 from pipeline.codec.records import SourcePosition, record_key
 from pipeline.core.events import JsonValue
-from pipeline.core.projection import ActivePointer, Layout
+from pipeline.core.projection import Layout
 from pipeline.services.dashboard.service import DashboardService
 
 
@@ -66,10 +66,8 @@ class SessionStart:
 async def session_start(service: DashboardService, session_id: str) -> SessionStart:
     """Read the session's snapshot (see the module doc)."""
     settings = service.settings
-    pointer = await read_pointer_state(settings)
-    active = pointer.active or ActivePointer(0, settings.topics.derived_messages)
-    start = SessionStart(session_id, active.version, active.topic,
-                         pointer.layout_of(active.topic),
+    active, layout = await active_derived_layout(settings)
+    start = SessionStart(session_id, active.version, active.topic, layout,
                          partition=partition_for(session_id, settings.partitions))
     view = DerivedView(service.outputs)
     prefix = f"{session_id}/".encode()

@@ -133,9 +133,9 @@ class Rebuilder:
         self.sessions: dict[str, _Session] = {}
         self._by_key: dict[bytes | None, _Session] = {}
         # slot key -> its last change and the session-topic position of its event
-        # slot key -> its last change, source position, session-topic partition
-        self._pending: dict[str, tuple[MessageChange, Headers, int]] = {}
-        self._written: set[str] = set()  # slot keys with a record on the topic
+        # record key (the slot key's bytes) -> its last change, source position, partition
+        self._pending: dict[bytes, tuple[MessageChange, Headers, int]] = {}
+        self._written: set[bytes] = set()  # record keys with a record on the topic
         self._coalesce_keys = coalesce_keys
         self._scan_batch = scan_batch
         self._next_offsets: dict[int, int] = {}
@@ -290,7 +290,7 @@ class Rebuilder:
                 state.messages.pop(change.slot, None)
             else:
                 state.messages[change.slot] = change.message
-            pending[change.key] = (change, source, record.partition)
+            pending[change.key.encode()] = (change, source, record.partition)
         self.result.changes += len(changes)
 
     async def _flush(self, out: BulkProducer) -> None:
@@ -298,12 +298,11 @@ class Rebuilder:
         for a key the topic holds)."""
         pending, self._pending = self._pending, {}
         # the session layout (claim_version): a change lies in its event's partition
-        partitions = {key.encode(): partition for key, (_c, _s, partition) in pending.items()}
         await out.send_many(self.result.topic, self._records(pending),
-                            partition_of=partitions.__getitem__)
+                            partition_of=lambda key: pending[key][2])
         await out.flush()
 
-    def _records(self, pending: dict[str, tuple[MessageChange, Headers, int]]
+    def _records(self, pending: dict[bytes, tuple[MessageChange, Headers, int]]
                  ) -> Iterator[BulkRecord]:
         written, encode = self._written, self.encoder.encode_change
         for key, (change, source, _partition) in pending.items():
@@ -311,10 +310,10 @@ class Rebuilder:
                 if key not in written:
                     continue
                 written.discard(key)
-                yield key.encode(), None, source
+                yield key, None, source
             else:
                 written.add(key)
-                yield key.encode(), encode(change), source
+                yield key, encode(change), source
             self.result.records_written += 1
 
     def _collect(self) -> None:

@@ -34,7 +34,9 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass(frozen=True, slots=True)
 class ScaleOutPlan:
     """The shape of one run. ``kill_at``: fraction of all turns ended when driver 1 and
-    worker 1 get SIGKILL (None: nothing is killed)."""
+    worker 1 get SIGKILL (None: nothing is killed). ``turns_after_kill``: sessions of the
+    killed driver's partitions that get one more turn, sent right after the kill, so the
+    survivors must load them from their checkpoints whatever the kill found in flight."""
 
     drivers: int = 3
     workers: int = 2
@@ -42,6 +44,7 @@ class ScaleOutPlan:
     turns: int = 1
     partitions: int = 12
     kill_at: float | None = 0.3
+    turns_after_kill: int = 0
     driver_session_timeout_ms: int = 10_000
     worker_session_timeout_s: float = 10.0
     timeout_s: float = 300.0

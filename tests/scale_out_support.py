@@ -54,6 +54,7 @@ from scale_out_fleet import (
 from scale_out_verify import verify_run
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -61,6 +62,7 @@ from pipeline.cli.demo_fleet import turn_text
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.records import HEADER_TYPE, session_id_of_key
+from pipeline.core.inbox import FollowUp
 from pipeline.services.driver.fleet_run import followups
 from pipeline.settings import Settings
 
@@ -93,6 +95,7 @@ class Progress:
 
     waiting: Counter[str]  # session -> turns still to end
     turns_total: int
+    sessions: list[str] = field(default_factory=list)
     turns_ended: int = 0
     steps: int = 0
     events: int = 0
@@ -164,7 +167,9 @@ class Killing:
     fleet: Fleet
     plan: ScaleOutPlan
     log: Log
+    settings: Settings
     moved_partitions: list[int] = field(default_factory=list)
+    late_sessions: list[str] = field(default_factory=list)
     task: asyncio.Task[dict[str, float]] | None = None
 
     def maybe_kill(self, progress: Progress) -> None:
@@ -181,10 +186,32 @@ class Killing:
         self.log(f"SIGKILL {driver.name} (pid {driver.process.pid}, partitions "
                  f"{self.moved_partitions}) and {worker.name} (pid {worker.process.pid}) "
                  f"after {progress.turns_ended}/{progress.turns_total} turns")
+        self.late_sessions = self._late_sessions(progress)
+        for session_id in self.late_sessions:
+            progress.waiting[session_id] += 1
+            progress.turns_total += 1
         self.task = asyncio.create_task(self._takeover())
+
+    def _late_sessions(self, progress: Progress) -> list[str]:
+        """``plan.turns_after_kill`` sessions of the killed driver's partitions, those whose
+        turns all ended first (their checkpoints exist, none of them is busy)."""
+        parts, moved = self.plan.partitions, set(self.moved_partitions)
+        ours = [s for s in progress.sessions if partition_for(s, parts) in moved]
+        ours.sort(key=lambda s: progress.waiting[s] > 0)  # the idle ones first
+        return ours[:self.plan.turns_after_kill]
+
+    async def _send_late_turns(self) -> None:
+        codec, inbox, turn = InboxCodec(), self.settings.topics.inbox, self.plan.turns
+        commands = [FollowUp(s, f"{s}-m{turn}", ({"type": "text", "text": turn_text(s, turn)},))
+                    for s in self.late_sessions]
+        await send_records(self.settings, [OutRecord(inbox, c.session_id.encode(), codec.encode(c))
+                                           for c in commands], timeout_s=120.0)
+        self.log(f"one more turn for {len(commands)} sessions of the killed driver's partitions")
 
     async def _takeover(self) -> dict[str, float]:
         """Seconds from the kill until the survivors own every partition (both at once)."""
+        if self.late_sessions:
+            await self._send_late_turns()
         parts, fleet, budget = self.plan.partitions, self.fleet, 4 * self.plan.timeout_s
         drivers, workers = fleet.alive(fleet.drivers), fleet.alive(fleet.workers)
         waits = {
@@ -207,8 +234,8 @@ async def _drive(settings: Settings, plan: ScaleOutPlan, fleet: Fleet, log: Log
     commands = followups(ids, plan.turns, turn_text)
     codec, inbox = InboxCodec(), settings.topics.inbox
     records = [OutRecord(inbox, c.session_id.encode(), codec.encode(c)) for c in commands]
-    progress = Progress(Counter(dict.fromkeys(ids, plan.turns)), len(commands))
-    killing = Killing(fleet, plan, log)
+    progress = Progress(Counter(dict.fromkeys(ids, plan.turns)), len(commands), ids)
+    killing = Killing(fleet, plan, log, settings)
     step = max(1, len(commands) // 10)
     started = time.perf_counter()
 
@@ -296,7 +323,10 @@ def _figures(plan: ScaleOutPlan, progress: Progress, killing: Killing, elapsed: 
         "partitions_moved": len(killing.moved_partitions),
         "transactions": summed["transactions"],
         "events_per_transaction": round(progress.events / max(summed["transactions"], 1), 1),
-        "sessions_moved": summed["sessions_rebuilt"], "turns_repaired": summed["turns_repaired"],
+        # Loaded by a survivor: busy at its takeover, or idle and then given a command.
+        "sessions_moved": summed["sessions_rebuilt"] + summed["sessions_loaded"],
+        "turns_after_kill": len(killing.late_sessions),
+        "turns_repaired": summed["turns_repaired"],
         "session_failures": summed["session_failures"], "dead_letters": summed["dead_letters"],
         **{k: round(v, 1) for k, v in takeover.items()},
         "driver_resume_s": round(max(resumed) / 1000, 1) if resumed else None,

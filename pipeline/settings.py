@@ -106,6 +106,7 @@ class Settings:
     dashboard_token: Secret = Secret("")
     dashboard_tls_cert: str = ""
     dashboard_tls_key: str = ""
+    dashboard_processors_url: str = ""
     processors_web_port: int = 6066
     driver_metrics_port: int = 9464
     state_dir: str = ".cache/state"

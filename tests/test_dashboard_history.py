@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -274,3 +275,71 @@ def _sessions_command_lists(settings: Settings, history: dict[str, list[Any]],
     assert table[0].split()[:2] == ["session", "state"]
     assert [line.split()[0] for line in table[1:4]] == [r["session_id"] for r in rows[:3]]
     assert table[-1] == "3 sessions"
+
+
+async def test_a_session_page_starts_from_the_processors_tables(
+        history_settings: Settings, worker: Worker) -> None:
+    """With ``DSH_DASHBOARD_PROCESSORS_URL`` the page reads no derived record: the owning
+    worker answers the live surface and its committed offset, the page reads the session
+    topic from there, and a live turn continues it with every event once. A dashboard whose
+    processors do not answer says why and reads the derived-messages topic instead."""
+    settings = history_settings
+    await ensure_topics(settings)
+    history = generated_sessions(6, 10, "deepseek", ["chat-1"], int(time.time() * 1000) - 60_000)
+    for session_id, events in history.items():
+        await publish(settings, session_id, events)
+    worker.wait_ready()
+    chosen = sorted(history)[2]
+    last_seq = history[chosen][-1].seq
+
+    def page_vouched() -> bool:
+        status, body = worker.get(f"/sessions/{chosen}/page")
+        return status == 200 and body["nextSeq"] == last_seq + 1
+    worker.wait_for("the owning worker to vouch for the session's page", page_vouched, 120)
+    ends, _ = await _ends_and_last_surface(settings, chosen)
+
+    with_processors = dataclasses.replace(settings,
+                                          dashboard_processors_url=worker.url(""))
+    dashboard = await start_dashboard(with_processors, EventSerde().decode,
+                                      host="127.0.0.1", port=0)
+    try:
+        frames = await read_sse(dashboard.url + f"api/stream/sessions/{chosen}", {},
+                                until=lambda m: any(n == "caught-up" for n, _ in m))
+        (name, snapshot), (_, caught) = frames[0], frames[-1]
+        assert name == "snapshot" and snapshot["basis"] == "processors", snapshot
+        assert snapshot["recordsRead"] == 0 and snapshot["processorsRefused"] is None
+        assert snapshot["messages"] == list(derive_messages(history[chosen]))
+        assert snapshot["atSeq"] == last_seq and caught["nextSeq"] == last_seq + 1
+        partition = snapshot["partition"]
+        assert 0 < snapshot["fromOffset"] <= ends[partition]  # the committed offset
+        assert [n for n, _ in frames] == ["snapshot", "caught-up"]  # nothing re-sent
+
+        live = LiveSession(chosen)
+        live.events = list(history[chosen])
+        live.sent = len(live.events)
+        live.turn = max(int(e.data["turn"]) for e in history[chosen] if e.type == "turn/start")
+        live.start_turn("and now?")
+        live.finish(live.answer(["live"]), "live", {"inputTokens": 3, "outputTokens": 1})
+        live.end_turn()
+        new = live.take()
+        frames_live = await _after_publish(dashboard.url, chosen, settings, new, len(new))
+        assert [f["seq"] for n, f in frames_live if n == "event"] == [e.seq for e in new]
+        _, _, body = await aget(dashboard.url + "health")
+        reads = json.loads(body)["sessionTopicReads"]["first"]
+        assert int(reads[str(partition)]) >= snapshot["fromOffset"]
+    finally:
+        await dashboard.stop()
+
+    unanswered = dataclasses.replace(settings,
+                                     dashboard_processors_url=f"http://127.0.0.1:{free_port()}")
+    dashboard = await start_dashboard(unanswered, EventSerde().decode, host="127.0.0.1", port=0)
+    try:
+        frames = await read_sse(dashboard.url + f"api/stream/sessions/{chosen}", {},
+                                until=lambda m: any(n == "caught-up" for n, _ in m))
+        snapshot = frames[0][1]
+        assert snapshot["basis"] == "derived" and snapshot["recordsRead"] > 0
+        assert "did not answer" in snapshot["processorsRefused"]
+        derived = list(derive_messages(history[chosen]))
+        assert snapshot["messages"][:len(derived)] == derived
+    finally:
+        await dashboard.stop()

@@ -233,6 +233,13 @@ def test_registry_url_points_at_the_registry_service() -> None:
     assert url.path == "/apis/ccompat/v7"
 
 
+def test_the_dashboard_asks_the_processors_service_on_its_web_port() -> None:
+    services = load_compose({})["services"]
+    url = urlparse(service_env(services["dashboard"])["DSH_DASHBOARD_PROCESSORS_URL"])
+    container_port = services["processors"]["ports"][0].split(":")[-1]
+    assert (url.scheme, url.hostname, str(url.port)) == ("http", "processors", container_port)
+
+
 # --- the driver's provider choice, run for real through the service's entrypoint ----------
 
 def run_driver_entrypoint(env: Mapping[str, str]) -> dict[str, str]:

@@ -406,6 +406,16 @@ def test_processors_bind_where_probes_and_other_workers_reach_them() -> None:
     assert args[args.index("--store") + 1] == "rocksdb://"
 
 
+def test_the_dashboard_asks_the_processors_service_on_its_web_port() -> None:
+    (dashboard,) = containers(named("Deployment", "dashboard"))
+    url = next(e["value"] for e in env_vars(dashboard)
+               if e["name"] == "DSH_DASHBOARD_PROCESSORS_URL")
+    (processors,) = containers(named("StatefulSet", "processors"))
+    service = named("Service", "processors")
+    assert url == f"http://{service['metadata']['name']}:{port_named(processors, 'web')}"
+    assert any(p["port"] == port_named(processors, "web") for p in service["spec"]["ports"])
+
+
 def test_registry_probes_use_apicurios_management_port() -> None:
     (container,) = containers(named("Deployment", "registry"))
     env = {e["name"]: e.get("value") for e in env_vars(container)}

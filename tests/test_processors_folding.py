@@ -7,6 +7,7 @@ crash consistency (replaying any suffix of the input changes nothing) and the pe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ from pipeline.adapters.kafka.records import InboxRecord, OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import OUTPUT_SCHEMAS, OutputCodecs, OutputDecoder
 from pipeline.codec.records import event_headers, record_key
+from pipeline.core.errors import BrokerError
 from pipeline.core.events import Event, Replace
 from pipeline.core.log import derive_messages
 from pipeline.core.projection import rebuild_conversations
@@ -26,6 +28,7 @@ from pipeline.core.usage import TokenCounts, UsageSample, UsageScan, session_rec
 from pipeline.services.processors.aggregation import IDLE_TICK_MS, UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import SessionFolder
+from pipeline.services.processors.session_page import page_answer
 from pipeline.services.processors.session_state import SessionState, SessionTables
 from pipeline.services.processors.web import session_messages
 from pipeline.settings import TopicNames
@@ -488,3 +491,59 @@ async def test_outputs_are_avro_records_that_decode_to_core_folds(registry: bool
         scan.add_log(sid, events)
         assert last[(TOPICS.usage, f"session/{sid}")] == session_record(
             sid, scan.by_session[sid])
+
+
+def page_holds(harness: Harness, records: list[InboxRecord], logs: dict[str, list[Event]],
+               committed: int) -> None:
+    """The page answer of every session keeps its rule: every event of the session below
+    ``fromOffset`` is in the answer (seq < nextSeq), the events from there on continue it
+    without a hole, and its messages are core's derivation of the events it holds."""
+    for sid, events in logs.items():
+        body = page_answer(harness.tables, harness.folder, sid, 0, committed)
+        assert body is not None
+        next_seq, from_offset = body["nextSeq"], body["fromOffset"]
+        assert isinstance(next_seq, int) and isinstance(from_offset, int)
+        ours = [(r.offset, int(dict(r.headers)["dsh.seq"])) for r in records
+                if r.key == record_key(sid)]
+        assert all(seq < next_seq for offset, seq in ours if offset < from_offset), sid
+        later = [seq for offset, seq in ours if offset >= from_offset and seq >= next_seq]
+        assert later == list(range(next_seq, next_seq + len(later))), sid
+        messages = [m for m in body["messages"] if m is not None]   # type: ignore[union-attr]
+        assert messages == list(derive_messages(events[:next_seq])), sid
+
+
+async def test_a_dashboard_page_answer_holds_at_every_await_and_after_a_give_up() -> None:
+    """``GET /sessions/{id}/page``'s answer, read at every send of the folds (other tasks
+    run there), and after a batch that fails part way (its cached states given up)."""
+    logs = sessions(21, 3)
+    harness = Harness()
+    records = [harness.record(sid, e) for sid, events in logs.items() for e in events]
+    records.sort(key=lambda r: (int(dict(r.headers)["dsh.seq"]), r.key or b""))
+    records = [dataclasses.replace(r, offset=n) for n, r in enumerate(records)]
+    committed, checks = 0, 0
+
+    async def checking_send(out: OutRecord) -> None:
+        nonlocal checks
+        page_holds(harness, records, logs, committed)
+        checks += 1
+
+    harness.folder.send = checking_send
+    parts = batches(records, 29)
+    for part in parts[:len(parts) // 2]:
+        await harness.feed_batch(part)
+        committed = part[-1].offset + 1
+    assert harness.folder.folded_to == {0: committed - 1}
+
+    async def failing_send(out: OutRecord) -> None:
+        raise BrokerError("the broker went away")
+    harness.folder.send = failing_send
+    with pytest.raises(BrokerError):
+        await harness.folder.handle_batch(parts[len(parts) // 2])
+    assert harness.folder.folded_to == {}     # no longer vouched for: the committed offset is
+    page_holds(harness, records, logs, committed)
+    harness.folder.send = checking_send
+    for part in parts[len(parts) // 2:]:      # read again from the committed offset
+        await harness.feed_batch(part)
+        committed = part[-1].offset + 1
+    page_holds(harness, records, logs, committed)
+    assert checks > 20

@@ -50,6 +50,10 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "dashboard_token": "Bearer token the dashboard requires (secret); empty: no auth.",
     "dashboard_tls_cert": "PEM certificate (chain) file: the dashboard serves HTTPS only.",
     "dashboard_tls_key": "PEM private key file of DSH_DASHBOARD_TLS_CERT.",
+    "dashboard_processors_url": "Base URL of the processors workers' HTTP views (e.g. "
+                                "`http://processors:6066`): a session page starts from the "
+                                "owning worker's tables, reading no derived record; empty: "
+                                "from the derived-messages topic.",
     "processors_web_port": "HTTP port of a processors worker (`/health`, `/metrics`, tables).",
     "driver_metrics_port": "HTTP port of the driver's `/health` and `/metrics`.",
     "state_dir": "Directory of the processors' local table state (RocksDB); keep it on a "

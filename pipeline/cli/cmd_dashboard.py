@@ -5,7 +5,8 @@ version) and only the live tail of the session topic (never its history; a proce
 worker must run, the page says when none does), listens on
 ``DSH_DASHBOARD_HOST``:``DSH_DASHBOARD_PORT`` (``--host``/``--port`` win) and prints the URL.
 With ``DSH_DASHBOARD_TOKEN`` set every request but ``/health`` needs the token (bearer, or the
-password of basic auth). Stops on SIGINT/SIGTERM.
+password of basic auth). With ``DSH_DASHBOARD_PROCESSORS_URL`` (``--processors-url``) a
+session page starts from the owning processors worker's tables. Stops on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 from typing import Any
@@ -33,12 +35,19 @@ def register(subparsers: Any) -> None:
                        host_help="interface the dashboard binds to (default: "
                                  "DSH_DASHBOARD_HOST)",
                        port_help="port (default: DSH_DASHBOARD_PORT; 0 picks a free one)")
+    parser.add_argument("--processors-url", metavar="URL",
+                        help="base URL of the processors workers' HTTP views, e.g. "
+                             "http://127.0.0.1:6066: a session page starts from the owning "
+                             "worker's tables instead of reading the derived-messages topic "
+                             "(default: DSH_DASHBOARD_PROCESSORS_URL; empty: the topic)")
     add_logging_options(parser)
     parser.set_defaults(func=run_dashboard)
 
 
 def run_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     configure_logging(args)
+    if args.processors_url is not None:
+        settings = dataclasses.replace(settings, dashboard_processors_url=args.processors_url)
     asyncio.run(_serve(settings, args.host, args.port))
     return 0
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.acls import acl_plan
 from pipeline.adapters.localstack.artifacts import CHECKOUT_ROOT, Artifacts, ensure_artifacts
+from pipeline.adapters.localstack.process import free_ports
 from pipeline.adapters.localstack.roundtrip import Record, publish_and_read_back
 from pipeline.adapters.localstack.security import ROLES, SecureSetup
 from pipeline.adapters.localstack.stack import LocalStack
@@ -123,14 +125,18 @@ def _with_dashboard(settings: Settings, sessions: dict[str, list[Event]],
 
     report = asyncio.run(ensure_topics(settings))
     _progress(f"topics: {len(report.created)} created, {len(report.existing)} existing")
-    with BackgroundDashboard(role("dashboard"), EventSerde().decode) as url:
+    # The fleet's processors worker answers the dashboard's session pages from its tables.
+    port = free_ports(1)[0] if args.sessions > 0 else None
+    viewer = role("dashboard") if port is None else dataclasses.replace(
+        role("dashboard"), dashboard_processors_url=f"http://127.0.0.1:{port}")
+    with BackgroundDashboard(viewer, EventSerde().decode) as url:
         _progress(f"dashboard: {url}  (open it to watch the fleet)")
         summary: dict[str, object] = {}
         ok = _roundtrip(role("ingest"), sessions, summary)
         if args.sessions > 0:
             figures = asyncio.run(run_demo_fleet(settings, sessions, sessions=args.sessions,
                                                  turns=args.turns, progress=_progress,
-                                                 roles=roles))
+                                                 roles=roles, processors_port=port))
             summary.update(figures)
             ok = ok and all(figures[k] == 0 for k in (
                 "invalid_logs", "session_failures", "derived_mismatches", "usage_mismatches"))

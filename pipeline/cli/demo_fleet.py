@@ -48,13 +48,15 @@ def turn_text(session_id: str, turn: int) -> str:
 
 async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[Event]], *,
                          sessions: int, turns: int, progress: Progress,
-                         roles: Mapping[str, Settings] | None = None) -> dict[str, object]:
+                         roles: Mapping[str, Settings] | None = None,
+                         processors_port: int | None = None) -> dict[str, object]:
     """Run the fleet, verify everything, return the summary's figures. ``roles``: each
-    role's settings (its own principal on a secure stack); missing roles use ``settings``."""
+    role's settings (its own principal on a secure stack); missing roles use ``settings``.
+    ``processors_port``: the worker's web port (default: a free one)."""
     def role(name: str) -> Settings:
         return (roles or {}).get(name, settings)
 
-    port = free_ports(1)[0]
+    port = processors_port or free_ports(1)[0]
     log_path = Path(settings.state_dir) / "demo-processors.log"
     worker = start_processors(role("processors"), port, log_path)
     progress(f"processors worker starting (log: {log_path})")

@@ -177,6 +177,15 @@ def fetch_again(app: Any, topic: str, partition: int) -> int:
     return consumer.fetch_again(TP(topic, partition))
 
 
+def committed_offset(app: Any, topic: str, partition: int) -> int | None:
+    """The partition's committed offset as this worker knows it (the next offset to read:
+    what it seeked to at assignment, or last committed), None when it has none."""
+    consumer = app.consumer
+    if not isinstance(consumer, BatchingConsumer):
+        return None
+    return private_api.committed_offsets(consumer).get(TP(topic, partition))
+
+
 def awaiting_recovery_seek(app: Any) -> bool:
     """Whether the batched partitions assigned last wait for recovery's seek (*Records
     fetched before the seek*): not consumed yet."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from pipeline.adapters.kafka.event_stream import Decoder
+from pipeline.adapters.processors_web import ProcessorsWeb
 from pipeline.core.errors import ConfigError
 from pipeline.services.dashboard.service import DashboardConfig, DashboardService
 from pipeline.services.dashboard.web import build_app
@@ -34,6 +35,8 @@ async def start_dashboard(settings: Settings, decode: Decoder, *, host: str | No
     """Start the loops and listen on ``host:port`` (port 0: a free one, see ``url``)."""
     tls = _tls_context(settings)
     service = DashboardService(settings, decode, config)
+    if settings.dashboard_processors_url:
+        service.processors_web = ProcessorsWeb(settings.dashboard_processors_url)
     app = build_app(service, settings.dashboard_token)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
     await runner.setup()

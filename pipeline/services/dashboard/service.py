@@ -36,6 +36,7 @@ from pipeline.adapters.kafka.event_stream import Decoder
 from pipeline.adapters.kafka.groups import group_members
 from pipeline.adapters.kafka.records import InboxRecord
 from pipeline.adapters.metrics.consumer_lag import ConsumerLagProbe, leaders_ready
+from pipeline.adapters.processors_web import ProcessorsWeb
 from pipeline.adapters.registry.outputs import output_decoder
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import FLEET_STATUS, USAGE_RECORD, OutputDecoder
@@ -139,6 +140,7 @@ class DashboardService:
         self.processors_check = ProcessorsCheck(int(self.config.starting_grace_s * 1000))
         self.ready_s: float | None = None       # seconds from start to the fleet shown
         self.tail_start: dict[int, int] = {}    # partition -> the end the tail started at
+        self.processors_web: ProcessorsWeb | None = None  # session pages' first source
         self.reads = SessionTopicReads()
         self.events_read = 0
         self.problems: list[str] = []           # the last undecodable records, described
@@ -161,6 +163,8 @@ class DashboardService:
         for task in await cancel_until_done(tasks):
             if not task.cancelled() and task.exception() is not None:
                 log.warning("dashboard loop ended with %r", task.exception())
+        if self.processors_web is not None:
+            await self.processors_web.close()
 
     @property
     def processors_error(self) -> str | None:

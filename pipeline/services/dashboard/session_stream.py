@@ -32,6 +32,9 @@ from pipeline.services.dashboard.service import DashboardService
 from pipeline.services.dashboard.session_start import SessionStart, session_start
 from pipeline.services.dashboard.sse import HEARTBEAT_S, frame, heartbeat
 
+# The snapshots that name the seq the page continues with (the others take what comes).
+EXACT_BASES = frozenset({"processors", "derived"})
+
 
 @dataclass(slots=True)
 class Transcript:
@@ -50,7 +53,7 @@ class Transcript:
 
     @classmethod
     def after(cls, start: SessionStart, send_from: int) -> Transcript:
-        next_seq = start.at_seq + 1 if start.basis == "derived" else None
+        next_seq = start.at_seq + 1 if start.basis in EXACT_BASES else None
         return cls(start.session_id, send_from, next_seq,
                    # the snapshot does not say which nodes are tool results: the viewer
                    # leaves the tool-result replacement rules to the processors
@@ -94,7 +97,7 @@ async def stream_session(response: web.StreamResponse, service: DashboardService
     subscriber = service.hub.subscribe_session(session_id)
     try:
         start = await session_start(service, session_id)
-        if resume is not None and resume >= start.at_seq and start.basis == "derived":
+        if resume is not None and resume >= start.at_seq and start.basis in EXACT_BASES:
             transcript = Transcript.after(start, resume + 1)
         else:
             transcript = Transcript.after(start, start.at_seq + 1)

@@ -8,6 +8,8 @@ Run a worker::
 HTTP (any worker answers; per-session requests are forwarded to the owning worker)::
 
     GET /sessions/{id}/messages[?at_seq=N]   derived messages, now or as of event N
+    GET /sessions/{id}/page                  a dashboard page's start (surface, next seq,
+                                             committed offset; :mod:`.session_page`)
     GET /usage/sessions/{id}                 session usage (gen_ai.* and dsh.usage.* counts)
     GET /fleet/sessions/{id}                 session status: idle / in-turn, turn, step, ...
     GET /fleet, GET /usage/models            counters / model totals of this worker's partitions

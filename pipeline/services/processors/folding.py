@@ -163,6 +163,9 @@ class SessionFolder:
         self.usage_topic = usage_topic
         self.counters = counters
         self.states: dict[str, SessionState] = {}  # decoded, as folded so far; see forget()
+        # partition -> the last offset of its last batch folded whole: every record up to
+        # it is in ``states`` or the tables (dropped with any cached state given up).
+        self.folded_to: dict[int, int] = {}
         self.deliveries: list[Awaitable[object]] = []  # this batch's unacknowledged outputs
         self.book = ChangeBook(counters, self._drop_sessions)
         self.dead_letters = DeadLetterBook(dead_lettered, dead_letter_sink,
@@ -189,6 +192,7 @@ class SessionFolder:
             dropped = self.book.give_up_all()
             self.tables.chunks.clear()
             self.states.clear()
+            self.folded_to.clear()
             self.deliveries.clear()
             self.dead_letters.forget()
         if dropped:
@@ -232,6 +236,7 @@ class SessionFolder:
                     batch, source_headers(first.partition, records[-1].offset))
                 await self.dead_letters.write_batch(first.partition)
                 self._finish(batch, first.partition, done)
+                self.folded_to[first.partition] = records[-1].offset
             except BaseException:
                 # The cached states of the partition may hold changes half made: the
                 # partition's unpersisted batches are given up with this one.
@@ -244,6 +249,7 @@ class SessionFolder:
     def _drop_sessions(self, session_ids: Iterable[str]) -> None:
         """Forget what the folds cached of these sessions: they continue from their table
         records, or from what a persist holds for them and has not written yet."""
+        self.folded_to.clear()   # no longer vouched for: the committed offsets still are
         for session_id in session_ids:
             self.states.pop(session_id, None)
             self.tables.chunks.pop(session_id, None)

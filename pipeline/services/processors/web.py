@@ -6,6 +6,11 @@ Per-session views are routed by faust to the worker that owns the session's part
     GET /sessions/{id}/messages[?at_seq=N]   derived messages (now, or as of event N: read
                                              back from the session topic, see
                                              :func:`messages_at`)
+    GET /sessions/{id}/page                  where a dashboard session page starts: the
+                                             live surface, the next seq and the committed
+                                             offset after which the rest follows (503
+                                             when the worker cannot vouch for it; see
+                                             :mod:`.session_page`)
     GET /fleet/sessions/{id}                 one session's fleet status
     GET /usage/sessions/{id}                 one session's usage (OTel names + dsh counts)
     GET /fleet                               counters over the sessions this worker owns
@@ -28,6 +33,7 @@ from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.usage import session_record
 from pipeline.services.processors.metrics import processors_registry
+from pipeline.services.processors.session_page import session_page
 from pipeline.services.processors.session_state import SessionState, next_expected
 from pipeline.services.processors.worker import Processors
 
@@ -151,6 +157,12 @@ def register_views(processors: Processors) -> None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
         return view.json(body)
 
+    async def page(view: Any, request: Any, session_id: str) -> Any:
+        body, reason = session_page(processors, session_id)
+        if body is None:
+            return view.error(503, reason)
+        return view.json(body)
+
     async def fleet_session(view: Any, request: Any, session_id: str) -> Any:
         state = current_state(processors, session_id)
         if state is None:
@@ -164,6 +176,7 @@ def register_views(processors: Processors) -> None:
         return view.json(session_record(session_id, state.usage.totals))
 
     _routed(processors, "/sessions/{session_id}/messages", tables.sessions, messages)
+    _routed(processors, "/sessions/{session_id}/page", tables.sessions, page)
     _routed(processors, "/fleet/sessions/{session_id}", tables.sessions, fleet_session)
     _routed(processors, "/usage/sessions/{session_id}", tables.sessions, usage_session)
     _register_worker_views(processors)

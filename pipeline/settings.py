@@ -118,6 +118,7 @@ class Settings:
     mcp_config: str = ""
     tool_timeout: float = 60.0
     driver_idle_evict: float = 600.0
+    provider_limits: str = ""
 
     @property
     def topics(self) -> TopicNames:

@@ -7,6 +7,7 @@ scripted per test (see that module). Kept as a module of its own so tests import
 
 from pipeline.adapters.chaos.provider_server import (
     LLMTestServer,
+    RateLimits,
     RecordedRequest,
     ScriptedResponse,
     SSEEvent,
@@ -15,5 +16,5 @@ from pipeline.adapters.chaos.provider_server import (
     tool_call_part,
 )
 
-__all__ = ["LLMTestServer", "RecordedRequest", "SSEEvent", "ScriptedResponse", "chat_chunk",
-           "error_body", "tool_call_part"]
+__all__ = ["LLMTestServer", "RateLimits", "RecordedRequest", "SSEEvent", "ScriptedResponse",
+           "chat_chunk", "error_body", "tool_call_part"]

@@ -75,6 +75,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "driver_idle_evict": "Seconds a driven session stays in the driver's memory with no turn "
                          "running and no command; then it is evicted and loaded again from "
                          "its checkpoint by its next command (docs/driver-state.md).",
+    "provider_limits": "Provider rate limits shared by the driver fleet: a JSON object, or "
+                       "the path of a JSON file, e.g. `{\"deepseek/deepseek-chat\": "
+                       "{\"requests_per_minute\": 500, \"tokens_per_minute\": 1000000}, "
+                       "\"tenants\": {\"acme\": {\"weight\": 2}}}` "
+                       "(docs/provider-limits.md); empty: no limits.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

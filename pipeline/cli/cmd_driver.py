@@ -18,6 +18,7 @@ import json
 import signal
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
@@ -47,6 +48,7 @@ from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
+from pipeline.core.rate_budget import ProviderLimits, parse_limits
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.core.turn_history import History
 from pipeline.services.driver.checkpointing import CheckpointStore
@@ -54,6 +56,7 @@ from pipeline.services.driver.http_status import StatusServer
 from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION, PartitionSink
 from pipeline.services.driver.mcp_tools import McpTools
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
+from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.spill import kafka_spill_policy
@@ -172,22 +175,42 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
 
     default_config = SessionConfig(provider=settings.provider, model=settings.model)
     metrics = DriverMetrics()
+    limits = provider_limits_of(settings)
+    gate = ProviderGate(limits) if limits is not None else None
 
     def runner_factory(log: SessionLog, sink: PartitionSink, history: History
                        ) -> SessionRunner:
         admit = sink.admit_step if steps_per_transaction > 0 else None
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
                              config=default_config, metrics=metrics.runner, admit=admit,
-                             approvals=approvals, history=history)
+                             approvals=approvals, history=history, gate=gate)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
-                            runner_factory=runner_factory, metrics=metrics,
+                            runner_factory=runner_factory, metrics=metrics, gate=gate,
                             checkpoints=CheckpointStore(settings, serde.decode,
                                                         mode=rebuild_mode),
                             linger_ms=linger_ms, pipelined_flush=pipelined_flush,
                             rebuild_mode=rebuild_mode,
                             steps_per_transaction=steps_per_transaction)
+
+
+def provider_limits_of(settings: Settings) -> ProviderLimits | None:
+    """``DSH_PROVIDER_LIMITS``: JSON text, or the path of a JSON file (None: not set)."""
+    raw = settings.provider_limits.strip()
+    if not raw:
+        return None
+    if not raw.startswith("{"):
+        try:
+            raw = Path(raw).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"DSH_PROVIDER_LIMITS file {settings.provider_limits!r} "
+                              f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        decoded = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"DSH_PROVIDER_LIMITS is not JSON: {exc}") from None
+    return parse_limits(decoded)
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,6 +2,7 @@
 
 Responses are scripted (:class:`ScriptedResponse`, queued with :meth:`LLMTestServer.enqueue`):
 SSE ``data: {...}`` events, ``data: [DONE]``, error statuses with JSON bodies and headers,
+rate limits enforced as a provider does (:class:`RateLimits`: ``429`` + ``Retry-After``),
 pauses between events, a connection torn mid-body, a stream that stops sending (for good, or
 for ``hang_s`` seconds and then torn). When the queue is empty a ``responder`` (a callable
 from the request's JSON body to a response) answers, e.g. the chaos campaign's generated
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,11 +100,55 @@ Responder = Callable[[Any], ScriptedResponse]
 """Answers a request (its JSON body) when nothing is scripted."""
 
 
+@dataclass
+class RateLimits:
+    """Requests and input tokens per minute the server allows, enforced as providers
+    describe theirs (a limit of N a minute replenishes continuously, N/60 a second, up to N)
+    and refused as they refuse: ``429`` with ``Retry-After`` and the ``x-ratelimit-*``
+    headers. A request's tokens are its body's size / 4 (what providers estimate first)."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    rejected: int = 0
+    accepted: int = 0
+    _levels: dict[str, float] = field(default_factory=dict)
+    _at: float | None = None
+
+    def admit(self, tokens: int, now: float) -> dict[str, str] | None:
+        """None when the request is allowed (it is counted), else the 429's headers."""
+        limits = {"requests": (self.requests_per_minute, 1),
+                  "tokens": (self.tokens_per_minute, tokens)}
+        for kind, (limit, _) in limits.items():
+            if limit is not None:
+                elapsed = 0.0 if self._at is None else now - self._at
+                self._levels[kind] = min(float(limit), self._levels.get(kind, float(limit))
+                                         + elapsed * limit / 60.0)
+        self._at = now
+        short = {kind: need - self._levels[kind] for kind, (limit, need) in limits.items()
+                 if limit is not None and self._levels[kind] < need}
+        if not short:
+            for kind, (limit, need) in limits.items():
+                if limit is not None:
+                    self._levels[kind] -= need
+            self.accepted += 1
+            return None
+        self.rejected += 1
+        wait = max(missing * 60.0 / float(limits[kind][0] or 1) for kind, missing in short.items())
+        headers = {"Retry-After": str(max(1, int(wait + 0.999)))}
+        for kind, (limit, _) in limits.items():
+            if limit is not None:
+                headers[f"x-ratelimit-remaining-{kind}"] = str(int(self._levels[kind]))
+                full_s = (limit - self._levels[kind]) * 60.0 / limit
+                headers[f"x-ratelimit-reset-{kind}"] = f"{full_s:.3f}s"
+        return headers
+
+
 class LLMTestServer:
     """Start with ``await server.start()``; ``server.base_url`` is then ``http://127.0.0.1:P``."""
 
     def __init__(self, responder: Responder | None = None, *, keep_requests: bool = True,
-                 port: int = 0) -> None:
+                 port: int = 0, limits: RateLimits | None = None) -> None:
+        self.limits = limits
         self.responses: deque[ScriptedResponse] = deque()
         self.requests: list[RecordedRequest] = []
         self.request_count = 0
@@ -139,6 +185,12 @@ class LLMTestServer:
         self.request_count += 1
         if self._keep_requests:
             self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        if self.limits is not None:
+            refused = self.limits.admit(max(1, len(raw) // 4), time.monotonic())
+            if refused is not None:
+                return web.Response(status=429, headers=refused, content_type="application/json",
+                                    text=error_body("Rate limit reached for requests",
+                                                    "rate_limit_error"))
         if self.responses:
             scripted = self.responses.popleft()
         elif self.responder is not None:

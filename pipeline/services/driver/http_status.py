@@ -22,7 +22,8 @@ from prometheus_client.registry import Collector
 from pipeline.adapters.metrics.http import Health, StatusHttpServer
 
 GAUGES: Final = frozenset({"partitions_owned", "turns_in_flight", "throttled", "ready",
-                           "sessions_in_memory", "sessions_indexed"})
+                           "sessions_in_memory", "sessions_indexed", "provider_waiting",
+                           "provider_wait_ms_longest"})
 Snapshot = Callable[[], Mapping[str, int]]
 Rendered = Callable[[], str]
 

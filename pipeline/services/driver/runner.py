@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError, EventError, ProviderError
-from pipeline.core.events import Event, JsonValue
+from pipeline.core.events import Event, JsonValue, dumps_json
 from pipeline.core.inbox import Configure, InboxCommand
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
+from pipeline.core.rate_budget import estimated_tokens
 from pipeline.core.turn_effects import (
     AwaitApproval,
     CallModel,
@@ -52,6 +53,7 @@ from pipeline.core.turn_history import History
 from pipeline.core.turn_machine import TurnMachine
 from pipeline.services.driver.hooks import PreStepContext, PreStepHook, run_pre_step_hooks
 from pipeline.services.driver.metrics import RunnerMetrics
+from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.services.driver.tools import ToolRegistry
 
 
@@ -113,14 +115,15 @@ class SessionRunner:
                  request_check: Callable[[ModelRequest], ModelRequest] | None = None,
                  metrics: RunnerMetrics | None = None,
                  admit: Callable[[], Awaitable[None]] | None = None,
-                 approvals: ApprovalRules | None = None, history: History | None = None
-                 ) -> None:
+                 approvals: ApprovalRules | None = None, history: History | None = None,
+                 gate: ProviderGate | None = None) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
         ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
         ``admit``: awaited before each step begins (the Kafka driver's
         ``PartitionSink.admit_step``: a bound on the steps per transaction); None: no wait.
         ``approvals``: which tool calls wait for a person, and for how long.
+        ``gate``: the provider rate budgets a model call waits for (None: none).
         ``history``: what the session's past left (a log resumed from a checkpoint holds
         only its open turn); None: read from ``log``.
 
@@ -128,6 +131,7 @@ class SessionRunner:
         against the log and sent: a rewrite is caught as an ``InvariantViolation``.
         """
         self.session_id = log.session_id
+        self._gate = gate
         if config is not None and config.tools is None:
             config = dataclasses.replace(config, tools=tools.definitions())
         self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry,
@@ -298,8 +302,27 @@ class SessionRunner:
         self.machine.check_request(request)  # the invariant: raises InvariantViolation
         await self._interruptibly(self._stream(request))
 
+    async def _granted(self, request: ModelRequest) -> int:
+        """Wait for the provider budget's grant (no connection is held meanwhile); the
+        input tokens the call was estimated at (0: no budget)."""
+        gate = self._gate
+        if gate is None or gate.budget(request.provider, request.model) is None:
+            return 0
+        size = len(dumps_json(list(request.messages))) + len(request.system or "")
+        estimated = estimated_tokens(size)
+        await gate.acquire(request.provider, request.model, tenant="",
+                           session_id=self.session_id, tokens=estimated)
+        return estimated
+
+    def _rate_limited(self, request: ModelRequest, exc: ProviderError) -> None:
+        if self._gate is not None and exc.code == "RATE_LIMIT":
+            retry_ms = exc.retry_after_ms if exc.retry_after_ms is not None else 1000
+            self._gate.retry_after(request.provider, request.model, retry_ms / 1000)
+
     async def _stream(self, request: ModelRequest) -> None:
         machine = self.machine
+        estimated = await self._granted(request)
+        reported: int | None = None
         started = self._metrics.monotonic() if self._metrics is not None else 0.0
         try:
             chunks = self._provider(request).stream(request)
@@ -314,14 +337,18 @@ class SessionRunner:
                 except EventError as exc:  # the provider sent something the log refuses
                     raise ProviderError(f"the provider sent an invalid chunk: {exc}",
                                         code="INVALID_RESPONSE") from exc
+                reported = _input_tokens(chunk, reported)
                 await self._publish()
         except ProviderError as exc:
             self._record_call(request, started, exc.code)
+            self._rate_limited(request, exc)
             machine.stream_failed(exc, self._clock(), jitter=self._jitter())
         else:
             self._record_call(request, started, None)
             machine.stream_ended(self._clock())
         finally:  # release the provider's connection even when cancelled mid-stream
+            if estimated and reported is not None and self._gate is not None:
+                self._gate.settle(request.provider, request.model, estimated, reported)
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -365,6 +392,16 @@ class SessionRunner:
         return call, await self._tools.run(call.name, call.arguments)
 
 
+def _input_tokens(chunk: dict[str, JsonValue], found: int | None) -> int | None:
+    """The input tokens a ``usage`` chunk reports (cached ones included), else ``found``."""
+    usage = chunk.get("usage") if chunk.get("type") == "usage" else None
+    if not isinstance(usage, dict):
+        return found
+    total = sum(v for k in ("inputTokens", "cacheReadTokens", "cacheWriteTokens")
+                if isinstance(v := usage.get(k), int))
+    return total or found
+
+
 def _being_cancelled(loop: asyncio.AbstractEventLoop) -> bool:
     task = asyncio.current_task(loop)
     return task is not None and task.cancelling() > 0
@@ -392,12 +429,14 @@ class Driver:
                  retry: RetryPolicy | None = None, new_id: Callable[[], str] = uuid_id,
                  jitter: Callable[[], float] = random.random,
                  metrics: RunnerMetrics | None = None,
-                 approvals: ApprovalRules | None = None) -> None:
+                 approvals: ApprovalRules | None = None,
+                 gate: ProviderGate | None = None) -> None:
         self.sink: EventSink = sink if sink is not None else MemorySink()
         self._options: Mapping[str, Any] = {
             "provider_factory": provider_factory, "tools": tools, "sink": self.sink,
             "clock": clock, "hooks": hooks, "config": config, "retry": retry,
-            "new_id": new_id, "jitter": jitter, "metrics": metrics, "approvals": approvals}
+            "new_id": new_id, "jitter": jitter, "metrics": metrics, "approvals": approvals,
+            "gate": gate}
         self._clock = clock
         self.runners: dict[str, SessionRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}

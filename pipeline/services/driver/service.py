@@ -169,6 +169,12 @@ class DriverService:
         snap["turns_in_flight"] = self.turns_in_flight
         snap["throttled"] = int(self._throttled)
         snap["ready"] = int(self.ready.is_set())
+        gate = self.ctx.gate
+        if gate is not None:   # calls waiting for the provider's budget, and how long they did
+            snap["provider_waiting"] = gate.counters.waiting
+            snap["provider_grants"] = gate.counters.grants
+            snap["provider_wait_ms"] = int(gate.counters.waited_s * 1000)
+            snap["provider_wait_ms_longest"] = int(gate.counters.longest_wait_s * 1000)
         return snap
 
     # -- group membership ----------------------------------------------------------------
@@ -181,6 +187,8 @@ class DriverService:
         assigned = set(partitions)
         log.info("inbox partitions assigned: %s", sorted(assigned))
         self._assigned = assigned
+        if self.ctx.gate is not None and assigned:   # the fleet's limits, shared by partitions
+            self.ctx.gate.reshare(len(assigned) / self.ctx.settings.partitions)
         self._given_up.clear()
         self._rejoining = False
         for partition in sorted(set(self.owned) - assigned):

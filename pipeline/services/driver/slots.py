@@ -16,6 +16,7 @@ from pipeline.core.turn_history import History
 from pipeline.services.driver.checkpointing import CheckpointStore
 from pipeline.services.driver.kafka_sink import EventEncoder, PartitionSink
 from pipeline.services.driver.metrics import RunnerMetrics
+from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.settings import Settings
 
 
@@ -97,6 +98,7 @@ class PartitionContext:
     runner_factory: RunnerFactory
     metrics: DriverMetrics
     checkpoints: CheckpointStore
+    gate: ProviderGate | None = None   # provider rate budgets, shared by partitions owned
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit

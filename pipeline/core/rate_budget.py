@@ -1,0 +1,296 @@
+"""Provider rate budgets: token buckets per (provider, model), shared fairly (issue 30).
+
+Pure and synchronous: time is a number the caller passes (``now``, seconds on a monotonic
+clock), nothing sleeps. An adapter turns :meth:`RateBudget.next_grant` into awaits.
+
+Rules this module keeps:
+
+- A budget has two buckets, requests and tokens per minute, each holding at most one
+  minute of its (share of the) limit and refilling continuously, at ``HEADROOM`` of it. A
+  call takes one request and its *estimated* input tokens before it is made;
+  :meth:`RateBudget.settle` corrects the tokens bucket by what the provider reported (the
+  bucket may go below zero: later calls wait until it has refilled).
+- ``share`` is this process's part of a fleet-wide limit (for a driver, its partitions over
+  the topic's): the buckets hold and refill ``share`` of the limit, so the fleet together
+  never exceeds it. A new share takes effect at once, without granting anything twice.
+- The provider's own signals narrow the budget at once: ``Retry-After`` blocks both buckets
+  until then; ``x-ratelimit-remaining-*`` caps a bucket's level (scaled by ``share``, the
+  provider counts the whole fleet's calls) until its ``x-ratelimit-reset-*``.
+- Waiting calls are served fairly: round robin over tenants (weighted), and within a tenant
+  round robin over sessions, each session's calls in order. One tenant with ten times the
+  calls waiting therefore gets one turn in each round, like every other tenant.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from pipeline.core.errors import ConfigError
+
+MINUTE_S = 60.0
+EPSILON = 1e-6
+# The budget grants 95% of a limit: a grant is counted when it is made, the provider counts
+# the request when it arrives (later, and later still in a burst), so a bucket refilling at
+# the full rate runs a little ahead of the provider's and the next grant would be refused.
+HEADROOM = 0.95
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``per_minute`` units a minute, at most a minute's worth held; ``level`` may be < 0."""
+
+    per_minute: float
+    level: float
+    at: float
+    capped_until: float = 0.0   # a provider's reported remaining holds until then
+
+    @classmethod
+    def full(cls, per_minute: float, now: float) -> TokenBucket:
+        return cls(per_minute, per_minute, now)
+
+    def refill(self, now: float) -> None:
+        if now > self.at:
+            if now >= self.capped_until:
+                self.level = min(self.per_minute,
+                                 self.level + (now - self.at) * self.per_minute / MINUTE_S)
+            self.at = now
+
+    def wait_s(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` is available (0: now). An amount above the bucket's size
+        waits for a full bucket: it is granted then, and the level goes below zero."""
+        self.refill(now)
+        wanted = min(amount, self.per_minute)
+        if self.level >= wanted - EPSILON:   # refills are float sums: never wait for dust
+            return 0.0
+        start = max(now, self.capped_until)
+        return start - now + (wanted - self.level) * MINUTE_S / max(self.per_minute, 1e-9)
+
+    def cap(self, remaining: float, until: float, now: float) -> None:
+        """The provider says only ``remaining`` is left until ``until``."""
+        self.refill(now)
+        if remaining < self.level:
+            self.level = remaining
+        self.capped_until = max(self.capped_until, until)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A provider's limits for one model (None: not limited)."""
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"provider limit {name} must be > 0, got {value!r}")
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One call waiting for the budget."""
+
+    tenant: str
+    session_id: str
+    tokens: int      # estimated input tokens
+    number: int = 0  # set by the budget: the order calls arrived in
+
+
+@dataclass(slots=True)
+class _Tenant:
+    weight: int
+    credit: int = 0
+    sessions: OrderedDict[str, deque[Ticket]] = field(default_factory=OrderedDict)
+
+
+class RateBudget:
+    """The budget of one (provider, model): its buckets and its fair queue of waiting calls."""
+
+    def __init__(self, limit: Limit, now: float, *, share: float = 1.0,
+                 weights: dict[str, int] | None = None) -> None:
+        self.limit = limit
+        self.share = share
+        self.weights = {tenant: max(1, int(w)) for tenant, w in (weights or {}).items()}
+        self.requests = self._bucket(limit.requests_per_minute, now)
+        self.tokens = self._bucket(limit.tokens_per_minute, now)
+        self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
+        self._arrived = 0
+
+    def _bucket(self, per_minute: float | None, now: float) -> TokenBucket | None:
+        return None if per_minute is None else TokenBucket.full(
+            per_minute * self.share * HEADROOM, now)
+
+    # --- the queue ---------------------------------------------------------------------
+
+    def enqueue(self, ticket: Ticket) -> Ticket:
+        self._arrived += 1
+        ticket.number = self._arrived
+        tenant = self._tenants.get(ticket.tenant)
+        if tenant is None:
+            tenant = self._tenants[ticket.tenant] = _Tenant(self.weights.get(ticket.tenant, 1))
+        tenant.sessions.setdefault(ticket.session_id, deque()).append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """A waiting call that gave up (its turn was cancelled)."""
+        tenant = self._tenants.get(ticket.tenant)
+        queue = tenant.sessions.get(ticket.session_id) if tenant else None
+        if tenant is None or queue is None or ticket not in queue:
+            return
+        queue.remove(ticket)
+        if not queue:
+            del tenant.sessions[ticket.session_id]
+        if not tenant.sessions:
+            del self._tenants[ticket.tenant]
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for t in self._tenants.values() for q in t.sessions.values())
+
+    def next_grant(self, now: float) -> tuple[Ticket | None, float]:
+        """The call granted now (taken from the queue and the buckets), or None and the
+        seconds until the next one may be (0: nothing waits)."""
+        head = self._head()
+        if head is None:
+            return None, 0.0
+        wait = max(self._wait(self.requests, 1, now), self._wait(self.tokens, head.tokens, now))
+        if wait > 0:
+            return None, wait
+        self._take(head)
+        return head, 0.0
+
+    def _head(self) -> Ticket | None:
+        """The next call in fair order: the first tenant with credit (weighted round robin),
+        its first session's first call."""
+        if not self._tenants:
+            return None
+        while True:
+            for tenant in self._tenants.values():
+                if tenant.credit > 0:
+                    return next(iter(tenant.sessions.values()))[0]
+            for tenant in self._tenants.values():
+                tenant.credit = tenant.weight
+
+    def _take(self, ticket: Ticket) -> None:
+        tenant = self._tenants[ticket.tenant]
+        tenant.credit -= 1
+        queue = tenant.sessions.pop(ticket.session_id)
+        queue.popleft()
+        if queue:
+            tenant.sessions[ticket.session_id] = queue   # to the back: round robin
+        self._tenants.move_to_end(ticket.tenant)
+        if not tenant.sessions:
+            del self._tenants[ticket.tenant]
+        if self.requests is not None:
+            self.requests.level -= 1
+        if self.tokens is not None:
+            self.tokens.level -= ticket.tokens
+
+    @staticmethod
+    def _wait(bucket: TokenBucket | None, amount: int, now: float) -> float:
+        return 0.0 if bucket is None else bucket.wait_s(amount, now)
+
+    # --- what the provider said ----------------------------------------------------------
+
+    def settle(self, estimated: int, reported: int, now: float) -> None:
+        """A call's input tokens as reported: the tokens bucket gives back or takes more."""
+        if self.tokens is not None:
+            self.tokens.refill(now)
+            self.tokens.level += estimated - reported
+
+    def retry_after(self, seconds: float, now: float) -> None:
+        """``Retry-After``: nothing is granted before ``now + seconds``."""
+        for bucket in (self.requests, self.tokens):
+            if bucket is not None:
+                bucket.cap(min(bucket.level, 0.0), now + seconds, now)
+
+    def provider_remaining(self, *, requests: float | None, tokens: float | None,
+                           requests_reset_s: float, tokens_reset_s: float, now: float) -> None:
+        """``x-ratelimit-remaining-*`` with their resets: this process's share of them."""
+        if self.requests is not None and requests is not None:
+            self.requests.cap(requests * self.share, now + requests_reset_s, now)
+        if self.tokens is not None and tokens is not None:
+            self.tokens.cap(tokens * self.share, now + tokens_reset_s, now)
+
+    def reshare(self, share: float, now: float) -> None:
+        """This process's new part of the fleet's limit (a rebalance moved partitions)."""
+        if not 0 < share <= 1:
+            raise ConfigError(f"a budget share must be in (0, 1], got {share!r}")
+        for bucket, per_minute in ((self.requests, self.limit.requests_per_minute),
+                                   (self.tokens, self.limit.tokens_per_minute)):
+            if bucket is not None and per_minute is not None:
+                bucket.refill(now)
+                bucket.per_minute = per_minute * share * HEADROOM
+                bucket.level = min(bucket.level * share / self.share, bucket.per_minute)
+        self.share = share
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderLimits:
+    """``DSH_PROVIDER_LIMITS``: limits by ``provider/model`` (``provider/*`` and ``*`` are
+    defaults, the most specific wins) and tenants' weights in the fair queue."""
+
+    limits: dict[str, Limit] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)
+
+    def limit_of(self, provider: str, model: str) -> Limit | None:
+        for key in (f"{provider}/{model}", f"{provider}/*", "*"):
+            if key in self.limits:
+                return self.limits[key]
+        return None
+
+
+LIMITS_EXAMPLE = ('{"deepseek/deepseek-chat": {"requests_per_minute": 500, '
+                  '"tokens_per_minute": 1000000}, "tenants": {"acme": {"weight": 2}}}')
+
+
+def parse_limits(raw: object) -> ProviderLimits:
+    """The limits of a decoded ``DSH_PROVIDER_LIMITS`` JSON object; ConfigError naming the
+    entry that is wrong."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"DSH_PROVIDER_LIMITS must be a JSON object, e.g. {LIMITS_EXAMPLE}")
+    limits, weights = {}, {}
+    for key, value in raw.items():
+        if key == "tenants":
+            weights = _weights(value)
+            continue
+        if not isinstance(value, dict) or not set(value) <= {"requests_per_minute",
+                                                             "tokens_per_minute"}:
+            raise ConfigError(f"DSH_PROVIDER_LIMITS[{key!r}] must be an object with "
+                              "requests_per_minute and/or tokens_per_minute")
+        if key != "*" and "/" not in key:
+            raise ConfigError(f"DSH_PROVIDER_LIMITS key {key!r} must be provider/model, "
+                              "provider/* or *")
+        limits[key] = Limit(**{name: _number(key, name, v) for name, v in value.items()})
+    return ProviderLimits(limits, weights)
+
+
+def _number(key: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"DSH_PROVIDER_LIMITS[{key!r}].{name} must be a number, got "
+                          f"{value!r}")
+    return float(value)
+
+
+def _weights(raw: object) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise ConfigError('DSH_PROVIDER_LIMITS["tenants"] must be an object of tenants')
+    weights = {}
+    for tenant, entry in raw.items():
+        weight = entry.get("weight") if isinstance(entry, dict) else None
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise ConfigError(f'DSH_PROVIDER_LIMITS["tenants"][{tenant!r}] must be '
+                              '{"weight": N} with N >= 1')
+        weights[str(tenant)] = weight
+    return weights
+
+
+def estimated_tokens(characters: int) -> int:
+    """Input tokens estimated from the request's size before a call (about four characters
+    a token); :meth:`RateBudget.settle` corrects it from what the provider reports."""
+    return max(1, characters // 4)

@@ -1,0 +1,92 @@
+"""Drivers sharing one provider budget (issue 30) against a local server that enforces a
+requests-per-minute limit as providers do (429 + Retry-After + x-ratelimit-*).
+
+Two in-memory drivers, each with its gate at half the fleet's limit (as two drivers owning
+half the partitions each), run more turns than the limit allows at once: none is refused,
+every turn ends, and the calls beyond the first minute's share are spread by the refill.
+The same load without gates is refused by the server: the limit is real."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from llm_server import LLMTestServer, RateLimits, ScriptedResponse, chat_chunk
+
+from pipeline.adapters.llm import DeepSeekProvider
+from pipeline.core.inbox import FollowUp
+from pipeline.core.model import RetryPolicy
+from pipeline.core.rate_budget import Limit, ProviderLimits
+from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.provider_gate import ProviderGate
+from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.tools import builtin_registry
+from pipeline.settings import Secret
+
+LIMIT_RPM = 60        # the fleet's: 30 per driver
+TURNS_PER_DRIVER = 34  # 68 calls: 60 at once, then 8 more spread by the refill (1/s)
+
+
+def answer(_body: Any) -> ScriptedResponse:
+    return ScriptedResponse(events=[chat_chunk(content="ok"), chat_chunk(
+        finish_reason="stop", usage={"prompt_tokens": 20, "completion_tokens": 1})])
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LLMTestServer]:
+    test_server = LLMTestServer(answer, keep_requests=False,
+                                limits=RateLimits(requests_per_minute=LIMIT_RPM))
+    await test_server.start()
+    yield test_server
+    await test_server.stop()
+
+
+async def run_fleet(server: LLMTestServer, gates: list[ProviderGate | None], prefix: str
+                    ) -> list[list[str]]:
+    """One driver per gate, ``TURNS_PER_DRIVER`` sessions each with one turn; every
+    session's turn end reason kinds."""
+    provider = DeepSeekProvider(Secret("sk-budget"), server.base_url, trust_env=False)
+    config = SessionConfig("deepseek", "deepseek-chat")
+    drivers = [Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
+                      config=config, retry=RetryPolicy(max_attempts=1), jitter=lambda: 0.0,
+                      gate=gate) for gate in gates]
+    try:
+        for n, driver in enumerate(drivers):
+            for turn in range(TURNS_PER_DRIVER):
+                driver.submit(FollowUp(f"{prefix}{n}-{turn}", "m0",
+                                       ({"type": "text", "text": "hi"},)))
+        await asyncio.gather(*(driver.drain() for driver in drivers))
+    finally:
+        await provider.aclose()
+    ends = []
+    for driver in drivers:
+        assert isinstance(driver.sink, MemorySink)
+        ends += [[str(e.data["reason"]["kind"]) for e in events  # type: ignore[index]
+                  if e.type == "turn/end"] for events in driver.sink.events.values()]
+    return ends
+
+
+async def test_two_drivers_share_the_limit_and_none_is_refused(server: LLMTestServer) -> None:
+    limits = ProviderLimits({"deepseek/*": Limit(requests_per_minute=LIMIT_RPM)})
+    gates = [ProviderGate(limits, share=0.5), ProviderGate(limits, share=0.5)]
+    started = time.monotonic()
+    ends = await run_fleet(server, list(gates), "shared-")
+    elapsed = time.monotonic() - started
+    assert server.limits is not None
+    assert server.limits.rejected == 0
+    assert ends == [["completed"]] * (2 * TURNS_PER_DRIVER)
+    # 60 at once, the 8 others at the refill's pace (one a second for the fleet): the gates
+    # held them back rather than let the server refuse them.
+    assert sum(g.counters.grants for g in gates) == 2 * TURNS_PER_DRIVER
+    assert max(g.counters.longest_wait_s for g in gates) >= 3.0
+    assert elapsed >= 3.0
+
+
+async def test_the_same_load_without_gates_is_refused(server: LLMTestServer) -> None:
+    ends = await run_fleet(server, [None, None], "free-")
+    assert server.limits is not None
+    assert server.limits.rejected == 2 * TURNS_PER_DRIVER - LIMIT_RPM
+    assert sum(1 for kinds in ends if kinds != ["completed"]) == server.limits.rejected

@@ -9,6 +9,7 @@ The same load without gates is refused by the server: the limit is real."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,9 +18,10 @@ import pytest
 from llm_server import LLMTestServer, RateLimits, ScriptedResponse, chat_chunk
 
 from pipeline.adapters.llm import DeepSeekProvider
+from pipeline.adapters.llm.http_provider import parse_reset_s, rate_signal_of
 from pipeline.core.inbox import FollowUp
 from pipeline.core.model import RetryPolicy
-from pipeline.core.rate_budget import Limit, ProviderLimits
+from pipeline.core.rate_budget import Limit, ProviderLimits, RateSignal
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.services.driver.runner import Driver, MemorySink
@@ -90,3 +92,37 @@ async def test_the_same_load_without_gates_is_refused(server: LLMTestServer) -> 
     assert server.limits is not None
     assert server.limits.rejected == 2 * TURNS_PER_DRIVER - LIMIT_RPM
     assert sum(1 for kinds in ends if kinds != ["completed"]) == server.limits.rejected
+
+
+def test_reset_durations_and_rate_headers_parse_as_providers_send_them() -> None:
+    assert parse_reset_s("6m0s") == 360.0 and parse_reset_s("1.5s") == 1.5
+    assert parse_reset_s("20ms") == pytest.approx(0.02) and parse_reset_s("2") == 2.0
+    assert parse_reset_s(None) == 0.0 and parse_reset_s("soon") == 0.0
+    assert rate_signal_of({"content-type": "x"}) is None
+    assert rate_signal_of({"x-ratelimit-remaining-requests": "7",
+                           "x-ratelimit-reset-requests": "1m30s"}) == RateSignal(
+        requests_remaining=7.0, requests_reset_s=90.0)
+
+
+async def test_every_answers_rate_headers_narrow_the_gate(server: LLMTestServer) -> None:
+    """The provider passes each answer's x-ratelimit-* on: a gate configured above the
+    server's real limit is narrowed to what the server says is left."""
+    limits = ProviderLimits({"deepseek/*": Limit(requests_per_minute=6_000)})
+    gate = ProviderGate(limits)
+    provider = DeepSeekProvider(Secret("sk-budget"), server.base_url, trust_env=False)
+    provider.on_rate_signal = functools.partial(gate.observe, "deepseek")
+    config = SessionConfig("deepseek", "deepseek-chat")
+    driver = Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
+                    config=config, retry=RetryPolicy(max_attempts=1), gate=gate)
+    try:
+        for turn in range(3):
+            driver.submit(FollowUp(f"narrow-{turn}", "m0", ({"type": "text", "text": "hi"},)))
+            await driver.drain()
+    finally:
+        await provider.aclose()
+    budget = gate.budget("deepseek", "deepseek-chat")
+    assert budget is not None and budget.requests is not None
+    # The server (60 a minute) said 57 were left after the third call: the gate, which
+    # thought it had 5,700 a minute, now holds no more than that.
+    assert budget.requests.level <= LIMIT_RPM - 3 + 0.5
+    assert budget.requests.capped_until > 0

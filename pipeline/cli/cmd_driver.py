@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import signal
 import sys
@@ -167,16 +168,19 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
     providers: dict[str, ModelProvider] = {}
+    limits = provider_limits_of(settings)
+    gate = ProviderGate(limits) if limits is not None else None
 
     def provider_factory(provider: str, model: str) -> ModelProvider:
         if provider not in providers:
-            providers[provider] = provider_from_settings(settings, provider, script=script)
+            made = providers[provider] = provider_from_settings(settings, provider,
+                                                                script=script)
+            if gate is not None and hasattr(made, "on_rate_signal"):  # HTTP providers
+                made.on_rate_signal = functools.partial(gate.observe, provider)
         return providers[provider]
 
     default_config = SessionConfig(provider=settings.provider, model=settings.model)
     metrics = DriverMetrics()
-    limits = provider_limits_of(settings)
-    gate = ProviderGate(limits) if limits is not None else None
 
     def runner_factory(log: SessionLog, sink: PartitionSink, history: History
                        ) -> SessionRunner:

@@ -227,6 +227,24 @@ class RateBudget:
         self.share = share
 
 
+@dataclass(frozen=True, slots=True)
+class RateSignal:
+    """What a provider's ``x-ratelimit-*`` headers said about the whole fleet's budget."""
+
+    requests_remaining: float | None = None
+    tokens_remaining: float | None = None
+    requests_reset_s: float = 0.0
+    tokens_reset_s: float = 0.0
+
+
+def observe(budget: RateBudget, signal: RateSignal, now: float) -> None:
+    """Narrow ``budget`` by a provider's signal (:meth:`RateBudget.provider_remaining`)."""
+    budget.provider_remaining(requests=signal.requests_remaining,
+                              tokens=signal.tokens_remaining,
+                              requests_reset_s=signal.requests_reset_s,
+                              tokens_reset_s=signal.tokens_reset_s, now=now)
+
+
 # --- configuration ------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections import deque
@@ -114,8 +115,9 @@ class RateLimits:
     _levels: dict[str, float] = field(default_factory=dict)
     _at: float | None = None
 
-    def admit(self, tokens: int, now: float) -> dict[str, str] | None:
-        """None when the request is allowed (it is counted), else the 429's headers."""
+    def admit(self, tokens: int, now: float) -> tuple[bool, dict[str, str]]:
+        """Whether the request is allowed (then it is counted), and the ``x-ratelimit-*``
+        headers of the answer (a refusal's with ``Retry-After``)."""
         limits = {"requests": (self.requests_per_minute, 1),
                   "tokens": (self.tokens_per_minute, tokens)}
         for kind, (limit, _) in limits.items():
@@ -126,21 +128,23 @@ class RateLimits:
         self._at = now
         short = {kind: need - self._levels[kind] for kind, (limit, need) in limits.items()
                  if limit is not None and self._levels[kind] < need}
+        headers: dict[str, str] = {}
         if not short:
             for kind, (limit, need) in limits.items():
                 if limit is not None:
                     self._levels[kind] -= need
             self.accepted += 1
-            return None
-        self.rejected += 1
-        wait = max(missing * 60.0 / float(limits[kind][0] or 1) for kind, missing in short.items())
-        headers = {"Retry-After": str(max(1, int(wait + 0.999)))}
+        else:
+            self.rejected += 1
+            wait = max(missing * 60.0 / float(limits[kind][0] or 1)
+                       for kind, missing in short.items())
+            headers["Retry-After"] = str(max(1, int(wait + 0.999)))
         for kind, (limit, _) in limits.items():
             if limit is not None:
                 headers[f"x-ratelimit-remaining-{kind}"] = str(int(self._levels[kind]))
                 full_s = (limit - self._levels[kind]) * 60.0 / limit
                 headers[f"x-ratelimit-reset-{kind}"] = f"{full_s:.3f}s"
-        return headers
+        return not short, headers
 
 
 class LLMTestServer:
@@ -185,10 +189,11 @@ class LLMTestServer:
         self.request_count += 1
         if self._keep_requests:
             self.requests.append(RecordedRequest(request.path, dict(request.headers), body))
+        limited: dict[str, str] = {}
         if self.limits is not None:
-            refused = self.limits.admit(max(1, len(raw) // 4), time.monotonic())
-            if refused is not None:
-                return web.Response(status=429, headers=refused, content_type="application/json",
+            allowed, limited = self.limits.admit(max(1, len(raw) // 4), time.monotonic())
+            if not allowed:
+                return web.Response(status=429, headers=limited, content_type="application/json",
                                     text=error_body("Rate limit reached for requests",
                                                     "rate_limit_error"))
         if self.responses:
@@ -198,6 +203,8 @@ class LLMTestServer:
         else:
             return web.Response(status=500, text=error_body("test server: nothing scripted"),
                                 content_type="application/json")
+        if limited:
+            scripted = dataclasses.replace(scripted, headers={**limited, **scripted.headers})
         if scripted.body is not None or scripted.status != 200:
             body = scripted.body or ""
             if scripted.echo_authorization:

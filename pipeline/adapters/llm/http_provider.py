@@ -24,7 +24,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -40,6 +40,7 @@ from pipeline.adapters.llm.openai_messages import (
 from pipeline.adapters.llm.openai_stream import DONE, ChatStreamTranslator, SSEDecoder, excerpt
 from pipeline.core.errors import ConfigError, ProviderError
 from pipeline.core.model import Chunk, ModelRequest
+from pipeline.core.rate_budget import RateSignal
 from pipeline.settings import MASK, Secret
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,38 @@ def parse_retry_after_ms(headers: Mapping[str, str], now: float) -> int | None:
     except (TypeError, ValueError):
         return None
     return max(0, round((when.timestamp() - now) * 1000))
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_reset_s(raw: str | None) -> float:
+    """An ``x-ratelimit-reset-*`` value in seconds: ``1s``, ``6m0s``, ``20ms`` (OpenAI) or a
+    plain number of seconds; 0 when absent or unreadable."""
+    if not raw:
+        return 0.0
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(raw.strip())
+    return sum(float(n) * _UNIT_S[unit] for n, unit in parts)
+
+
+def rate_signal_of(headers: Mapping[str, str]) -> RateSignal | None:
+    """The ``x-ratelimit-remaining-*`` / ``-reset-*`` headers, None when there are none."""
+    def number(name: str) -> float | None:
+        try:
+            return float(headers[name])
+        except (KeyError, ValueError):
+            return None
+    requests, tokens = (number("x-ratelimit-remaining-requests"),
+                        number("x-ratelimit-remaining-tokens"))
+    if requests is None and tokens is None:
+        return None
+    return RateSignal(requests, tokens, parse_reset_s(headers.get("x-ratelimit-reset-requests")),
+                      parse_reset_s(headers.get("x-ratelimit-reset-tokens")))
 
 
 def request_id_of(headers: Mapping[str, str]) -> str | None:
@@ -176,6 +209,8 @@ class OpenAICompatibleProvider:
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=trust_env)
+        # Told each response's x-ratelimit-* headers (model, signal): the driver's budgets.
+        self.on_rate_signal: Callable[[str, RateSignal], None] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, api_key={self._api_key!r})"
@@ -207,6 +242,9 @@ class OpenAICompatibleProvider:
             async with self._client.stream("POST", self._endpoint, json=body,
                                            headers=self._headers()) as response:
                 request_id = request_id_of(response.headers)
+                signal = rate_signal_of(response.headers)
+                if signal is not None and self.on_rate_signal is not None:
+                    self.on_rate_signal(str(body.get("model", "")), signal)
                 await self._check_status(response)
                 async with aclosing(self._chunks(response, request_id)) as chunks:
                     async for chunk in chunks:

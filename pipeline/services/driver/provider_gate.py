@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.core.rate_budget import ProviderLimits, RateBudget, Ticket
+from pipeline.core.rate_budget import ProviderLimits, RateBudget, RateSignal, Ticket, observe
 
 
 @dataclass(slots=True)
@@ -91,6 +91,12 @@ class ProviderGate:
         budget = self.budget(provider, model)
         if budget is not None:
             budget.retry_after(seconds, self._clock())
+
+    def observe(self, provider: str, model: str, signal: RateSignal) -> None:
+        """A provider's ``x-ratelimit-*`` headers (any call's, refused or not)."""
+        budget = self.budget(provider, model)
+        if budget is not None:
+            observe(budget, signal, self._clock())
 
     def reshare(self, share: float) -> None:
         """This driver's new part of the fleet's limits (its partitions over all)."""

@@ -2,7 +2,9 @@
 
 The inbox offset of partition p is committed inside the partition's transactions
 (``kafka_sink.py``); its metadata names what a re-delivery could not recognise in the log
-(cancels applied and records dead-lettered beyond the commit point).
+(cancels applied and records dead-lettered beyond the commit point), and where a takeover
+starts reading the session partition's tail (``"tail"``: sessions whose events are newer than
+their latest checkpoint, ``checkpoint_plan.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class InboxOffsets:
     What the metadata found at assignment names is carried into every commit until its record
     comes again (an offset not yet seen, an id not yet met): a commit of this owner before it
     reaches them must not forget them for the owner after it.
+
+    ``tail`` (``"tail":offset``, set by the sink before each :meth:`advance`) is where the
+    next owner starts reading the session partition: sessions checkpointed only at rest
+    points have newer events there (``checkpoint_plan.py``). It is never dropped.
     """
 
     committed: int
@@ -46,6 +52,7 @@ class InboxOffsets:
     dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
     last_seen: int = -1
     metadata: str = ""
+    tail: int | None = None  # the session-partition offset a takeover reads from (None: none)
     carried_applied: set[str] = field(init=False)  # applied_before ids not met again yet
 
     def __post_init__(self) -> None:
@@ -92,7 +99,7 @@ class InboxOffsets:
             i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
         dead = sorted({o for o in self.dead_lettered if self.pending.get(o)}
                       | {o for o in self.dead_before if o > self.last_seen and o >= point})
-        metadata = _commit_metadata(applied, dead)
+        metadata = _commit_metadata(applied, dead, self.tail)
         if point > self.committed or metadata != self.metadata:
             self.committed = max(point, self.committed)
             self.metadata = metadata
@@ -107,9 +114,12 @@ class InboxOffsets:
 MAX_METADATA_CHARS = 4000  # the broker's offset.metadata.max.bytes defaults to 4096
 
 
-def _commit_metadata(message_ids: list[str], dead_offsets: list[int]) -> str:
+def _commit_metadata(message_ids: list[str], dead_offsets: list[int],
+                     tail: int | None = None) -> str:
     def text() -> str:
-        content: dict[str, list[str] | list[int]] = {}
+        content: dict[str, list[str] | list[int] | int] = {}
+        if tail is not None:  # never dropped: a takeover without it would miss events
+            content["tail"] = tail
         if message_ids:
             content["applied"] = message_ids
         if dead_offsets:
@@ -128,14 +138,18 @@ def _commit_metadata(message_ids: list[str], dead_offsets: list[int]) -> str:
     return text()
 
 
-def _metadata_list(metadata: str, name: str) -> list[object]:
+def _metadata_field(metadata: str, name: str) -> object:
     if not metadata:
-        return []
+        return None
     try:
-        found = json.loads(metadata).get(name, [])
+        return json.loads(metadata).get(name)
     except (ValueError, AttributeError):
         log.warning("ignoring unreadable inbox commit metadata %r", metadata[:80])
-        return []
+        return None
+
+
+def _metadata_list(metadata: str, name: str) -> list[object]:
+    found = _metadata_field(metadata, name)
     return found if isinstance(found, list) else []
 
 
@@ -148,3 +162,12 @@ def dead_lettered_from_metadata(metadata: str) -> frozenset[int]:
     """The inbox offsets a committed offset's metadata says were dead-lettered already."""
     return frozenset(o for o in _metadata_list(metadata, "dead")
                      if isinstance(o, int) and not isinstance(o, bool))
+
+
+def tail_from_metadata(metadata: str) -> int | None:
+    """The session-partition offset a takeover must read the tail from (None: every session's
+    latest checkpoint covers all its committed events)."""
+    found = _metadata_field(metadata, "tail")
+    if isinstance(found, int) and not isinstance(found, bool) and found >= 0:
+        return found
+    return None

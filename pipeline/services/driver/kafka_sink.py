@@ -12,10 +12,12 @@ transactions batch by themselves under load. A transaction holds, atomically:
 - dead letters of bad inbox records of p;
 - the inbox offset of p up to which every command's effect is logged (see
   :class:`InboxOffsets`), via ``send_offsets_to_transaction``;
-- the checkpoint of each session with events in it (partition p of the checkpoint topic):
-  the sink folds every event it buffers into the session's
+- the checkpoint of each session with events in it that is at a rest point (partition p of
+  the checkpoint topic), and of the others when ``checkpoint_plan.py`` says so: the sink folds
+  every event it buffers into the session's
   :class:`~pipeline.core.checkpoint.SessionCheckpoint`, so the fold written is exactly the
-  fold of the committed events (``checkpointing.py``).
+  fold of the committed events (``checkpointing.py``); the inbox offset's metadata carries
+  the tail mark from which a takeover reads the newer events of the others.
 
 So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
 offset past it commit together, or neither does. A crash between transactions loses only
@@ -43,6 +45,7 @@ from pipeline.core.errors import BrokerError, DshError
 from pipeline.core.events import Event
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.driver.admission import StepBudget
+from pipeline.services.driver.checkpoint_plan import CheckpointPlan
 from pipeline.services.driver.checkpointing import record_of
 from pipeline.services.driver.inbox_offsets import (
     InboxOffsets,
@@ -136,6 +139,7 @@ class PartitionSink:
         self._checkpoints_topic = checkpoints_topic
         self._on_checkpointed = on_checkpointed
         self.folds: dict[str, SessionCheckpoint] = {}  # the sessions in memory
+        self.plan = CheckpointPlan(mark=offsets.tail)  # which checkpoints, the tail mark
         self._touched: dict[str, None] = {}  # sessions with buffered events, emit order
         self._committing: dict[str, None] = {}  # ... whose transaction is under way
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
@@ -163,6 +167,10 @@ class PartitionSink:
         """Stop folding the session (it leaves memory); False while events of it are not
         committed yet (its latest checkpoint is not written)."""
         if session_id in self._touched or session_id in self._committing:
+            return False
+        if not self.plan.clean(session_id):  # its checkpoint goes with the next transaction
+            self.plan.want(session_id)
+            self._wake.set()
             return False
         self.folds.pop(session_id, None)
         return True
@@ -333,7 +341,8 @@ class PartitionSink:
         records, self._buffer = self._buffer, []
         self._committing, self._touched = self._touched, {}
         events = len(records)
-        records += self._checkpoint_records()
+        chosen = self._checkpoint_sessions()
+        records += self._checkpoint_records(chosen)
         generation = self._emitted_gen
         point = self.offsets.advance()
         first_emit, self._first_emit = self._first_emit, None
@@ -349,6 +358,8 @@ class PartitionSink:
                 self.transactions_aborted += 1
                 raise
             self._checkpointed(records[events:], written[events:])
+            self.plan.committed(self._committing, chosen,
+                                self._events_end(records[:events], written))
             self.recent_commits.append(CommitTiming(
                 began - (first_emit if first_emit is not None else began),
                 time.monotonic() - began, events))
@@ -358,12 +369,28 @@ class PartitionSink:
         async with self._commit_done:
             self._commit_done.notify_all()
 
-    def _checkpoint_records(self) -> list[OutRecord]:
+    def _checkpoint_sessions(self) -> list[str]:
+        """The sessions whose checkpoint this transaction writes; sets the tail mark its
+        inbox offset carries (``checkpoint_plan.py``)."""
+        if self._checkpoints_topic is None:
+            return []
+        chosen = self.plan.choose(self._committing, self.folds, closing=self._closing)
+        self.offsets.tail = self.plan.mark_for(self._committing, chosen)
+        return chosen
+
+    def _checkpoint_records(self, sessions: Sequence[str]) -> list[OutRecord]:
         topic, limit = self._checkpoints_topic, self._max_record_bytes or 8 * 1024 * 1024
         if topic is None:
             return []
         return [record_of(topic, self.partition, self.folds[session_id], limit)
-                for session_id in self._committing if session_id in self.folds]
+                for session_id in sessions]
+
+    def _events_end(self, records: Sequence[OutRecord], written: Sequence[int]) -> int | None:
+        """One past the offset of the last session-topic record of ``records``."""
+        for index in range(len(records) - 1, -1, -1):
+            if records[index].topic == self._events_topic:
+                return written[index] + 1
+        return None
 
     def _checkpointed(self, records: Sequence[OutRecord], offsets: Sequence[int]) -> None:
         if self._on_checkpointed is None:

@@ -48,7 +48,9 @@ class CheckpointPlan:
     def __init__(self, *, mark: int | None, tail_records: int = TAIL_RECORDS,
                  tail_slack: int = TAIL_SLACK) -> None:
         """``mark``: the tail mark found at takeover (committed again until it is passed)."""
-        self.dirty: dict[str, int] = {}  # session -> offset at or below its first newer event
+        # session -> offset at or below its first newer event, in offset order (entries are
+        # added at the end known when they were committed, which only rises)
+        self.dirty: dict[str, int] = {}
         self.mark = mark
         self._end: int | None = None  # one past the newest session-topic offset known
         self._wanted: set[str] = set()
@@ -81,9 +83,11 @@ class CheckpointPlan:
                                      or session_id in self._wanted):
                 chosen[session_id] = None
         old = None if self._end is None else self._end - self._tail_records
-        for session_id, offset in self.dirty.items():
-            if closing or session_id in self._wanted or (old is not None and offset < old):
-                chosen[session_id] = None
+        for session_id, offset in self.dirty.items():  # the oldest first
+            if not closing and (old is None or offset >= old):
+                break
+            chosen[session_id] = None
+        chosen.update((s, None) for s in self._wanted if s in self.dirty)
         self._wanted.clear()
         found = [session_id for session_id in chosen if session_id in folds]
         self.written += len(found)
@@ -92,10 +96,10 @@ class CheckpointPlan:
     def mark_for(self, touched: Iterable[str], chosen: Iterable[str]) -> int | None:
         """The tail mark the next transaction commits (before it is sent)."""
         done = set(chosen)
-        left = [offset for session_id, offset in self.dirty.items() if session_id not in done]
+        left = [next((o for s, o in self.dirty.items() if s not in done), None)]  # the oldest
         if self._end is not None and any(s not in done and s not in self.dirty for s in touched):
             left.append(self._end)  # its events land at or after the end known now
-        exact = min(left) if left else None
+        exact = min((o for o in left if o is not None), default=None)
         if exact is None or self.mark is None or not 0 <= exact - self.mark < self._tail_slack:
             self.mark = exact
         return self.mark

@@ -18,13 +18,13 @@ from pipeline.core.errors import CodecError, ConfigError, SchemaError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.turn_config import CONFIG_TYPE
-from pipeline.services.driver.kafka_sink import (
+from pipeline.services.driver.inbox_offsets import (
     MAX_METADATA_CHARS,
     InboxOffsets,
     applied_from_metadata,
     dead_lettered_from_metadata,
-    logged_message_ids,
 )
+from pipeline.services.driver.kafka_sink import logged_message_ids
 
 COMMANDS: list[InboxCommand] = [
     FollowUp("s-1", "m-1", ({"type": "text", "text": "héllo ✓"},)),

@@ -14,6 +14,7 @@ import signal
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -53,12 +54,12 @@ def driver_env(settings: Settings) -> dict[str, str]:
             "DSH_REPLICATION_FACTOR": "1", "DSH_GROUP_ID_PREFIX": settings.group_id_prefix}
 
 
-async def start_driver(settings: Settings, extra_env: dict[str, str] | None = None
-                       ) -> asyncio.subprocess.Process:
+async def start_driver(settings: Settings, extra_env: dict[str, str] | None = None,
+                       extra_args: Sequence[str] = ()) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipeline.cli.main", "driver", "--instance-id", "crash-test",
         "--session-timeout-ms", "6000", "--script-chunk-delay-ms", "60", "--grace", "1",
-        "--metrics-port", "-1",
+        "--metrics-port", "-1", *extra_args,
         env={**driver_env(settings), **(extra_env or {})}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     assert process.stdout is not None

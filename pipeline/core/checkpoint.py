@@ -38,6 +38,7 @@ from typing import Final
 
 from pipeline.core.errors import CodecError, EventError, SequenceError
 from pipeline.core.events import Event, JsonValue, event_from_json
+from pipeline.core.fleet import CHUNK_TYPE
 from pipeline.core.log import SessionLog, hold_open_turn
 from pipeline.core.rules import Mode
 from pipeline.core.surface import SurfaceFold
@@ -98,9 +99,10 @@ class SessionCheckpoint:
         for event in events:
             if event.seq != self._next_seq:
                 raise SequenceError(expected=self._next_seq, found=event.seq, type=event.type)
-            self._surface.apply(event)  # plans (checks) before it changes anything
-            self._turn = self._turn.advance(event)
-            self._history.advance(event)
+            if event.type != CHUNK_TYPE:  # most events: none of these three folds reads one
+                self._surface.apply(event)  # plans (checks) before it changes anything
+                self._turn = self._turn.advance(event)
+                self._history.advance(event)
             hold_open_turn(self._open, event, self._turn)
             self._next_seq += 1
 

@@ -66,7 +66,8 @@ async def read_session_partition(settings: Settings, topic: str, partition: int,
 async def read_committed(settings: Settings, topic: str, partition: int,
                          visit: Callable[[Any], bool], *, start_offset: int | None = None,
                          what: str = "", timeout_s: float = 120.0,
-                         batch: int = 5000, fetch_bytes: int | None = None) -> int:
+                         batch: int = 5000, fetch_bytes: int | None = None,
+                         read: bool = True) -> int:
     """Hand ``visit`` each committed record of ``topic``/``partition`` in offset order, from
     ``start_offset`` (the beginning when None) up to the LSO taken when the read starts, until
     ``visit`` returns False. Returns that end offset.
@@ -75,6 +76,7 @@ async def read_committed(settings: Settings, topic: str, partition: int,
     or a timeout is a :class:`BrokerError` naming ``what`` (the partition by default).
     ``fetch_bytes``: a smaller fetch than the record limit's, for a read of large records
     that should not hold many at once (a broker still returns a larger record whole).
+    ``read`` False: only the end offset (no record is fetched).
     """
     sizes = consumer_size_options(settings)
     if fetch_bytes is not None:
@@ -89,7 +91,7 @@ async def read_committed(settings: Settings, topic: str, partition: int,
             await asyncio.wait_for(consumer.start(), timeout_s)
             consumer.assign([tp])
             end: int = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout_s))[tp]
-            if end > (start_offset or 0):
+            if read and end > (start_offset or 0):
                 if start_offset is None:
                     await consumer.seek_to_beginning(tp)
                 else:
@@ -98,6 +100,14 @@ async def read_committed(settings: Settings, topic: str, partition: int,
     finally:
         await consumer.stop()
     return end
+
+
+async def committed_end(settings: Settings, topic: str, partition: int, *,
+                        what: str = "") -> int:
+    """The LSO of ``topic``/``partition`` (one past its last committed offset); no record
+    is read."""
+    return await read_committed(settings, topic, partition, lambda _record: False, what=what,
+                                read=False)
 
 
 async def _read_to(consumer: Any, tp: Any, end: int, visit: Callable[[Any], bool],

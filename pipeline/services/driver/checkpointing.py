@@ -31,6 +31,7 @@ from pipeline.adapters.kafka.checkpoints import (
 from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.adapters.kafka.session_reader import (
     Decoder,
+    committed_end,
     read_committed,
 )
 from pipeline.adapters.kafka.transactional import PartitionProducer
@@ -39,6 +40,7 @@ from pipeline.core.checkpoint import SessionCheckpoint
 from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import Event, dumps_json
 from pipeline.core.log import Mode, SessionLog
+from pipeline.services.driver.checkpoint_tail import SessionTail
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -100,13 +102,30 @@ class CheckpointStore:
         self._loader = CheckpointLoader(settings)
         self.session_records_read = 0  # session-topic records read: migrations, too large
         self.checkpoint_records_read = 0  # by takeovers' scans (loads read one each)
+        self.tail_records_read = 0  # session-topic records of takeovers' tails
 
-    async def scan(self, partition: int) -> CheckpointScan:
-        """The partition's index; values of the busy sessions (loaded at takeover)."""
-        scan = await scan_checkpoints(self._settings, partition,
-                                      keep=lambda _sid, entry: entry.busy)
+    async def scan(self, partition: int, tail: SessionTail | None = None) -> CheckpointScan:
+        """The partition's index; values of the busy sessions (loaded at takeover) and of
+        those with newer events in ``tail``."""
+        def keep(session_id: str, entry: CheckpointEntry) -> bool:
+            return entry.busy or (tail is not None and tail.newer(session_id, entry))
+
+        scan = await scan_checkpoints(self._settings, partition, keep=keep)
         self.checkpoint_records_read += scan.records
         return scan
+
+    async def read_tail(self, partition: int, start: int | None) -> SessionTail:
+        """The session partition from ``start`` (a tail mark) to its end; None: no tail to
+        read, only where the partition ends (the first transactions' tail mark starts there)."""
+        topic, what = self._settings.topics.session_events, f"session partition {partition}"
+        if start is None:
+            end = await committed_end(self._settings, topic, partition, what=f"end of {what}")
+            return SessionTail(self._decode_event, end)
+        tail = SessionTail(self._decode_event, start)
+        tail.end = await read_committed(self._settings, topic, partition, tail.visit,
+                                        start_offset=start, what=f"read the tail of {what}")
+        self.tail_records_read += tail.records
+        return tail
 
     async def load(self, partition: int, session_id: str, entry: CheckpointEntry
                    ) -> SessionCheckpoint:

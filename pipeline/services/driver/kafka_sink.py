@@ -12,10 +12,12 @@ transactions batch by themselves under load. A transaction holds, atomically:
 - dead letters of bad inbox records of p;
 - the inbox offset of p up to which every command's effect is logged (see
   :class:`InboxOffsets`), via ``send_offsets_to_transaction``;
-- the checkpoint of each session with events in it (partition p of the checkpoint topic):
-  the sink folds every event it buffers into the session's
+- the checkpoint of each session with events in it that is at a rest point (partition p of
+  the checkpoint topic), and of the others when ``checkpoint_plan.py`` says so: the sink folds
+  every event it buffers into the session's
   :class:`~pipeline.core.checkpoint.SessionCheckpoint`, so the fold written is exactly the
-  fold of the committed events (``checkpointing.py``).
+  fold of the committed events (``checkpointing.py``); the inbox offset's metadata carries
+  the tail mark from which a takeover reads the newer events of the others.
 
 So a command's claim (its ``agent/inbox/spliced`` record) and the advance of the inbox
 offset past it commit together, or neither does. A crash between transactions loses only
@@ -27,12 +29,11 @@ recognises the ones already logged by their message id and skips them.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from pipeline.adapters.kafka.checkpoints import CheckpointEntry, entry_of
 from pipeline.adapters.kafka.records import OutRecord, check_fits
@@ -41,10 +42,19 @@ from pipeline.codec.records import HEADER_TRACEPARENT, event_headers
 from pipeline.core.approvals import DECISION_TYPE, REFUSED_TYPE
 from pipeline.core.checkpoint import SessionCheckpoint
 from pipeline.core.errors import BrokerError, DshError
-from pipeline.core.events import Event, dumps_json
+from pipeline.core.events import Event
 from pipeline.core.turn_config import CONFIG_TYPE
 from pipeline.services.driver.admission import StepBudget
+from pipeline.services.driver.checkpoint_plan import CheckpointPlan
 from pipeline.services.driver.checkpointing import record_of
+from pipeline.services.driver.inbox_offsets import (
+    InboxOffsets,
+    applied_from_metadata,
+    dead_lettered_from_metadata,
+)
+
+__all__ = ["InboxOffsets", "PartitionSink", "applied_from_metadata",
+           "dead_lettered_from_metadata", "logged_message_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -75,140 +85,6 @@ def logged_message_ids(event: Event) -> Iterator[str]:
     elif event.type in (CONFIG_TYPE, DECISION_TYPE, REFUSED_TYPE) \
             and isinstance(data.get("messageId"), str):
         yield data["messageId"]
-
-
-@dataclass(slots=True)
-class InboxOffsets:
-    """Which inbox offsets of one partition are dispatched and which are done.
-
-    Offsets are not contiguous (transaction markers take offsets), so the commit point is
-    the first dispatched offset not yet done, or one past the last one seen.
-
-    A cancel leaves no message id in the log, so a re-delivery could not be recognised
-    there: the message ids of those applied *beyond* the commit point travel in the commit's
-    metadata (``{"applied":[ids]}``), atomically with the events, and the next owner skips
-    them (:meth:`already_applied`). A configure is recognised by its ``dsh-pipeline/config``
-    event, like a message by its splice; ids in the metadata of older drivers still count.
-
-    A dead-lettered record leaves nothing in the log either: its offset, when beyond the
-    commit point, travels in the same metadata (``"dead":[offsets]``) with its dead letter,
-    so the next owner does not dead-letter it a second time (:meth:`already_dead_lettered`).
-
-    What the metadata found at assignment names is carried into every commit until its record
-    comes again (an offset not yet seen, an id not yet met): a commit of this owner before it
-    reaches them must not forget them for the owner after it.
-    """
-
-    committed: int
-    applied_before: frozenset[str] = frozenset()  # from the metadata found at assignment
-    dead_before: frozenset[int] = frozenset()  # likewise: offsets already dead-lettered
-    pending: dict[int, bool] = field(default_factory=dict)  # offset -> done, offset order
-    controls: dict[int, str] = field(default_factory=dict)  # offset -> cancel/configure id
-    dead_lettered: set[int] = field(default_factory=set)  # offsets whose dead letter is sent
-    last_seen: int = -1
-    metadata: str = ""
-    carried_applied: set[str] = field(init=False)  # applied_before ids not met again yet
-
-    def __post_init__(self) -> None:
-        self.carried_applied = set(self.applied_before)
-
-    def seen(self, offset: int) -> bool:
-        return offset < self.committed or offset <= self.last_seen
-
-    def start(self, offset: int) -> None:
-        self.pending[offset] = False
-        self.last_seen = max(self.last_seen, offset)
-
-    def done(self, offset: int) -> None:
-        if offset in self.pending:
-            self.pending[offset] = True
-
-    def applied_control(self, offset: int, message_id: str) -> None:
-        """A cancel/configure at ``offset`` took effect (or was found applied already)."""
-        self.controls[offset] = message_id
-        self.carried_applied.discard(message_id)
-
-    def already_applied(self, message_id: str) -> bool:
-        return message_id in self.applied_before
-
-    def dead_letter(self, offset: int) -> None:
-        """The record at ``offset`` went to the dead-letter topic (or already had): done."""
-        self.dead_lettered.add(offset)
-        self.done(offset)
-
-    def already_dead_lettered(self, offset: int) -> bool:
-        return offset in self.dead_before
-
-    def advance(self) -> tuple[int, str] | None:
-        """(commit point, metadata) when either changed since the last call, else None."""
-        for offset in list(self.pending):
-            if not self.pending[offset]:
-                break
-            del self.pending[offset]
-        point = next(iter(self.pending), self.last_seen + 1)
-        for offset in [o for o in self.controls if o < point]:
-            del self.controls[offset]
-        self.dead_lettered = {o for o in self.dead_lettered if o >= point}
-        applied = sorted(self.carried_applied) + [
-            i for o, i in sorted(self.controls.items()) if self.pending.get(o)]
-        dead = sorted({o for o in self.dead_lettered if self.pending.get(o)}
-                      | {o for o in self.dead_before if o > self.last_seen and o >= point})
-        metadata = _commit_metadata(applied, dead)
-        if point > self.committed or metadata != self.metadata:
-            self.committed = max(point, self.committed)
-            self.metadata = metadata
-            return self.committed, metadata
-        return None
-
-    @property
-    def in_flight(self) -> int:
-        return sum(1 for done in self.pending.values() if not done)
-
-
-MAX_METADATA_CHARS = 4000  # the broker's offset.metadata.max.bytes defaults to 4096
-
-
-def _commit_metadata(message_ids: list[str], dead_offsets: list[int]) -> str:
-    def text() -> str:
-        content: dict[str, list[str] | list[int]] = {}
-        if message_ids:
-            content["applied"] = message_ids
-        if dead_offsets:
-            content["dead"] = dead_offsets
-        return dumps_json(content) if content else ""
-
-    if len(text()) > MAX_METADATA_CHARS:
-        log.warning("inbox commit metadata too long; a re-delivered control command or bad "
-                    "record may be applied or dead-lettered twice after a crash")
-    while len(text()) > MAX_METADATA_CHARS:
-        # Oldest first out: it is the most likely to be committed soon.
-        if message_ids:
-            message_ids = message_ids[1:]
-        else:
-            dead_offsets = dead_offsets[1:]
-    return text()
-
-
-def _metadata_list(metadata: str, name: str) -> list[object]:
-    if not metadata:
-        return []
-    try:
-        found = json.loads(metadata).get(name, [])
-    except (ValueError, AttributeError):
-        log.warning("ignoring unreadable inbox commit metadata %r", metadata[:80])
-        return []
-    return found if isinstance(found, list) else []
-
-
-def applied_from_metadata(metadata: str) -> frozenset[str]:
-    """The control-command ids a committed offset's metadata says were applied."""
-    return frozenset(i for i in _metadata_list(metadata, "applied") if isinstance(i, str))
-
-
-def dead_lettered_from_metadata(metadata: str) -> frozenset[int]:
-    """The inbox offsets a committed offset's metadata says were dead-lettered already."""
-    return frozenset(o for o in _metadata_list(metadata, "dead")
-                     if isinstance(o, int) and not isinstance(o, bool))
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +139,7 @@ class PartitionSink:
         self._checkpoints_topic = checkpoints_topic
         self._on_checkpointed = on_checkpointed
         self.folds: dict[str, SessionCheckpoint] = {}  # the sessions in memory
+        self.plan = CheckpointPlan(mark=offsets.tail)  # which checkpoints, the tail mark
         self._touched: dict[str, None] = {}  # sessions with buffered events, emit order
         self._committing: dict[str, None] = {}  # ... whose transaction is under way
         self._first_emit: float | None = None  # monotonic: oldest record not yet committing
@@ -290,6 +167,10 @@ class PartitionSink:
         """Stop folding the session (it leaves memory); False while events of it are not
         committed yet (its latest checkpoint is not written)."""
         if session_id in self._touched or session_id in self._committing:
+            return False
+        if not self.plan.clean(session_id):  # its checkpoint goes with the next transaction
+            self.plan.want(session_id)
+            self._wake.set()
             return False
         self.folds.pop(session_id, None)
         return True
@@ -460,7 +341,8 @@ class PartitionSink:
         records, self._buffer = self._buffer, []
         self._committing, self._touched = self._touched, {}
         events = len(records)
-        records += self._checkpoint_records()
+        chosen = self._checkpoint_sessions()
+        records += self._checkpoint_records(chosen)
         generation = self._emitted_gen
         point = self.offsets.advance()
         first_emit, self._first_emit = self._first_emit, None
@@ -476,6 +358,8 @@ class PartitionSink:
                 self.transactions_aborted += 1
                 raise
             self._checkpointed(records[events:], written[events:])
+            self.plan.committed(self._committing, chosen,
+                                self._events_end(records[:events], written))
             self.recent_commits.append(CommitTiming(
                 began - (first_emit if first_emit is not None else began),
                 time.monotonic() - began, events))
@@ -485,12 +369,28 @@ class PartitionSink:
         async with self._commit_done:
             self._commit_done.notify_all()
 
-    def _checkpoint_records(self) -> list[OutRecord]:
+    def _checkpoint_sessions(self) -> list[str]:
+        """The sessions whose checkpoint this transaction writes; sets the tail mark its
+        inbox offset carries (``checkpoint_plan.py``)."""
+        if self._checkpoints_topic is None:
+            return []
+        chosen = self.plan.choose(self._committing, self.folds, closing=self._closing)
+        self.offsets.tail = self.plan.mark_for(self._committing, chosen)
+        return chosen
+
+    def _checkpoint_records(self, sessions: Sequence[str]) -> list[OutRecord]:
         topic, limit = self._checkpoints_topic, self._max_record_bytes or 8 * 1024 * 1024
         if topic is None:
             return []
         return [record_of(topic, self.partition, self.folds[session_id], limit)
-                for session_id in self._committing if session_id in self.folds]
+                for session_id in sessions]
+
+    def _events_end(self, records: Sequence[OutRecord], written: Sequence[int]) -> int | None:
+        """One past the offset of the last session-topic record of ``records``."""
+        for index in range(len(records) - 1, -1, -1):
+            if records[index].topic == self._events_topic:
+                return written[index] + 1
+        return None
 
     def _checkpointed(self, records: Sequence[OutRecord], offsets: Sequence[int]) -> None:
         if self._on_checkpointed is None:

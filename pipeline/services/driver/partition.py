@@ -1,10 +1,12 @@
 """One owned inbox partition: its producer, its sink, its sessions and their runners.
 
 Built on assignment (``takeover.build_partition``): start the transactional producer of
-the partition (this fences any older owner and aborts its open transaction), read the same
+the partition (this fences any older owner and aborts its open transaction), read the bounded
+tail of the session partition its inbox commit names (after a crash mid-turn) and the same
 partition of the checkpoint topic (one record per session, ``checkpointing.py``), keep its
-index, load the sessions that are busy (a turn open, or waking inbox work), let each repair
-an open turn (``runner.recover()``) and continue pending work. Inbox commands are then
+index, load the sessions that are busy (a turn open, or waking inbox work) or have newer
+events in the tail, let each repair an open turn (``runner.recover()``) and continue pending
+work. Inbox commands are then
 dispatched to the session's runner; each session's turns run in one task, off the poll loop.
 
 Memory holds the sessions at work, not every session ever seen: a session whose last command
@@ -51,12 +53,13 @@ from pipeline.core.genai_trace import TraceParent
 from pipeline.core.inbox import Approve, Configure, FollowUp, InboxCommand, Inject, Steer
 from pipeline.core.log import SessionLog
 from pipeline.services.driver.checkpointing import invalid_log_reason
-from pipeline.services.driver.kafka_sink import (
+from pipeline.services.driver.inbox_offsets import (
     InboxOffsets,
-    PartitionSink,
     applied_from_metadata,
     dead_lettered_from_metadata,
+    tail_from_metadata,
 )
+from pipeline.services.driver.kafka_sink import PartitionSink
 from pipeline.services.driver.slots import (
     CommandDecoder,
     DriverMetrics,
@@ -88,7 +91,8 @@ class OwnedPartition:
                                   offsets=InboxOffsets(committed,
                                                        applied_from_metadata(metadata),
                                                        dead_lettered_from_metadata(metadata),
-                                                       metadata=metadata),
+                                                       metadata=metadata,
+                                                       tail=tail_from_metadata(metadata)),
                                   on_logged=self._on_logged, linger_ms=ctx.linger_ms,
                                   wait_for_commit=not ctx.pipelined_flush,
                                   max_record_bytes=ctx.settings.max_record_bytes,
@@ -123,15 +127,19 @@ class OwnedPartition:
             log_, history = checkpoint.restore(mode=self.ctx.rebuild_mode)
         except DshError as exc:  # it fails alone: its commands are dead-lettered
             log.error("session %s: its checkpoint does not restore: %s", session_id, exc)
-            slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
-                               failure=f"its checkpoint does not restore: {exc}")
-            self.sessions[session_id] = slot
-            return slot
+            return self.fail(session_id, f"its checkpoint does not restore: {exc}")
         slot = SessionSlot(session_id, log_, None)
         slot.message_ids.update(history.message_ids, history.configure_ids,
                                 history.approvals.message_ids)
         slot.runner = self.ctx.runner_factory(log_, self.sink, history)
         self.sink.track(checkpoint)
+        self.sessions[session_id] = slot
+        return slot
+
+    def fail(self, session_id: str, failure: str) -> SessionSlot:
+        """A slot for a session that cannot be driven: its commands are dead-lettered."""
+        slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
+                           failure=failure)
         self.sessions[session_id] = slot
         return slot
 
@@ -234,12 +242,7 @@ class OwnedPartition:
             failure = f"its checkpoint does not load: {exc}"
         if self.released:
             return
-        if checkpoint is None:
-            slot = SessionSlot(session_id, SessionLog(session_id, bounded=True), None,
-                               failure=failure)
-            self.sessions[session_id] = slot
-        else:
-            slot = self.adopt(checkpoint)
+        slot = self.fail(session_id, failure) if checkpoint is None else self.adopt(checkpoint)
         self.ctx.metrics.sessions_loaded += 1
         if slot.runner is not None:
             await slot.runner.recover()  # an evicted session is idle: normally nothing to do
@@ -442,6 +445,7 @@ class OwnedPartition:
         self.ctx.metrics.events_committed += self.sink.events_committed
         self.ctx.metrics.transactions += self.producer.transactions_committed
         self.ctx.metrics.transactions_aborted += self.sink.transactions_aborted
+        self.ctx.metrics.checkpoints_written += self.sink.plan.written
         await self.producer.close()
 
 

@@ -161,11 +161,13 @@ class DriverService:
                                     for o in self.owned.values())
         snap["transactions_aborted"] += sum(o.sink.transactions_aborted
                                             for o in self.owned.values())
+        snap["checkpoints_written"] += sum(o.sink.plan.written for o in self.owned.values())
         snap["partitions_owned"] = len(self.owned)
         snap["sessions_in_memory"] = sum(len(o.sessions) for o in self.owned.values())
         snap["sessions_indexed"] = sum(len(o.index) for o in self.owned.values())
         snap["session_records_read"] = self.ctx.checkpoints.session_records_read
         snap["checkpoint_records_read"] = self.ctx.checkpoints.checkpoint_records_read
+        snap["tail_records_read"] = self.ctx.checkpoints.tail_records_read
         snap["turns_in_flight"] = self.turns_in_flight
         snap["throttled"] = int(self._throttled)
         snap["ready"] = int(self.ready.is_set())

@@ -60,6 +60,7 @@ class DriverMetrics:
     events_committed: int = 0
     transactions: int = 0
     transactions_aborted: int = 0
+    checkpoints_written: int = 0
     runner: RunnerMetrics = field(default_factory=RunnerMetrics)
 
     def snapshot(self) -> dict[str, int]:

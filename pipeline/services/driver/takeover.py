@@ -7,10 +7,14 @@ partition of a topic written by older code (the migration, ``checkpointing.py``)
    transaction is aborted), so what is read next is final;
 2. read the committed inbox offset and its metadata (after fencing: the older owner could
    still commit a transaction that moves it before);
-3. read partition p of the checkpoint topic (one record per session; what the cleaner has not
-   compacted yet too): the index of every session, and the checkpoints of the busy ones;
-4. load the busy sessions (a turn open, or waking inbox work), let each repair an open turn
-   and continue pending work. Idle sessions stay on the topic until a command comes.
+3. when that metadata holds a tail mark (``checkpoint_plan.py``: sessions are checkpointed at
+   rest points, so some have newer events), read the session partition from the mark to its
+   end (``checkpoint_tail.py``: a bounded tail);
+4. read partition p of the checkpoint topic (one record per session; what the cleaner has not
+   compacted yet too): the index of every session, and the checkpoints of the busy ones and
+   of those with newer events in the tail;
+5. load those sessions (the tail's events folded onto their checkpoints), let each repair an
+   open turn and continue pending work. Idle sessions stay on the topic until a command comes.
 """
 
 from __future__ import annotations
@@ -18,9 +22,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from pipeline.adapters.kafka.checkpoints import CheckpointScan
 from pipeline.adapters.kafka.transactional import PartitionProducer
-from pipeline.core.errors import DshError
-from pipeline.services.driver.checkpointing import decode_checkpoint
+from pipeline.core.checkpoint import SessionCheckpoint
+from pipeline.core.errors import DshError, EventError
+from pipeline.services.driver.checkpoint_tail import SessionTail
+from pipeline.services.driver.checkpointing import (
+    INVALID_LOG,
+    decode_checkpoint,
+    invalid_log_mark,
+)
+from pipeline.services.driver.inbox_offsets import tail_from_metadata
 from pipeline.services.driver.partition import OwnedPartition, PartitionContext
 
 log = logging.getLogger(__name__)
@@ -36,7 +48,9 @@ async def build_partition(ctx: PartitionContext, partition: int,
     owned: OwnedPartition | None = None
     try:
         committed, metadata = await read_committed()
-        scan = await ctx.checkpoints.scan(partition)
+        mark = tail_from_metadata(metadata)
+        tail = await ctx.checkpoints.read_tail(partition, mark)
+        scan = await ctx.checkpoints.scan(partition, tail)
         if not scan.migrated:
             log.info("partition %d has no driver checkpoints yet: reading its session "
                      "events once to write them", partition)
@@ -44,12 +58,7 @@ async def build_partition(ctx: PartitionContext, partition: int,
             ctx.metrics.partitions_migrated += 1
         owned = OwnedPartition(ctx, partition, producer, committed or 0, metadata)
         owned.index.update(scan.entries)
-        for session_id, value in scan.values.items():
-            checkpoint = decode_checkpoint(value)
-            if checkpoint is None:  # above the record limit: its events, read whole
-                checkpoint = await ctx.checkpoints.from_session_topic(partition, session_id)
-            owned.adopt(checkpoint)
-        ctx.metrics.sessions_rebuilt += len(scan.values)
+        await _load_sessions(owned, scan, tail)
         owned.start_sink()
         await _recover_sessions(owned)
         owned.start_evicting()
@@ -62,6 +71,39 @@ async def build_partition(ctx: PartitionContext, partition: int,
     owned.accepting = True
     ctx.metrics.partitions_built += 1
     return owned
+
+
+async def _load_sessions(owned: OwnedPartition, scan: CheckpointScan, tail: SessionTail
+                         ) -> None:
+    """Adopt the busy sessions and those with newer events in ``tail`` (folded on)."""
+    ctx = owned.ctx
+    dirty = list(tail.dirty(scan.entries))
+    for session_id in [*scan.values, *(s for s in dirty if s not in scan.values)]:
+        checkpoint = await _checkpoint_of(owned, session_id, scan.values.get(session_id))
+        if session_id in tail.events and checkpoint.writer is None:
+            try:
+                tail.advance(checkpoint)
+            except EventError as exc:  # marked as a log that does not rebuild, not driven
+                log.error("session %s: its events after its checkpoint do not fold (%s): it "
+                          "is marked %r and not driven", session_id, exc, INVALID_LOG)
+                checkpoint = SessionCheckpoint(session_id, writer=invalid_log_mark(exc))
+                owned.sink.track(checkpoint)
+                owned.sink.plan.want(session_id)  # written with the first transaction
+                owned.sink.wake()
+        owned.adopt(checkpoint)
+    owned.sink.plan.resume(dirty, tail.end)
+    ctx.metrics.sessions_rebuilt += len(scan.values) + sum(
+        1 for s in dirty if s not in scan.values)
+
+
+async def _checkpoint_of(owned: OwnedPartition, session_id: str, value: bytes | None
+                         ) -> SessionCheckpoint:
+    if value is None:  # a session younger than its first checkpoint
+        return SessionCheckpoint(session_id)
+    checkpoint = decode_checkpoint(value)
+    if checkpoint is None:  # above the record limit: its events, read whole
+        checkpoint = await owned.ctx.checkpoints.from_session_topic(owned.partition, session_id)
+    return checkpoint
 
 
 async def _recover_sessions(owned: OwnedPartition) -> None:

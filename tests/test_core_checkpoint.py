@@ -25,7 +25,7 @@ from strategies import valid_logs
 from pipeline.adapters.llm.scripted import ScriptedProvider, ScriptedReply, ScriptedToolCall
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.approvals import ApprovalRules
-from pipeline.core.checkpoint import SessionCheckpoint
+from pipeline.core.checkpoint import VERSION, SessionCheckpoint
 from pipeline.core.errors import CodecError, EventError, SequenceError, TurnError
 from pipeline.core.events import APPEND, Event, JsonValue, SurfaceOp
 from pipeline.core.inbox import Approve, Cancel, Configure, Deny, FollowUp, Inject
@@ -490,7 +490,7 @@ ODD_SURFACES: tuple[Any, ...] = ({"nodes": [], "ops": []}, [[0, 0]], [[0, "0", N
 # plain values; (path, value) set in a good checkpoint's JSON (DROP: removed); or a change of
 # it (made when the test runs)
 GARBAGE: list[Any] = [
-    None, [], "checkpoint", 1, {"v": 2}, (("v",), 2), (("v",), True), (("history",), DROP),
+    None, [], "checkpoint", 1, {"v": 2}, (("v",), 3), (("v",), True), (("history",), DROP),
     (("extra",), 1), (("session",), 7), (("writer",), []), (("nextSeq",), -1),
     (("nextSeq",), "3"), (("openTurn",), []), (("openTurn",), {}), (("turn",), None),
     (("turn", "openCalls"), [["c", "one", None]]), (("turn", "lastStep"), DROP),
@@ -526,6 +526,11 @@ def test_from_json_refuses_garbage_with_a_codec_error(garbage: Any) -> None:
         SessionCheckpoint.from_json(raw)
 
 
-def test_an_unknown_version_is_named() -> None:
-    with pytest.raises(CodecError, match="unknown session checkpoint version 2"):
-        SessionCheckpoint.from_json(_mutated(_set(("v",), 2)))
+def test_an_unknown_version_is_named_and_v1_is_still_read() -> None:
+    with pytest.raises(CodecError, match=r"unknown session checkpoint version 3 \(this reader "
+                                         r"knows v \[1, 2\]\)"):
+        SessionCheckpoint.from_json(_mutated(_set(("v",), 3)))
+    # A v1 checkpoint (written with every transaction by older drivers) reads as it was.
+    older = _mutated(_set(("v",), 1))
+    assert SessionCheckpoint.from_json(older).to_json() == {**older, "v": VERSION}
+    assert VERSION == 2

@@ -47,7 +47,12 @@ from pipeline.core.turns import TurnState
 
 __all__ = ["VERSION", "SessionCheckpoint"]
 
-VERSION: Final = 1
+# v2: written at rest points only (checkpoint_plan.py), so a session's newest events may lie
+# after its checkpoint, in the tail a takeover reads from the inbox commit's tail mark. The
+# fields are v1's. A v1 reader (older drivers) refuses v2 loudly instead of driving a stale
+# checkpoint; this reader takes both (a v1 checkpoint was written with every transaction).
+VERSION: Final = 2
+READABLE: Final = frozenset({1, 2})
 _KEYS: Final = frozenset({"v", "session", "nextSeq", "writer", "turn", "surface", "history",
                           "openTurn"})
 
@@ -147,9 +152,9 @@ def _fields(raw: JsonValue) -> Mapping[str, JsonValue]:
     """The top-level fields, their types checked."""
     if not isinstance(raw, Mapping):
         raise CodecError("a session checkpoint must be a JSON object")
-    if raw.get("v") != VERSION or type(raw.get("v")) is not int:
+    if type(raw.get("v")) is not int or raw.get("v") not in READABLE:
         raise CodecError(f"unknown session checkpoint version {raw.get('v')!r} (this reader "
-                         f"knows v {VERSION})")
+                         f"knows v {sorted(READABLE)})")
     if set(raw) != _KEYS:
         raise CodecError(f"a session checkpoint has exactly the fields {sorted(_KEYS)}; "
                          f"got {sorted(raw)}")

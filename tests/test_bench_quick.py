@@ -26,7 +26,7 @@ def test_quick_suite_gives_every_figure_and_writes_the_report(
          "--bootstrap", kafka_bootstrap, "--cluster", shared_cluster.bootstrap,
          "--output", str(report)],
         capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, _failures(done.stderr)
     figures = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert {f["benchmark"] for f in figures} == set(BENCHMARK_NAMES)
     empty = [f["figure"] for f in figures if not f["ours"]]
@@ -46,3 +46,12 @@ def test_unknown_benchmark_name_is_a_usage_error() -> None:
 
 def test_suite_is_in_the_checkout() -> None:
     assert SUITE.is_file()
+
+
+def _failures(stderr: str) -> str:
+    """Each failed benchmark's traceback (the suite logs ``NAME: FAILED`` and it), without
+    the children's INFO lines around it, then the end of the output."""
+    lines = [line for line in stderr.splitlines() if " INFO " not in line]
+    found = [n for n, line in enumerate(lines) if line.rstrip().endswith(": FAILED")]
+    blocks = ["\n".join(lines[n:n + 60])[-6000:] for n in found]
+    return "\n---\n".join([*blocks, "\n".join(lines[-30:])])

@@ -72,7 +72,10 @@ def _samples() -> dict[str, list[dict[str, Any]]]:
                                      closed=False)],
         FLEET_STATUS: [FleetStatus("s-2").to_json(), fleet.to_json(), FleetStatus(
             "s-3", "in-turn", 1, 1, None, None, 1_800_000_000_000, 9, 1, 1, 0, 0, 0,
-            "call-1", "mcp__git__push", 1_800_000_000_000).to_json()],  # waits for approval
+            "call-1", "mcp__git__push", 1_800_000_000_000).to_json(),  # waits for approval
+            FleetStatus("s-4", "in-turn", 3, 2, None, None, 1_800_000_000_000, 77, 3, 4, 0, 0,
+                        0, tenant="acme", provider_wait="deepseek/deepseek-chat",
+                        provider_wait_since_ms=1_799_999_999_000).to_json()],
     }
 
 

@@ -79,6 +79,41 @@ def test_weights_give_a_tenant_more_turns_per_round() -> None:
     assert Counter(granted) == {"gold": 6, "free": 2}
 
 
+def test_a_tenant_over_its_own_limit_waits_while_the_others_are_served() -> None:
+    limits = parse_limits({"*": {"requests_per_minute": 600},
+                           "tenants": {"capped": {"requests_per_minute": 60},
+                                       "gold": {"weight": 2}}})
+    assert limits.weights == {"capped": 1, "gold": 2}
+    assert limits.tenant_limits == {"capped": Limit(requests_per_minute=60)}
+    budget = RateBudget(Limit(requests_per_minute=600), 0.0,
+                        tenant_limits=limits.tenant_limits)
+    for n in range(200):
+        budget.enqueue(Ticket("capped", f"c{n % 4}", 0))
+        budget.enqueue(Ticket("free", f"f{n % 4}", 0))
+    granted = drain(budget, 60.0)
+    capped = [at for at, t in granted if t.tenant == "capped"]
+    own = 60 * HEADROOM
+    # its own bucket: a minute's worth at once, then its refill, never more
+    assert len(capped) <= own * 2 + 1 and len(capped) >= own * 2 - 2
+    for at in capped:
+        assert sum(1 for t in capped if t <= at) <= own * (1 + at / 60) + 1e-6
+    # the other tenant was served meanwhile: everything it asked for fits the budget
+    assert sum(1 for _, t in granted if t.tenant == "free") == 200
+
+
+def test_a_tenants_own_tokens_are_corrected_and_reshared() -> None:
+    budget = RateBudget(Limit(), 0.0, tenant_limits={"t": Limit(tokens_per_minute=1000)})
+    own = budget.tenant_buckets["t"].tokens
+    assert own is not None and own.level == pytest.approx(1000 * HEADROOM)
+    budget.enqueue(Ticket("t", "s", 400))
+    assert budget.next_grant(0.0)[0] is not None
+    budget.settle(400, 100, 0.0, tenant="t")
+    assert own.level == pytest.approx(1000 * HEADROOM - 100)
+    budget.reshare(0.5, 0.0)
+    assert own.per_minute == pytest.approx(500 * HEADROOM)
+    assert own.level == pytest.approx((1000 * HEADROOM - 100) / 2)
+
+
 def test_tokens_are_estimated_then_corrected_from_the_reported_usage() -> None:
     budget = RateBudget(Limit(tokens_per_minute=1_000), 0.0)
     budget.enqueue(Ticket("", "s", 400))
@@ -150,7 +185,11 @@ def test_limits_parse_with_defaults_and_say_what_is_wrong() -> None:
                          ({"a/b": {"rpm": 1}}, "requests_per_minute and/or"),
                          ({"a/b": {"requests_per_minute": "9"}}, "must be a number"),
                          ({"a/b": {"requests_per_minute": -1}}, "must be > 0"),
-                         ({"tenants": {"x": {"weight": 0}}}, "N >= 1")):
+                         ({"tenants": {"x": {"weight": 0}}}, "integer >= 1"),
+                         ({"tenants": {"x": {}}}, "must be an object of weight"),
+                         ({"tenants": {"a/b": {"weight": 1}}}, "not a valid name"),
+                         ({"tenants": {"x": {"tokens_per_minute": "many"}}},
+                          r"\['x'\]\.tokens_per_minute must be a number")):
         with pytest.raises(ConfigError, match=message):
             parse_limits(raw)
 

@@ -224,6 +224,10 @@ def test_send_arguments_become_the_commands_they_describe() -> None:
     assert configure == Configure("s-9", configure.message_id, model="m",
                                   tools=("echo", "clock"), max_tokens=64)
     assert command_from_args(send_args("s-9", "--configure", "--tools", "")).tools == ()
+    tenanted = command_from_args(send_args("s-9", "--cancel", "--tenant", "acme"))
+    assert isinstance(tenanted, Cancel) and tenanted.tenant == "acme"
+    with pytest.raises(ConfigError, match="not a valid name"):
+        command_from_args(send_args("s-9", "--cancel", "--tenant", "a b"))
 
 
 @pytest.mark.parametrize("argv, complaint", [

@@ -19,9 +19,17 @@ from llm_server import LLMTestServer, RateLimits, ScriptedResponse, chat_chunk
 
 from pipeline.adapters.llm import DeepSeekProvider
 from pipeline.adapters.llm.http_provider import parse_reset_s, rate_signal_of
+from pipeline.core.events import Event
+from pipeline.core.fleet import FleetStatus
 from pipeline.core.inbox import FollowUp
 from pipeline.core.model import RetryPolicy
-from pipeline.core.rate_budget import Limit, ProviderLimits, RateSignal
+from pipeline.core.rate_budget import (
+    PROVIDER_GRANTED_TYPE,
+    PROVIDER_WAIT_TYPE,
+    Limit,
+    ProviderLimits,
+    RateSignal,
+)
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.services.driver.runner import Driver, MemorySink
@@ -47,9 +55,9 @@ async def server() -> AsyncIterator[LLMTestServer]:
 
 
 async def run_fleet(server: LLMTestServer, gates: list[ProviderGate | None], prefix: str
-                    ) -> list[list[str]]:
+                    ) -> dict[str, list[Event]]:
     """One driver per gate, ``TURNS_PER_DRIVER`` sessions each with one turn; every
-    session's turn end reason kinds."""
+    session's events."""
     provider = DeepSeekProvider(Secret("sk-budget"), server.base_url, trust_env=False)
     config = SessionConfig("deepseek", "deepseek-chat")
     drivers = [Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
@@ -63,19 +71,24 @@ async def run_fleet(server: LLMTestServer, gates: list[ProviderGate | None], pre
         await asyncio.gather(*(driver.drain() for driver in drivers))
     finally:
         await provider.aclose()
-    ends = []
+    logs: dict[str, list[Event]] = {}
     for driver in drivers:
         assert isinstance(driver.sink, MemorySink)
-        ends += [[str(e.data["reason"]["kind"]) for e in events  # type: ignore[index]
-                  if e.type == "turn/end"] for events in driver.sink.events.values()]
-    return ends
+        logs.update(driver.sink.events)
+    return logs
+
+
+def end_kinds(logs: dict[str, list[Event]]) -> list[list[str]]:
+    return [[str(e.data["reason"]["kind"]) for e in events  # type: ignore[index]
+             if e.type == "turn/end"] for events in logs.values()]
 
 
 async def test_two_drivers_share_the_limit_and_none_is_refused(server: LLMTestServer) -> None:
     limits = ProviderLimits({"deepseek/*": Limit(requests_per_minute=LIMIT_RPM)})
     gates = [ProviderGate(limits, share=0.5), ProviderGate(limits, share=0.5)]
     started = time.monotonic()
-    ends = await run_fleet(server, list(gates), "shared-")
+    logs = await run_fleet(server, list(gates), "shared-")
+    ends = end_kinds(logs)
     elapsed = time.monotonic() - started
     assert server.limits is not None
     assert server.limits.rejected == 0
@@ -85,10 +98,27 @@ async def test_two_drivers_share_the_limit_and_none_is_refused(server: LLMTestSe
     assert sum(g.counters.grants for g in gates) == 2 * TURNS_PER_DRIVER
     assert max(g.counters.longest_wait_s for g in gates) >= 3.0
     assert elapsed >= 3.0
+    # a step that waited says so in its log, and the fleet row showed it until the grant
+    waited = {sid: events for sid, events in logs.items()
+              if any(e.type == PROVIDER_WAIT_TYPE for e in events)}
+    assert len(waited) >= 2 * TURNS_PER_DRIVER - LIMIT_RPM
+    for events in waited.values():
+        notes = [e for e in events if e.type.startswith("dsh-pipeline/provider-")]
+        assert [e.type for e in notes] == [PROVIDER_WAIT_TYPE, PROVIDER_GRANTED_TYPE]
+        assert all(e.ignorable for e in notes)
+        assert notes[1].data["waitedMs"] >= 0  # type: ignore[index,operator]
+        row = FleetStatus("s")
+        for event in events[:notes[0].seq + 1]:
+            row.apply(event)
+        assert (row.provider_wait, row.provider_wait_since_ms) == (
+            "deepseek/deepseek-chat", notes[0].time)
+        for event in events[notes[0].seq + 1:]:
+            row.apply(event)
+        assert row.provider_wait is None
 
 
 async def test_the_same_load_without_gates_is_refused(server: LLMTestServer) -> None:
-    ends = await run_fleet(server, [None, None], "free-")
+    ends = end_kinds(await run_fleet(server, [None, None], "free-"))
     assert server.limits is not None
     assert server.limits.rejected == 2 * TURNS_PER_DRIVER - LIMIT_RPM
     assert sum(1 for kinds in ends if kinds != ["completed"]) == server.limits.rejected

@@ -5,7 +5,8 @@
 longer than a command line may be), ``--cancel [--keep-queue]`` or ``--configure`` with any
 of ``--provider``, ``--model``, ``--system``, ``--tools a,b``, ``--reasoning-effort``,
 ``--max-tokens``, ``--require-approval P``, ``--approval-policy``, or ``--approve CALL_ID`` /
-``--deny CALL_ID`` (approval options: :mod:`pipeline.cli.approval_options`). It prints
+``--deny CALL_ID`` (approval options: :mod:`pipeline.cli.approval_options`); any of them
+with ``--tenant T`` (the session's tenant: :mod:`pipeline.core.tenants`). It prints
 one JSON line ``{"sessionId", "messageId", "kind", "partition", "offset"}``. The ``driver``
 that runs the commands: :mod:`pipeline.cli.cmd_driver`.
 """
@@ -32,6 +33,7 @@ from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.errors import ConfigError, SessionFileError
 from pipeline.core.inbox import Approve, Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.tenants import checked_tenant
 from pipeline.settings import Settings
 
 
@@ -64,6 +66,10 @@ def register(subparsers: Any) -> None:
     send.add_argument("--max-tokens", type=int, help="with --configure: the output token limit")
     add_send_approval_options(send, kind)
     send.add_argument("--message-id", help="the command's message id (default: a new UUID)")
+    send.add_argument("--tenant", metavar="T",
+                      help="the tenant the session belongs to: the session's first command "
+                           "sets it (default: the default tenant, empty); a later command "
+                           "naming another tenant is refused by the driver (dead letter)")
     send.add_argument("--registry", action="store_true",
                       help="Confluent framing with the id registered at DSH_REGISTRY_URL")
     send.set_defaults(func=run_send)
@@ -72,7 +78,8 @@ def register(subparsers: Any) -> None:
 def command_from_args(args: argparse.Namespace) -> InboxCommand:
     """The command ``send``'s arguments describe (ConfigError when they do not fit)."""
     _check_send_options(args)
-    common = {"session_id": args.session, "message_id": args.message_id or str(uuid.uuid4())}
+    common = {"session_id": args.session, "message_id": args.message_id or str(uuid.uuid4()),
+              "tenant": checked_tenant(args.tenant) if args.tenant is not None else None}
     decision = decision_from_args(args, common)
     if decision is not None:
         return decision

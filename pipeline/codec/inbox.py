@@ -41,7 +41,7 @@ HISTORY_GLOB: Final = "dsh.InboxCommand.v*.avsc"
 _JSON_FIELDS: Final = ("content", "source")
 _OPTIONAL_FIELDS: Final = ("content", "source", "keepQueue", "provider", "model", "system",
                            "tools", "reasoningEffort", "maxTokens", "requireApproval",
-                           "approvalPolicy", "callId", "reason")
+                           "approvalPolicy", "callId", "reason", "tenant")
 
 
 def load_inbox_schema(path: Path | None = None) -> dict[str, Any]:

@@ -32,6 +32,9 @@ HEADER_TYPE: Final = "dsh.type"
 HEADER_SEQ: Final = "dsh.seq"
 HEADER_SCHEMA: Final = "dsh.schema"
 HEADER_TRACEPARENT: Final = "traceparent"
+# On an inbox record: the tenant of the command, for services that set it as a header
+# (pipeline.core.tenants); the same as the record's tenant field when both are given.
+HEADER_TENANT: Final = "dsh.tenant"
 HEADER_SOURCE_PARTITION: Final = "dsh.source.partition"
 HEADER_SOURCE_OFFSET: Final = "dsh.source.offset"
 # On a fleet record: the session-topic offset of the session's first event (seq 0), where a

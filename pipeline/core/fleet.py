@@ -3,8 +3,11 @@
 Folded from the boundary events (``turn/*``, ``step/*``), errors (``turn/end`` with an error
 reason, ``tool/result`` with an error, ``llm/retry``), approvals (``approval/asked`` until its
 ``approval/decided``: the call waiting for a person) and the time of every folded event.
-``assistant/chunk`` events are not folded here (the processors skip them by header without
-decoding), so ``last_activity_ms`` is the time of the last non-chunk event.
+The session's tenant (its ``dsh-pipeline/tenant`` event) and a step waiting for a provider's
+budget (from ``dsh-pipeline/provider-wait`` until its ``dsh-pipeline/provider-granted``, or
+the step's or turn's end) are folded too. ``assistant/chunk`` events are not folded here
+(the processors skip them by header without decoding), so ``last_activity_ms`` is the time
+of the last non-chunk event.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Final
 
 from pipeline.core.events import Event, JsonValue
+from pipeline.core.rate_budget import PROVIDER_GRANTED_TYPE, PROVIDER_WAIT_TYPE
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
 
 IDLE: Final = "idle"
 IN_TURN: Final = "in-turn"
@@ -40,6 +45,9 @@ class FleetStatus:
     approval_call_id: str | None = None  # the call waiting for a person's approval
     approval_tool: str | None = None
     approval_since_ms: int | None = None
+    tenant: str = DEFAULT_TENANT  # pipeline.core.tenants
+    provider_wait: str | None = None  # "provider/model" whose budget a step waits for
+    provider_wait_since_ms: int | None = None
 
     def apply(self, event: Event) -> bool:
         """Fold one event; True when the status is worth publishing: after every event but a
@@ -122,10 +130,37 @@ def _approval_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None
     status.approval_call_id = status.approval_tool = status.approval_since_ms = None
 
 
+def _tenant(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    if status.tenant == DEFAULT_TENANT:  # the first valid tenant event wins
+        status.tenant = tenant_of(data) or DEFAULT_TENANT
+
+
+def _provider_wait(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    provider, model = data.get("provider"), data.get("model")
+    status.provider_wait = f"{provider}/{model}"
+    status.provider_wait_since_ms = status.last_activity_ms  # the waiting event's time
+
+
+def _provider_granted(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    status.provider_wait = status.provider_wait_since_ms = None
+
+
+def _step_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    _step_end(status, data)
+    _provider_granted(status, data)  # a step that ended waits for nothing
+
+
+def _turn_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
+    _turn_end(status, data)
+    _provider_granted(status, data)
+
+
 _HANDLERS: Final = {
-    "turn/start": _turn_start, "turn/end": _turn_end, "step/start": _step_start,
-    "step/end": _step_end, "tool/result": _tool_result, "llm/retry": _retry,
+    "turn/start": _turn_start, "turn/end": _turn_closed, "step/start": _step_start,
+    "step/end": _step_closed, "tool/result": _tool_result, "llm/retry": _retry,
     "approval/asked": _approval_asked, "approval/decided": _approval_closed,
+    TENANT_TYPE: _tenant, PROVIDER_WAIT_TYPE: _provider_wait,
+    PROVIDER_GRANTED_TYPE: _provider_granted,
 }
 
 

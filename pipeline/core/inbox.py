@@ -22,11 +22,12 @@ inbox topic mirrors it).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 
-from pipeline.core.errors import CodecError, EventError
+from pipeline.core.errors import CodecError, ConfigError, EventError
 from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.tenants import checked_tenant
 
 NEXT_TURN: Final = "next-turn"
 NEXT_STEP: Final = "next-step"
@@ -47,6 +48,15 @@ def _check_ids(kind: str, session_id: str, message_id: str) -> None:
         raise _bad(kind, "message_id must be a non-empty string")
 
 
+def _check_tenant(kind: str, tenant: str | None) -> None:
+    if tenant is None:
+        return
+    try:
+        checked_tenant(tenant)
+    except ConfigError as exc:
+        raise _bad(kind, str(exc)) from None
+
+
 def _check_content(kind: str, content: Sequence[JsonValue]) -> None:
     if not isinstance(content, Sequence) or isinstance(content, str) or not content:
         raise _bad(kind, "content must be a non-empty list of content blocks")
@@ -63,6 +73,7 @@ class _MessageCommand:
     message_id: str
     content: tuple[JsonValue, ...]
     source: Mapping[str, JsonValue] | None = None
+    tenant: str | None = None  # None: not stated (see pipeline.core.tenants)
 
     kind: ClassVar[str] = "message"
     target: ClassVar[Target] = NEXT_STEP
@@ -71,6 +82,7 @@ class _MessageCommand:
 
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
+        _check_tenant(self.kind, self.tenant)
         _check_content(self.kind, self.content)
         if self.source is not None and not (isinstance(self.source, Mapping)
                                             and isinstance(self.source.get("kind"), str)):
@@ -123,11 +135,13 @@ class Cancel:
     session_id: str
     message_id: str
     keep_queue: bool = False
+    tenant: str | None = None
 
     kind: ClassVar[str] = "cancel"
 
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
+        _check_tenant(self.kind, self.tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +164,13 @@ class Configure:
     max_tokens: int | None = None
     require_approval: tuple[str, ...] | None = None  # the session's approval globs
     approval_policy: str | None = None  # "ask" | "never" (an ``approval/policy`` event)
+    tenant: str | None = None
 
     kind: ClassVar[str] = "configure"
 
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
+        _check_tenant(self.kind, self.tenant)
         for name in ("provider", "model"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -184,11 +200,13 @@ class Approve:
     call_id: str
     reason: str | None = None
     source: Mapping[str, JsonValue] | None = None
+    tenant: str | None = None
 
     kind: ClassVar[str] = "approve"
 
     def __post_init__(self) -> None:
         _check_ids(self.kind, self.session_id, self.message_id)
+        _check_tenant(self.kind, self.tenant)
         if not isinstance(self.call_id, str) or not self.call_id:
             raise _bad(self.kind, "callId must be a non-empty string")
         if self.reason is not None and not isinstance(self.reason, str):
@@ -219,6 +237,17 @@ _CONFIG_FIELDS: Final = {
 _LIST_FIELDS: Final = ("tools", "require_approval")
 
 
+def with_tenant(command: InboxCommand, tenant: str) -> InboxCommand:
+    """``command`` with ``tenant`` stated (a service's header); :class:`EventError` when it
+    already states another one or the name is not valid."""
+    if command.tenant is None:
+        return replace(command, tenant=tenant)
+    if command.tenant != tenant:
+        raise _bad(command.kind, f"the record's tenant header names {tenant!r}, its tenant "
+                                 f"field {command.tenant!r}")
+    return command
+
+
 def command_to_json(command: InboxCommand) -> dict[str, JsonValue]:
     """The JSON form: ``{kind, sessionId, messageId, ...}`` (camelCase like the log)."""
     out: dict[str, JsonValue] = {
@@ -241,6 +270,8 @@ def command_to_json(command: InboxCommand) -> dict[str, JsonValue]:
             value = getattr(command, attr)
             if value is not None:
                 out[key] = list(value) if attr in _LIST_FIELDS else value
+    if command.tenant is not None:
+        out["tenant"] = command.tenant
     return out
 
 
@@ -251,7 +282,10 @@ def command_from_json(obj: JsonValue) -> InboxCommand:
     kind = obj.get("kind")
     common: dict[str, Any] = {
         "session_id": obj.get("sessionId"), "message_id": obj.get("messageId"),
+        "tenant": obj.get("tenant"),
     }
+    if common["tenant"] is not None and not isinstance(common["tenant"], str):
+        raise _bad(str(kind), "tenant must be a string")
     if kind in _MESSAGE_KINDS:
         content = obj.get("content")
         if not isinstance(content, list):

@@ -19,15 +19,32 @@ Rules this module keeps:
 - Waiting calls are served fairly: round robin over tenants (weighted), and within a tenant
   round robin over sessions, each session's calls in order. One tenant with ten times the
   calls waiting therefore gets one turn in each round, like every other tenant.
+- A tenant may have limits of its own, held within each (provider, model) budget by buckets
+  of the same kind (at the same share): a tenant out of its own budget is passed over, and
+  the others are served meanwhile.
+
+A step that has to wait for its grant says so in the log, so the fleet's status row shows
+it (how long, for which model) from the log alone: an ignorable :data:`PROVIDER_WAIT_TYPE`
+event when the wait begins, and an ignorable :data:`PROVIDER_GRANTED_TYPE` event with the
+time waited when the grant comes. A call granted at once logs neither::
+
+    {"type": "dsh-pipeline/provider-wait", "ignorable": true,
+     "data": {"provider": "deepseek", "model": "deepseek-chat"}}
+    {"type": "dsh-pipeline/provider-granted", "ignorable": true,
+     "data": {"provider": "deepseek", "model": "deepseek-chat", "waitedMs": 1830}}
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Final
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.tenants import checked_tenant
 
+PROVIDER_WAIT_TYPE: Final = "dsh-pipeline/provider-wait"
+PROVIDER_GRANTED_TYPE: Final = "dsh-pipeline/provider-granted"
 MINUTE_S = 60.0
 EPSILON = 1e-6
 # The budget grants 95% of a limit: a grant is counted when it is made, the provider counts
@@ -99,6 +116,40 @@ class Ticket:
 
 
 @dataclass(slots=True)
+class _Buckets:
+    """A tenant's own requests and tokens buckets within one budget."""
+
+    limit: Limit
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+
+    @classmethod
+    def of(cls, limit: Limit, share: float, now: float) -> _Buckets:
+        def bucket(per_minute: float | None) -> TokenBucket | None:
+            return None if per_minute is None else TokenBucket.full(
+                per_minute * share * HEADROOM, now)
+        return cls(limit, bucket(limit.requests_per_minute), bucket(limit.tokens_per_minute))
+
+    def wait_s(self, tokens: int, now: float) -> float:
+        return max(0.0 if self.requests is None else self.requests.wait_s(1, now),
+                   0.0 if self.tokens is None else self.tokens.wait_s(tokens, now))
+
+    def take(self, tokens: int) -> None:
+        if self.requests is not None:
+            self.requests.level -= 1
+        if self.tokens is not None:
+            self.tokens.level -= tokens
+
+    def reshare(self, old: float, new: float, now: float) -> None:
+        for bucket, per_minute in ((self.requests, self.limit.requests_per_minute),
+                                   (self.tokens, self.limit.tokens_per_minute)):
+            if bucket is not None and per_minute is not None:
+                bucket.refill(now)
+                bucket.per_minute = per_minute * new * HEADROOM
+                bucket.level = min(bucket.level * new / old, bucket.per_minute)
+
+
+@dataclass(slots=True)
 class _Tenant:
     weight: int
     credit: int = 0
@@ -109,12 +160,15 @@ class RateBudget:
     """The budget of one (provider, model): its buckets and its fair queue of waiting calls."""
 
     def __init__(self, limit: Limit, now: float, *, share: float = 1.0,
-                 weights: dict[str, int] | None = None) -> None:
+                 weights: dict[str, int] | None = None,
+                 tenant_limits: dict[str, Limit] | None = None) -> None:
         self.limit = limit
         self.share = share
         self.weights = {tenant: max(1, int(w)) for tenant, w in (weights or {}).items()}
         self.requests = self._bucket(limit.requests_per_minute, now)
         self.tokens = self._bucket(limit.tokens_per_minute, now)
+        self.tenant_buckets = {tenant: _Buckets.of(own, share, now)
+                               for tenant, own in (tenant_limits or {}).items()}
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._arrived = 0
 
@@ -152,26 +206,34 @@ class RateBudget:
     def next_grant(self, now: float) -> tuple[Ticket | None, float]:
         """The call granted now (taken from the queue and the buckets), or None and the
         seconds until the next one may be (0: nothing waits)."""
-        head = self._head()
+        head, tenant_wait = self._head(now)
         if head is None:
-            return None, 0.0
+            return None, tenant_wait
         wait = max(self._wait(self.requests, 1, now), self._wait(self.tokens, head.tokens, now))
         if wait > 0:
             return None, wait
         self._take(head)
         return head, 0.0
 
-    def _head(self) -> Ticket | None:
-        """The next call in fair order: the first tenant with credit (weighted round robin),
-        its first session's first call."""
+    def _head(self, now: float) -> tuple[Ticket | None, float]:
+        """The next call in fair order: the first tenant with credit (weighted round robin)
+        and room in its own buckets, its first session's first call; else None and the
+        seconds until a tenant's own buckets have room (0: nothing waits)."""
         if not self._tenants:
-            return None
-        while True:
-            for tenant in self._tenants.values():
+            return None, 0.0
+        tenant_wait = float("inf")
+        for _ in range(2):  # the second pass after every credit is renewed
+            for name, tenant in self._tenants.items():
                 if tenant.credit > 0:
-                    return next(iter(tenant.sessions.values()))[0]
+                    ticket = next(iter(tenant.sessions.values()))[0]
+                    own = self.tenant_buckets.get(name)
+                    wait = 0.0 if own is None else own.wait_s(ticket.tokens, now)
+                    if wait <= 0:
+                        return ticket, 0.0
+                    tenant_wait = min(tenant_wait, wait)
             for tenant in self._tenants.values():
                 tenant.credit = tenant.weight
+        return None, tenant_wait
 
     def _take(self, ticket: Ticket) -> None:
         tenant = self._tenants[ticket.tenant]
@@ -187,6 +249,9 @@ class RateBudget:
             self.requests.level -= 1
         if self.tokens is not None:
             self.tokens.level -= ticket.tokens
+        own = self.tenant_buckets.get(ticket.tenant)
+        if own is not None:
+            own.take(ticket.tokens)
 
     @staticmethod
     def _wait(bucket: TokenBucket | None, amount: int, now: float) -> float:
@@ -194,11 +259,14 @@ class RateBudget:
 
     # --- what the provider said ----------------------------------------------------------
 
-    def settle(self, estimated: int, reported: int, now: float) -> None:
-        """A call's input tokens as reported: the tokens bucket gives back or takes more."""
-        if self.tokens is not None:
-            self.tokens.refill(now)
-            self.tokens.level += estimated - reported
+    def settle(self, estimated: int, reported: int, now: float, *, tenant: str = "") -> None:
+        """A call's input tokens as reported: the tokens buckets (the budget's and the
+        call's tenant's own) give back or take more."""
+        own = self.tenant_buckets.get(tenant)
+        for bucket in (self.tokens, own.tokens if own is not None else None):
+            if bucket is not None:
+                bucket.refill(now)
+                bucket.level += estimated - reported
 
     def retry_after(self, seconds: float, now: float) -> None:
         """``Retry-After``: nothing is granted before ``now + seconds``."""
@@ -224,6 +292,8 @@ class RateBudget:
                 bucket.refill(now)
                 bucket.per_minute = per_minute * share * HEADROOM
                 bucket.level = min(bucket.level * share / self.share, bucket.per_minute)
+        for own in self.tenant_buckets.values():
+            own.reshare(self.share, share, now)
         self.share = share
 
 
@@ -251,10 +321,12 @@ def observe(budget: RateBudget, signal: RateSignal, now: float) -> None:
 @dataclass(frozen=True, slots=True)
 class ProviderLimits:
     """``DSH_PROVIDER_LIMITS``: limits by ``provider/model`` (``provider/*`` and ``*`` are
-    defaults, the most specific wins) and tenants' weights in the fair queue."""
+    defaults, the most specific wins), tenants' weights in the fair queue and tenants' own
+    limits (held within each budget)."""
 
     limits: dict[str, Limit] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)
+    tenant_limits: dict[str, Limit] = field(default_factory=dict)
 
     def limit_of(self, provider: str, model: str) -> Limit | None:
         for key in (f"{provider}/{model}", f"{provider}/*", "*"):
@@ -264,7 +336,9 @@ class ProviderLimits:
 
 
 LIMITS_EXAMPLE = ('{"deepseek/deepseek-chat": {"requests_per_minute": 500, '
-                  '"tokens_per_minute": 1000000}, "tenants": {"acme": {"weight": 2}}}')
+                  '"tokens_per_minute": 1000000}, "tenants": {"acme": {"weight": 2, '
+                  '"requests_per_minute": 100}}}')
+_LIMIT_NAMES = frozenset({"requests_per_minute", "tokens_per_minute"})
 
 
 def parse_limits(raw: object) -> ProviderLimits:
@@ -272,40 +346,51 @@ def parse_limits(raw: object) -> ProviderLimits:
     entry that is wrong."""
     if not isinstance(raw, dict):
         raise ConfigError(f"DSH_PROVIDER_LIMITS must be a JSON object, e.g. {LIMITS_EXAMPLE}")
-    limits, weights = {}, {}
+    limits: dict[str, Limit] = {}
+    weights: dict[str, int] = {}
+    tenant_limits: dict[str, Limit] = {}
     for key, value in raw.items():
         if key == "tenants":
-            weights = _weights(value)
+            weights, tenant_limits = _tenants(value)
             continue
-        if not isinstance(value, dict) or not set(value) <= {"requests_per_minute",
-                                                             "tokens_per_minute"}:
+        if not isinstance(value, dict) or not set(value) <= _LIMIT_NAMES:
             raise ConfigError(f"DSH_PROVIDER_LIMITS[{key!r}] must be an object with "
                               "requests_per_minute and/or tokens_per_minute")
         if key != "*" and "/" not in key:
             raise ConfigError(f"DSH_PROVIDER_LIMITS key {key!r} must be provider/model, "
                               "provider/* or *")
-        limits[key] = Limit(**{name: _number(key, name, v) for name, v in value.items()})
-    return ProviderLimits(limits, weights)
+        where = f"DSH_PROVIDER_LIMITS[{key!r}]"
+        limits[key] = Limit(**{name: _number(where, name, v) for name, v in value.items()})
+    return ProviderLimits(limits, weights, tenant_limits)
 
 
-def _number(key: str, name: str, value: object) -> float:
+def _number(where: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"DSH_PROVIDER_LIMITS[{key!r}].{name} must be a number, got "
-                          f"{value!r}")
+        raise ConfigError(f"{where}.{name} must be a number, got {value!r}")
     return float(value)
 
 
-def _weights(raw: object) -> dict[str, int]:
+def _tenants(raw: object) -> tuple[dict[str, int], dict[str, Limit]]:
+    """Tenants' weights and own limits: ``{T: {"weight"?, "requests_per_minute"?,
+    "tokens_per_minute"?}}``."""
     if not isinstance(raw, dict):
         raise ConfigError('DSH_PROVIDER_LIMITS["tenants"] must be an object of tenants')
-    weights = {}
+    weights, limits = {}, {}
     for tenant, entry in raw.items():
-        weight = entry.get("weight") if isinstance(entry, dict) else None
+        where = f'DSH_PROVIDER_LIMITS["tenants"][{tenant!r}]'
+        checked_tenant(tenant)
+        if not isinstance(entry, dict) or not entry or not set(entry) <= _LIMIT_NAMES | {
+                "weight"}:
+            raise ConfigError(f"{where} must be an object of weight, requests_per_minute "
+                              "and/or tokens_per_minute")
+        weight = entry.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-            raise ConfigError(f'DSH_PROVIDER_LIMITS["tenants"][{tenant!r}] must be '
-                              '{"weight": N} with N >= 1')
-        weights[str(tenant)] = weight
-    return weights
+            raise ConfigError(f"{where}.weight must be an integer >= 1, got {weight!r}")
+        weights[tenant] = weight
+        own = {name: _number(where, name, entry[name]) for name in _LIMIT_NAMES & set(entry)}
+        if own:
+            limits[tenant] = Limit(**own)
+    return weights, limits
 
 
 def estimated_tokens(characters: int) -> int:

@@ -5,7 +5,8 @@ number, the last logged request header, the last applied configuration (a
 ``dsh-pipeline/config`` event, :mod:`pipeline.core.turn_config`) and whether a header stated
 it since, the inbox lists (every change of them is an ``agent/inbox/spliced`` event) and the
 ids of the messages and configure commands that already entered the session (so a
-redelivered inbox record is not applied twice), and the approvals (:mod:`pipeline.core.approvals`).
+redelivered inbox record is not applied twice), the approvals (:mod:`pipeline.core.approvals`)
+and the session's tenant (:mod:`pipeline.core.tenants`).
 
 A splice this driver cannot apply (another writer's shape, indices that do not fit the lists)
 is skipped: a session must stay runnable whatever plugins wrote into its log.
@@ -21,6 +22,7 @@ from pipeline.core.approvals import ApprovalBook
 from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
 from pipeline.core.turn_config import CONFIG_TYPE, configured_header
 
 
@@ -41,6 +43,7 @@ class History:
     configured_last: bool = False  # ... and no request/header came after it
     configure_ids: set[str] = field(default_factory=set)
     approvals: ApprovalBook = field(default_factory=ApprovalBook)
+    tenant: str = DEFAULT_TENANT  # the first valid tenant event's (pipeline.core.tenants)
 
     def advance(self, event: Event) -> None:
         """Fold one event in (O(size of the event))."""
@@ -63,6 +66,8 @@ class History:
                 self.configured, self.configured_last = found[1], True
         elif event.type == SPLICE_TYPE:
             self._splice(event)
+        elif event.type == TENANT_TYPE and self.tenant == DEFAULT_TENANT:
+            self.tenant = tenant_of(data) or DEFAULT_TENANT
 
     def _splice(self, event: Event) -> None:
         data = event.data
@@ -80,7 +85,7 @@ class History:
                 "inbox": self.inbox.to_json(), "messageIds": sorted(self.message_ids),
                 "configured": self.configured, "configuredLast": self.configured_last,
                 "configureIds": sorted(self.configure_ids),
-                "approvals": self.approvals.to_json()}
+                "approvals": self.approvals.to_json(), "tenant": self.tenant}
 
     @classmethod
     def from_json(cls, raw: JsonValue) -> History:
@@ -95,15 +100,18 @@ class History:
         if type(last_turn) is not int or not _optional_object(header) \
                 or not _optional_object(configured) \
                 or not isinstance(raw.get("configuredLast"), bool) \
-                or not _strings(ids) or not _strings(configure_ids):
+                or not _strings(ids) or not _strings(configure_ids) \
+                or not isinstance(raw.get("tenant", DEFAULT_TENANT), str):
             raise CodecError("a session history needs an integer lastTurn, header and "
                              "configured (objects or null), a boolean configuredLast and "
-                             "messageIds and configureIds (lists of strings)")
+                             "messageIds and configureIds (lists of strings), and a string "
+                             "tenant when present")
         return cls(last_turn=last_turn, header=_copy(header),
                    inbox=InboxLists.from_json(raw.get("inbox")), message_ids=set(ids),
                    configured=_copy(configured), configured_last=raw["configuredLast"],
                    configure_ids=set(configure_ids),
-                   approvals=ApprovalBook.from_json(raw.get("approvals")))
+                   approvals=ApprovalBook.from_json(raw.get("approvals")),
+                   tenant=str(raw.get("tenant", DEFAULT_TENANT)))
 
 
 def _optional_object(value: JsonValue) -> bool:

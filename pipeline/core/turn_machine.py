@@ -61,6 +61,7 @@ from pipeline.core.model import (
     failure_of,
 )
 from pipeline.core.repair import repair_closers
+from pipeline.core.tenants import TENANT_TYPE, command_tenant_error, tenant_event_data
 from pipeline.core.turn_approvals import ApprovalGate
 from pipeline.core.turn_config import CONFIG_TYPE, ConfigState
 from pipeline.core.turn_effects import (
@@ -109,6 +110,7 @@ class TurnMachine(ToolsPhase):
         self.inbox: InboxLists = history.inbox
         self._seen_ids: set[str] = history.message_ids
         self._turn = history.last_turn
+        self.tenant = history.tenant
         # a session's own logged configuration wins over the caller's default
         self._config = ConfigState(header=history.header, configured=history.configured,
                                    configured_last=history.configured_last,
@@ -145,6 +147,13 @@ class TurnMachine(ToolsPhase):
         self.log.append(event)
         self._outbox.append(event)
         return event.seq
+
+    def note(self, type_: str, data: JsonValue, now: int) -> None:
+        """Log an ignorable ``dsh-pipeline/`` event the caller observed (e.g. a wait for a
+        provider's budget); it changes nothing the machine decides."""
+        if not type_.startswith("dsh-pipeline/"):
+            raise TurnError(f"a note must be a dsh-pipeline/ event, not {type_!r}")
+        self._append(type_, data, now, ignorable=True)
 
     def take_events(self) -> list[Event]:
         """The events appended since the last call, in seq order (for the caller to publish)."""
@@ -198,6 +207,7 @@ class TurnMachine(ToolsPhase):
         ``tools`` are the resolved definitions of a :class:`Configure`'s tool names.
         """
         self.recover(now)
+        self._enter_tenant(command, now)
         if isinstance(command, FollowUp | Steer | Inject):
             if command.message_id in self._seen_ids:
                 return False
@@ -220,6 +230,21 @@ class TurnMachine(ToolsPhase):
             if decided is not None:
                 self._decided(*decided, now)
         return True
+
+    def _enter_tenant(self, command: InboxCommand, now: int) -> None:
+        """The first command of a session puts it in its tenant (a tenant event before any
+        other); a later one naming another tenant is refused (``TurnError``), changing
+        nothing."""
+        if command.tenant is None or command.tenant == self.tenant:
+            return
+        if self.log.next_seq == 0:
+            self._append(TENANT_TYPE, tenant_event_data(command.tenant, command.message_id),
+                         now, ignorable=True)
+            self.tenant = command.tenant
+            return
+        refused = command_tenant_error(self.tenant, command.tenant, self.log.session_id)
+        assert refused is not None  # the tenants differ
+        raise TurnError(refused)
 
     def _configure(self, command: Configure, tools: tuple[JsonValue, ...] | None,
                    now: int) -> None:

@@ -46,11 +46,19 @@ from pipeline.adapters.kafka.records import (
     record_bytes,
 )
 from pipeline.adapters.kafka.transactional import PartitionProducer
-from pipeline.codec.records import HEADER_TRACEPARENT
+from pipeline.codec.records import HEADER_TENANT, HEADER_TRACEPARENT
 from pipeline.core.checkpoint import SessionCheckpoint
 from pipeline.core.errors import BrokerError, CodecError, DshError, EventError
 from pipeline.core.genai_trace import TraceParent
-from pipeline.core.inbox import Approve, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import (
+    Approve,
+    Configure,
+    FollowUp,
+    InboxCommand,
+    Inject,
+    Steer,
+    with_tenant,
+)
 from pipeline.core.log import SessionLog
 from pipeline.services.driver.checkpointing import invalid_log_reason
 from pipeline.services.driver.inbox_offsets import (
@@ -309,6 +317,9 @@ class OwnedPartition:
         if key != command.session_id:
             raise CodecError(f"inbox record key {key!r} differs from the command's session "
                              f"{command.session_id!r}: the key decides the owning partition")
+        tenant = header_value(record.headers, HEADER_TENANT)
+        if tenant is not None:
+            return with_tenant(command, tenant.decode("utf-8", "replace"))
         return command
 
     def _dead_letter(self, record: InboxRecord, error: DshError) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pipeline.core.rate_budget import ProviderLimits, RateBudget, RateSignal, Ticket, observe
@@ -49,12 +49,15 @@ class ProviderGate:
         if key not in self._budgets:
             limit = self.limits.limit_of(provider, model)
             self._budgets[key] = None if limit is None else RateBudget(
-                limit, self._clock(), share=self.share, weights=self.limits.weights)
+                limit, self._clock(), share=self.share, weights=self.limits.weights,
+                tenant_limits=self.limits.tenant_limits)
         return self._budgets[key]
 
     async def acquire(self, provider: str, model: str, *, tenant: str, session_id: str,
-                      tokens: int) -> float:
-        """Wait for the call's grant; the seconds it waited."""
+                      tokens: int, on_wait: Callable[[], Awaitable[None]] | None = None
+                      ) -> float:
+        """Wait for the call's grant; the seconds it waited. ``on_wait`` is awaited once,
+        before the first wait, when the call is not granted at once (the runner logs it)."""
         budget = self.budget(provider, model)
         if budget is None:
             return 0.0
@@ -68,6 +71,10 @@ class ProviderGate:
                 if granted is not None:
                     self._granted.pop(id(granted)).set_result(None)
                     continue
+                if on_wait is not None:
+                    await on_wait()
+                    on_wait = None
+                    continue  # the budget may have moved while it ran
                 await asyncio.wait({mine}, timeout=wait if wait > 0 else None)
         except BaseException:
             if not mine.done():
@@ -82,10 +89,11 @@ class ProviderGate:
         self.counters.longest_wait_s = max(self.counters.longest_wait_s, waited)
         return waited
 
-    def settle(self, provider: str, model: str, estimated: int, reported: int) -> None:
+    def settle(self, provider: str, model: str, estimated: int, reported: int, *,
+               tenant: str = "") -> None:
         budget = self.budget(provider, model)
         if budget is not None:
-            budget.settle(estimated, reported, self._clock())
+            budget.settle(estimated, reported, self._clock(), tenant=tenant)
 
     def retry_after(self, provider: str, model: str, seconds: float) -> None:
         budget = self.budget(provider, model)

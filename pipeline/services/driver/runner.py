@@ -34,7 +34,11 @@ from pipeline.core.events import Event, JsonValue, dumps_json
 from pipeline.core.inbox import Configure, InboxCommand
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
-from pipeline.core.rate_budget import estimated_tokens
+from pipeline.core.rate_budget import (
+    PROVIDER_GRANTED_TYPE,
+    PROVIDER_WAIT_TYPE,
+    estimated_tokens,
+)
 from pipeline.core.turn_effects import (
     AwaitApproval,
     CallModel,
@@ -310,8 +314,20 @@ class SessionRunner:
             return 0
         size = len(dumps_json(list(request.messages))) + len(request.system or "")
         estimated = estimated_tokens(size)
-        await gate.acquire(request.provider, request.model, tenant="",
-                           session_id=self.session_id, tokens=estimated)
+        which: dict[str, JsonValue] = {"provider": request.provider, "model": request.model}
+        logged: list[bool] = []
+
+        async def log_the_wait() -> None:  # the fleet shows the step as waiting
+            logged.append(True)
+            self.machine.note(PROVIDER_WAIT_TYPE, which, self._clock())
+            await self._publish()
+
+        waited = await gate.acquire(request.provider, request.model, tenant=self.machine.tenant,
+                                    session_id=self.session_id, tokens=estimated,
+                                    on_wait=log_the_wait)
+        if logged:
+            self.machine.note(PROVIDER_GRANTED_TYPE, {**which, "waitedMs": round(waited * 1000)},
+                              self._clock())
         return estimated
 
     def _rate_limited(self, request: ModelRequest, exc: ProviderError) -> None:
@@ -348,7 +364,8 @@ class SessionRunner:
             machine.stream_ended(self._clock())
         finally:  # release the provider's connection even when cancelled mid-stream
             if estimated and reported is not None and self._gate is not None:
-                self._gate.settle(request.provider, request.model, estimated, reported)
+                self._gate.settle(request.provider, request.model, estimated, reported,
+                                  tenant=self.machine.tenant)
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 await aclose()

@@ -11,6 +11,7 @@ const filter = document.getElementById("filter");
 function stateText(r) {
   if (r.state !== "in-turn") return "idle";
   if (r.approval_call_id) return `turn ${r.turn} · waits for approval`;
+  if (r.provider_wait) return `turn ${r.turn} · waits for provider ${r.provider_wait} (${fmtAgo(r.provider_wait_since_ms, Date.now())})`;
   return r.step != null ? `turn ${r.turn} · step ${r.step}` : `turn ${r.turn}`;
 }
 
@@ -23,7 +24,7 @@ function matches(r) {
   if (f === "errors" && !errorCount(r)) return false;
   const q = search.value.trim().toLowerCase();
   if (!q) return true;
-  return [r.session_id, r.title, r.model, r.last_error, r.last_end_reason]
+  return [r.session_id, r.title, r.tenant, r.model, r.last_error, r.last_end_reason]
     .some((v) => v && String(v).toLowerCase().includes(q));
 }
 
@@ -47,6 +48,7 @@ function renderRow(r, tr) {
     el("td", { class: `num ${errors ? "err" : "muted"}`, text: errors ? `${errors}` : "0",
                title: r.last_error ? `last: ${r.last_error}` : "" }),
     el("td", { class: "muted", text: r.model || "–" }),
+    el("td", { class: "muted", text: r.tenant || "–" }),
     el("td", { class: "num muted", text: r.partition >= 0 ? String(r.partition) : "–" }));
   tr.dataset.session = r.session_id;
   tr.dataset.state = r.state;

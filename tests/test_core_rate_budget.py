@@ -140,14 +140,16 @@ def test_retry_after_and_the_reported_remaining_narrow_the_budget_at_once() -> N
     assert budget.next_grant(7.9)[0] is None
     assert budget.next_grant(8.0 + refill_one)[0] is not None
     # The provider counts the fleet's calls: 4 left for all of it is 2 for this share.
-    budget.provider_remaining(requests=4, tokens=None, requests_reset_s=30.0,
-                              tokens_reset_s=0.0, now=10.0)
+    budget.provider_remaining(requests=4, tokens=None, now=10.0)
     for _ in range(3):
         budget.enqueue(Ticket("", "s", 1))
     assert [t is not None for t, _ in (budget.next_grant(10.0) for _ in range(3))] == [
         True, True, False]
+    # The provider refills on, and so does the bucket: the next call waits for one
+    # request's refill, not for the provider's "reset" (when its bucket is full again).
     ticket, wait = budget.next_grant(10.0)
-    assert ticket is None and wait >= 30.0   # held at the cap until its reset
+    assert ticket is None and wait == pytest.approx(refill_one)
+    assert budget.next_grant(10.0 + refill_one)[0] is not None
 
 
 def test_a_new_share_takes_effect_without_granting_twice() -> None:

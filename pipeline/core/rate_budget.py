@@ -15,7 +15,9 @@ Rules this module keeps:
   never exceeds it. A new share takes effect at once, without granting anything twice.
 - The provider's own signals narrow the budget at once: ``Retry-After`` blocks both buckets
   until then; ``x-ratelimit-remaining-*`` caps a bucket's level (scaled by ``share``, the
-  provider counts the whole fleet's calls) until its ``x-ratelimit-reset-*``.
+  provider counts the whole fleet's calls); the bucket refills on from there, as the
+  provider's does (``x-ratelimit-reset-*`` says when the provider's bucket is full again,
+  so it blocks nothing).
 - Waiting calls are served fairly: round robin over tenants (weighted), and within a tenant
   round robin over sessions, each session's calls in order. One tenant with ten times the
   calls waiting therefore gets one turn in each round, like every other tenant.
@@ -60,7 +62,7 @@ class TokenBucket:
     per_minute: float
     level: float
     at: float
-    capped_until: float = 0.0   # a provider's reported remaining holds until then
+    blocked_until: float = 0.0   # a provider's Retry-After: no refill before then
 
     @classmethod
     def full(cls, per_minute: float, now: float) -> TokenBucket:
@@ -68,7 +70,7 @@ class TokenBucket:
 
     def refill(self, now: float) -> None:
         if now > self.at:
-            if now >= self.capped_until:
+            if now >= self.blocked_until:
                 self.level = min(self.per_minute,
                                  self.level + (now - self.at) * self.per_minute / MINUTE_S)
             self.at = now
@@ -80,15 +82,20 @@ class TokenBucket:
         wanted = min(amount, self.per_minute)
         if self.level >= wanted - EPSILON:   # refills are float sums: never wait for dust
             return 0.0
-        start = max(now, self.capped_until)
+        start = max(now, self.blocked_until)
         return start - now + (wanted - self.level) * MINUTE_S / max(self.per_minute, 1e-9)
 
-    def cap(self, remaining: float, until: float, now: float) -> None:
-        """The provider says only ``remaining`` is left until ``until``."""
+    def cap(self, remaining: float, now: float) -> None:
+        """The provider says only ``remaining`` is left now (its bucket refills on, as
+        this one does)."""
         self.refill(now)
         if remaining < self.level:
             self.level = remaining
-        self.capped_until = max(self.capped_until, until)
+
+    def block(self, until: float, now: float) -> None:
+        """Nothing is left, and nothing refills, until ``until`` (a ``Retry-After``)."""
+        self.cap(min(self.level, 0.0), now)
+        self.blocked_until = max(self.blocked_until, until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,15 +279,17 @@ class RateBudget:
         """``Retry-After``: nothing is granted before ``now + seconds``."""
         for bucket in (self.requests, self.tokens):
             if bucket is not None:
-                bucket.cap(min(bucket.level, 0.0), now + seconds, now)
+                bucket.block(now + seconds, now)
 
     def provider_remaining(self, *, requests: float | None, tokens: float | None,
-                           requests_reset_s: float, tokens_reset_s: float, now: float) -> None:
-        """``x-ratelimit-remaining-*`` with their resets: this process's share of them."""
+                           now: float) -> None:
+        """``x-ratelimit-remaining-*``: this process's share of what is left now. The
+        buckets refill on from there: a provider's ``x-ratelimit-reset-*`` is when its
+        bucket is full again, not when the next call may go, so it blocks nothing."""
         if self.requests is not None and requests is not None:
-            self.requests.cap(requests * self.share, now + requests_reset_s, now)
+            self.requests.cap(requests * self.share, now)
         if self.tokens is not None and tokens is not None:
-            self.tokens.cap(tokens * self.share, now + tokens_reset_s, now)
+            self.tokens.cap(tokens * self.share, now)
 
     def reshare(self, share: float, now: float) -> None:
         """This process's new part of the fleet's limit (a rebalance moved partitions)."""
@@ -303,6 +312,7 @@ class RateSignal:
 
     requests_remaining: float | None = None
     tokens_remaining: float | None = None
+    # when the provider's buckets are full again: what the headers say, blocking nothing
     requests_reset_s: float = 0.0
     tokens_reset_s: float = 0.0
 
@@ -310,9 +320,7 @@ class RateSignal:
 def observe(budget: RateBudget, signal: RateSignal, now: float) -> None:
     """Narrow ``budget`` by a provider's signal (:meth:`RateBudget.provider_remaining`)."""
     budget.provider_remaining(requests=signal.requests_remaining,
-                              tokens=signal.tokens_remaining,
-                              requests_reset_s=signal.requests_reset_s,
-                              tokens_reset_s=signal.tokens_reset_s, now=now)
+                              tokens=signal.tokens_remaining, now=now)
 
 
 # --- configuration ------------------------------------------------------------------------

@@ -32,16 +32,14 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 from suite_core import kafka_for
@@ -50,6 +48,8 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.projection_pointer import write_pointer_records
 from pipeline.adapters.kafka.topic_scan import BulkProducer
+from pipeline.adapters.localstack.process import ChildProcess, free_ports
+from pipeline.cli.demo_fleet import start_processors
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import default_output_codecs
 from pipeline.codec.records import event_headers
@@ -115,40 +115,23 @@ async def write_sessions(settings: Settings, sessions: list[str]) -> dict[str, i
     return dict.fromkeys(sessions, SESSION_EVENTS)
 
 
-class ProcessorsWorker:
-    """A ``dsh-pipeline processors`` child folding the session topic of ``settings``."""
-
-    def __init__(self, settings: Settings, state_dir: str) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, **settings.to_env(), "DSH_STATE_DIR": state_dir}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli.main", "processors", "--web-port",
-             str(self.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    async def folded(self, client: httpx.AsyncClient, next_seqs: dict[str, int]) -> None:
-        """Wait until the worker vouches for the last session of each partition at its end."""
-        last = {partition_for(s, PARTITIONS): s for s in next_seqs}
-        deadline = time.monotonic() + FOLD_TIMEOUT_S
+async def wait_folded(worker: ChildProcess, url: str, next_seqs: dict[str, int]) -> None:
+    """Wait until the worker at ``url`` vouches for the last session of each partition at
+    its end (``GET /sessions/{id}/page``)."""
+    last = {partition_for(s, PARTITIONS): s for s in next_seqs}
+    deadline = time.monotonic() + FOLD_TIMEOUT_S
+    async with httpx.AsyncClient(timeout=30.0) as client:
         while last:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the processors worker did not fold the sessions in time")
+            if not worker.alive() or time.monotonic() > deadline:
+                raise RuntimeError("the processors worker did not fold the sessions in time; "
+                                   f"its log ends:\n{worker.log_tail()}")
             for partition, session_id in list(last.items()):
                 with contextlib.suppress(httpx.HTTPError):
-                    answer = await client.get(f"{self.url}/sessions/{session_id}/page")
+                    answer = await client.get(f"{url}/sessions/{session_id}/page")
                     if answer.status_code == 200 and \
                             answer.json()["nextSeq"] == next_seqs[session_id]:
                         del last[partition]
             await asyncio.sleep(0.5)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 @dataclasses.dataclass(slots=True)
@@ -209,14 +192,17 @@ async def measure_processors(settings: Settings, sessions: list[str], pages: int
     """The sessions' events folded by a processors worker, pages started from its tables."""
     next_seqs = await write_sessions(settings, sessions)
     with tempfile.TemporaryDirectory(prefix="bench-page-") as state_dir:
-        worker = ProcessorsWorker(settings, state_dir)
+        port = free_ports(1)[0]
+        url = f"http://127.0.0.1:{port}"
+        # its tables in the temporary directory; its log beside them (read if it fails)
+        worker = start_processors(dataclasses.replace(settings, state_dir=state_dir), port,
+                                  Path(state_dir) / "processors.log")
         try:
-            async with httpx.AsyncClient(timeout=30.0) as client:
-                await worker.folded(client, next_seqs)
-            asked = dataclasses.replace(settings, dashboard_processors_url=worker.url)
+            await wait_folded(worker, url, next_seqs)
+            asked = dataclasses.replace(settings, dashboard_processors_url=url)
             return await measure(asked, sessions, pages)
         finally:
-            worker.stop()
+            worker.stop(30)
 
 
 async def run(bootstrap: str, sizes: list[int], pages: int, layouts: list[str]) -> None:

@@ -10,6 +10,8 @@
 - ``group_id`` (function): a unique consumer group id.
 - ``settings`` (function): ``Settings`` with that prefix, 3 partitions, replication factor 1,
   the fixture broker and the fixture registry.
+- ``topics`` (function): the driver tests' settings, as ``settings`` without the registry,
+  once their topics exist (tests/driver_topics.py).
 - ``shared_cluster`` (session): a 3-node cluster for the tests that kill none of its nodes;
   they run one after the other, and it stops after the last of them (``cluster``, module
   scoped, is a cluster of the module's own).
@@ -303,6 +305,13 @@ def settings(kafka_bootstrap: str, registry_url: str, topic_prefix: str) -> Sett
         replication_factor=1,
         group_id_prefix=f"{topic_prefix}g-",
     )
+
+
+@pytest.fixture
+async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
+    """Settings for this test's driver (no registry), its topics created."""
+    from driver_topics import driver_topics
+    return await driver_topics(kafka_bootstrap, topic_prefix)
 
 
 @pytest.fixture

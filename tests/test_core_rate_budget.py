@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from pipeline.cli.cmd_driver import provider_limits_of
 from pipeline.core.errors import ConfigError
-from pipeline.core.rate_budget import HEADROOM, Limit, RateBudget, Ticket, parse_limits
+from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.rate_budget import (
+    HEADROOM,
+    Limit,
+    RateBudget,
+    Ticket,
+    estimated_tokens,
+    parse_limits,
+    text_characters,
+)
 from pipeline.settings import Settings
 
 
@@ -126,6 +135,34 @@ def test_tokens_are_estimated_then_corrected_from_the_reported_usage() -> None:
     missing = 400 - (size - 900)
     assert ticket is None and wait == pytest.approx(missing * 60 / size)
     assert budget.next_grant(wait)[0] is not None
+
+
+def test_the_estimate_counts_the_characters_of_the_strings_four_a_token() -> None:
+    message = {"role": "user", "content": [{"type": "text", "text": "héllo wörld"}],
+               "n": 12345, "ok": True, "none": None}
+    # keys role content type text n ok none (4+7+4+4+1+2+4), values user text héllo wörld
+    assert text_characters(message) == 26 + 4 + 4 + 11
+    assert text_characters([message, (message,)]) == 2 * text_characters(message)
+    assert text_characters(42) == 0 and text_characters("") == 0
+    assert estimated_tokens((message,)) == 45 // 4
+    assert estimated_tokens((message,), "a system prompt") == (45 + 15) // 4
+    assert estimated_tokens(()) == 1 and estimated_tokens((), "") == 1
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=st.lists(JSON_VALUES, max_size=5))
+def test_the_estimate_never_exceeds_the_json_bodys_length_over_four(
+        messages: list[JsonValue]) -> None:
+    """The strings' characters are in the serialised body: the walk's estimate is at most
+    what the body's length gave (the punctuation is left out), and at least one token."""
+    assert text_characters(messages) <= len(dumps_json(messages))
+    assert 1 <= estimated_tokens(messages) <= max(1, len(dumps_json(messages)) // 4)
 
 
 def test_retry_after_and_the_reported_remaining_narrow_the_budget_at_once() -> None:

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from test_driver_crash import PARTITIONS as CRASH_PARTITIONS
 from test_driver_crash import driver_env
 from test_driver_kafka import PARTITIONS, wait_for_events
 from wait_support import driver_owning
@@ -290,18 +289,9 @@ async def start_driver(settings: Settings, *args: str) -> asyncio.subprocess.Pro
     return process
 
 
-@pytest.fixture
-async def crash_topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=CRASH_PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
-
-
 async def test_kill_9_while_waiting_then_approve_on_a_restarted_driver(
-        crash_topics: Settings) -> None:
-    settings, session = crash_topics, "s-kill-wait"
+        topics: Settings) -> None:
+    settings, session = topics, "s-kill-wait"
     flags = ["--script", "tool-loop", "--require-approval", "echo"]
     process = await start_driver(settings, *flags)
     helper = ApprovalDriver(settings, None, [])  # type: ignore[arg-type]

@@ -17,10 +17,10 @@ from collections import Counter
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from test_driver_crash import PARTITIONS, all_events, start_driver
+from driver_topics import PARTITIONS
+from test_driver_crash import all_events, start_driver
 from wait_support import driver_owning
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -36,15 +36,6 @@ from pipeline.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 SESSIONS = [f"tail-{n}" for n in range(6)]
 SLOW = ["--script", "tool-loop", "--script-chunk-delay-ms", "400"]
-
-
-@pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
 
 
 async def follow_ups(settings: Settings, sent: dict[str, list[str]], text: str) -> None:

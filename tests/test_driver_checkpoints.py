@@ -17,9 +17,9 @@ import uuid
 from collections import Counter
 
 import pytest
+from driver_topics import driver_topics
 from wait_support import driver_owning, until
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -47,12 +47,9 @@ SERDE = EventSerde()
 
 
 @pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
+async def two_partition_topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
+    """The shared ``topics`` fixture's settings, on 2 partitions instead of 3."""
+    return await driver_topics(kafka_bootstrap, topic_prefix, PARTITIONS)
 
 
 def context(settings: Settings, *, idle_evict_s: float = 600.0) -> PartitionContext:
@@ -106,8 +103,9 @@ def check_replay(events: list[Event], message_ids: list[str]) -> None:
     assert Counter(inserted).most_common(1)[0][1] == 1
 
 
-async def test_a_takeover_reads_checkpoints_not_the_session_topic(topics: Settings) -> None:
-    settings = topics
+async def test_a_takeover_reads_checkpoints_not_the_session_topic(
+        two_partition_topics: Settings) -> None:
+    settings = two_partition_topics
     sessions = [f"old-{n}" for n in range(8)]
     sent: dict[str, list[str]] = {s: [] for s in sessions}
     first = context(settings)
@@ -132,8 +130,9 @@ async def test_a_takeover_reads_checkpoints_not_the_session_topic(topics: Settin
         check_replay(found[session], sent[session])
 
 
-async def test_idle_sessions_leave_memory_and_come_back(topics: Settings) -> None:
-    settings = topics
+async def test_idle_sessions_leave_memory_and_come_back(
+        two_partition_topics: Settings) -> None:
+    settings = two_partition_topics
     ctx = context(settings, idle_evict_s=0.4)
     sessions = [f"idle-{n}" for n in range(6)]
     sent: dict[str, list[str]] = {s: [] for s in sessions}
@@ -174,8 +173,9 @@ async def _in_memory_logs() -> dict[str, list[Event]]:
     return logs
 
 
-async def test_a_topic_without_checkpoints_is_migrated_once(topics: Settings) -> None:
-    settings = topics
+async def test_a_topic_without_checkpoints_is_migrated_once(
+        two_partition_topics: Settings) -> None:
+    settings = two_partition_topics
     logs = await _in_memory_logs()
     records = [OutRecord(settings.topics.session_events, sid.encode(), SERDE.encode(sid, e),
                          tuple(event_headers(e)), partition_of(sid))
@@ -202,11 +202,11 @@ async def test_a_topic_without_checkpoints_is_migrated_once(topics: Settings) ->
 
 @pytest.mark.timeout(600)
 async def test_a_300k_event_session_costs_its_live_surface_not_its_length(
-        topics: Settings) -> None:
+        two_partition_topics: Settings) -> None:
     """A 300,000-event session with a dsh compaction every few turns, written by older
     code: migrated once, then taken over from its checkpoint alone (no session-topic record
     read), and its next turn's model request is core's derivation of the whole log."""
-    settings = topics
+    settings = two_partition_topics
     session = "long-300k"
     events = synth_session(3, 300_000)
     events = events[:max(i for i, e in enumerate(events) if e.type == "turn/end") + 1]

@@ -16,9 +16,8 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from test_driver_crash import PARTITIONS, all_events, inbox_drained, start_driver
+from test_driver_crash import all_events, inbox_drained, start_driver
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.inbox import InboxCodec
@@ -35,15 +34,6 @@ DRIVER_ENV = {"DSH_DEEPSEEK_API_KEY": API_KEY, "DSH_PROVIDER": "scripted",
               "DSH_MODEL": "scripted-default"}
 WAIT_S = 90.0
 Logs = dict[str, list[Event]]
-
-
-@pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
 
 
 async def send(settings: Settings, *commands: InboxCommand) -> None:

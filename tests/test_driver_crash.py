@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from driver_topics import PARTITIONS
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -33,19 +33,9 @@ from pipeline.settings import Settings
 
 # The timeout covers the session broker's start (conftest allows it 300 s on a loaded machine).
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(480)]
-PARTITIONS = 3
 CYCLES = 4
 SESSIONS = 4
 FOLLOWUPS_PER_SESSION = 4
-
-
-@pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
 
 
 def driver_env(settings: Settings) -> dict[str, str]:

@@ -21,6 +21,7 @@ from dataclasses import replace
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
+from driver_topics import PARTITIONS
 from shared_paths import SHARED_DIR
 
 from pipeline.adapters.kafka.admin import ensure_topics
@@ -50,23 +51,8 @@ from pipeline.settings import Settings
 
 # The timeout covers the session broker's start (conftest allows it 300 s on a loaded machine).
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
-PARTITIONS = 3
 WAIT_S = 45.0  # only a failing test waits this long (generous for a loaded machine)
 FIXTURES = (SHARED_DIR / "fixtures/dsh-format0")
-
-
-@pytest.fixture
-def driver_settings(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    """Like the shared ``settings`` fixture, without the registry (the driver needs none)."""
-    return Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                             partitions=PARTITIONS, replication_factor=1,
-                             group_id_prefix=f"{topic_prefix}g-")
-
-
-@pytest.fixture
-async def topics(driver_settings: Settings) -> Settings:
-    await ensure_topics(driver_settings)
-    return driver_settings
 
 
 class RunningDriver:

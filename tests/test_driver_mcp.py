@@ -17,23 +17,13 @@ from typing import Any
 import pytest
 from mcp_support import McpServers
 from test_driver_configure_crash import follow_up, send, until
-from test_driver_crash import PARTITIONS, driver_env
+from test_driver_crash import driver_env
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.core.inbox import Configure
 from pipeline.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.mcp, pytest.mark.timeout(300)]
 SECRET = "dsh-driver-secret-9b2e77c1"
-
-
-@pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
 
 
 async def start(settings: Settings, mcp_config: pathlib.Path, errors: pathlib.Path,

@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 from test_driver_kafka import (
-    PARTITIONS,
     completed_turns,
     read_all,
     running,
@@ -16,7 +15,6 @@ from test_driver_kafka import (
     wait_for_events,
 )
 
-from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord, header_value
 from pipeline.codec.inbox import InboxCodec
@@ -25,15 +23,6 @@ from pipeline.core.inbox import FollowUp
 from pipeline.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-async def topics(kafka_bootstrap: str, topic_prefix: str) -> Settings:
-    settings = Settings.from_env({}, bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix,
-                                 partitions=PARTITIONS, replication_factor=1,
-                                 group_id_prefix=f"{topic_prefix}g-")
-    await ensure_topics(settings)
-    return settings
 
 
 def _followup(settings: Settings, session: str, tenant: str | None = None,

@@ -17,7 +17,6 @@ from pipeline.adapters.otlp.client import (
     OtlpRejected,
     parse_headers,
     retry_after_s,
-    without_userinfo,
 )
 from pipeline.adapters.otlp.encode import decode_request, export_request, spans_of
 from pipeline.codec.sessionfile import read_session_file
@@ -175,9 +174,6 @@ def test_header_and_retry_after_parsing() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_headers("Authorization Basic secretvalue")
     assert "secretvalue" not in str(caught.value)
-    assert without_userinfo("https://pk:sk@cloud.example:443/api/otel/v1/traces") == (
-        "https://cloud.example:443/api/otel/v1/traces")
-    assert without_userinfo("http://127.0.0.1:4318/v1/traces") == "http://127.0.0.1:4318/v1/traces"
     assert retry_after_s("7", 0.0) == 7.0
     assert retry_after_s("Wed, 21 Oct 2015 07:28:10 GMT", 1445412480.0) == 10.0
     assert retry_after_s("soon", 0.0) is None

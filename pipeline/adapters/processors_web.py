@@ -10,10 +10,11 @@ None and the reason.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import httpx
 
+from pipeline.adapters.urls import without_userinfo
 from pipeline.core.errors import TransportError
 from pipeline.core.events import JsonValue
 
@@ -25,7 +26,7 @@ class ProcessorsWeb:
 
     def __init__(self, base_url: str, *, timeout_s: float = TIMEOUT_S) -> None:
         self.base_url = base_url.rstrip("/")
-        self.shown = _public_url(self.base_url)   # for messages: no user:password part
+        self.shown = without_userinfo(self.base_url, drop_query=True)   # for messages
         self._client = httpx.AsyncClient(timeout=timeout_s)
 
     async def close(self) -> None:
@@ -56,13 +57,6 @@ class ProcessorsWeb:
             raise TransportError(f"the processors at {self.shown} answered a session "
                                  "page that is not a JSON object")
         return body, ""
-
-
-def _public_url(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _reason(response: httpx.Response) -> str:

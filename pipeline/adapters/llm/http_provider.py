@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -38,6 +37,7 @@ from pipeline.adapters.llm.openai_messages import (
     build_chat_body,
 )
 from pipeline.adapters.llm.openai_stream import DONE, ChatStreamTranslator, SSEDecoder, excerpt
+from pipeline.adapters.urls import without_userinfo
 from pipeline.core.errors import ConfigError, ProviderError
 from pipeline.core.model import Chunk, ModelRequest
 from pipeline.core.rate_budget import RateSignal
@@ -170,14 +170,6 @@ def translate_http_error(exc: Exception, *, provider: str, url: str,
                          request_id=request_id)
 
 
-def _without_userinfo(url: str) -> str:
-    """``url`` without ``user:password@`` (credentials never reach a message)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
-
-
 def _replaced(error: ProviderError, *, message: str | None = None,
               request_id: str | None = None) -> ProviderError:
     return ProviderError(str(error) if message is None else message, code=error.code,
@@ -199,7 +191,7 @@ class OpenAICompatibleProvider:
                               f"{base_url!r}")
         self.name = dialect.name
         self._endpoint = base_url.rstrip("/") + "/chat/completions"
-        self.url = _without_userinfo(self._endpoint)  # what messages and logs may show
+        self.url = without_userinfo(self._endpoint, marker="***@")  # messages and logs show it
         self._dialect = dialect
         self._api_key = api_key
         # pool=None: beyond max_connections a call waits for a free connection (backpressure)

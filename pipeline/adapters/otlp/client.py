@@ -26,11 +26,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import httpx
 
 from pipeline.adapters.otlp.encode import CONTENT_TYPE, rejected_spans
+from pipeline.adapters.urls import without_userinfo
 from pipeline.core.errors import ConfigError, DshError
 
 log = logging.getLogger(__name__)
@@ -58,16 +59,6 @@ def parse_headers(text: str) -> dict[str, str]:
             raise ConfigError(f"DSH_OTLP_HEADERS: pair {index + 1} is not name=value")
         headers[name.strip()] = unquote(value.strip())
     return headers
-
-
-def without_userinfo(url: str) -> str:
-    """``url`` without a ``user:password@`` part (credentials never reach a log line)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def retry_after_s(value: str | None, now: float) -> float | None:

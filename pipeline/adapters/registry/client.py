@@ -22,10 +22,11 @@ import ssl
 import threading
 from types import TracebackType
 from typing import Any, Final
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import httpx
 
+from pipeline.adapters.urls import without_userinfo
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable, current_event_schema
 from pipeline.core.errors import ConfigError, RegistryError
@@ -44,14 +45,6 @@ def value_subject(topic: str) -> str:
     return f"{topic}-value"
 
 
-def _public_url(url: str) -> str:
-    """The URL without any user:password part, safe for messages."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
 class RegistryClient:
     """Register and fetch Avro schemas, read and set compatibility. Thread-safe."""
 
@@ -59,9 +52,9 @@ class RegistryClient:
                  timeout_s: float = 10.0, verify: ssl.SSLContext | bool = True) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"registry URL must start with http:// or https://, got "
-                              f"{_public_url(base_url)!r}")
+                              f"{without_userinfo(base_url, drop_query=True)!r}")
         self.base_url = base_url.rstrip("/")
-        self.public_url = _public_url(self.base_url)
+        self.public_url = without_userinfo(self.base_url, drop_query=True)
         auth = httpx.BasicAuth(username, password.reveal() if password else "") \
             if username else None
         self._http = httpx.Client(base_url=self.base_url, auth=auth, timeout=timeout_s,

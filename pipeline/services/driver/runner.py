@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError, EventError, ProviderError
-from pipeline.core.events import Event, JsonValue, dumps_json
+from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import Configure, InboxCommand
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
@@ -312,8 +312,7 @@ class SessionRunner:
         gate = self._gate
         if gate is None or gate.budget(request.provider, request.model) is None:
             return 0
-        size = len(dumps_json(list(request.messages))) + len(request.system or "")
-        estimated = estimated_tokens(size)
+        estimated = estimated_tokens(request.messages, request.system)
         which: dict[str, JsonValue] = {"provider": request.provider, "model": request.model}
         logged: list[bool] = []
 

@@ -44,8 +44,9 @@ and ``dsh.original.*`` headers (the bytes omitted when the dead letter would not
 
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
 (session stage), :mod:`.persisting` (its table writes, once per commit), :mod:`.aggregation`
-(per-model stage), :mod:`.web`, and the batching transport in :mod:`pipeline.adapters.faust`
-(the session and per-model topics delivered one fetched batch per faust event), :mod:`.runner`,
+(per-model stage), :mod:`.web` and :mod:`.session_page` (both reading through
+:mod:`.folded_session`), and the batching transport in :mod:`pipeline.adapters.faust` (the
+session and per-model topics delivered one fetched batch per faust event), :mod:`.runner`,
 :mod:`.verify` (the checks ``demo`` runs), :mod:`.projection_follow` (which derived-messages
 version to publish to), :mod:`.options`, :mod:`.counters`.
 

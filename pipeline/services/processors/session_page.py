@@ -29,17 +29,16 @@ reads the derived-messages topic as before.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pipeline.adapters.faust.transport import committed_offset
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.core.events import JsonValue
-from pipeline.services.processors.folding import SessionFolder
-from pipeline.services.processors.session_state import (
-    SessionState,
-    SessionTables,
-    next_expected,
+from pipeline.services.processors.folded_session import (
+    current_state,
+    expected_seq,
+    surface_nodes,
 )
+from pipeline.services.processors.folding import SessionFolder
+from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.processors.worker import Processors
 
 
@@ -48,7 +47,7 @@ def session_page(processors: Processors, session_id: str
     """The page start of ``session_id`` (see the module doc), or None and why not."""
     settings = processors.settings
     topic = settings.topics.session_events
-    state = _state(processors.tables, processors.folder, session_id)
+    state = current_state(processors.tables, processors.folder, session_id)
     partition = (state.partition if state is not None and state.partition >= 0
                  else partition_for(session_id, settings.partitions))
     if partition not in processors.active_partitions(topic):
@@ -68,26 +67,16 @@ def page_answer(tables: SessionTables, folder: SessionFolder | None, session_id:
                 partition: int, committed: int) -> dict[str, JsonValue] | None:
     """The answer from the fold so far, given the partition's committed offset; None when
     the ``nodes`` table lacks a message the surface names. Never awaits."""
-    state = _state(tables, folder, session_id)
+    state = current_state(tables, folder, session_id)
+    found = surface_nodes(tables, folder, state, partition) if state is not None else []
+    if any(node is None for _seq, node in found):
+        return None
     nodes = state.surface.slots() if state is not None else []
-    messages: list[JsonValue] = []
-    for _slot, seq in nodes:
-        key = f"{session_id}/{seq}"
-        node: Any = tables.nodes.get(key) if folder is None else folder.node(partition, key)
-        if node is None:
-            return None
-        messages.append(node.get("message"))
-    next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
+    messages: list[JsonValue] = [node.get("message") for _seq, node in found]
+    next_seq = expected_seq(tables, session_id, state)
     first = state.first_offset if state is not None else 0
     folded = folder.folded_to.get(partition, -1) if folder is not None else -1
     return {"session": session_id, "nextSeq": next_seq, "nodes": list(nodes),
             "messages": messages, "partition": partition,
             "fromOffset": max(committed, folded + 1, first)}
 
-
-def _state(tables: SessionTables, folder: SessionFolder | None, session_id: str
-           ) -> SessionState | None:
-    if folder is not None:
-        return folder.current(session_id)
-    raw = tables.sessions.get(session_id)
-    return None if raw is None else SessionState.from_json(session_id, raw)

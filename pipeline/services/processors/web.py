@@ -32,20 +32,16 @@ from pipeline.adapters.kafka.session_history import read_surface_events
 from pipeline.core.errors import BrokerError, CodecError, EventError
 from pipeline.core.surface import SurfaceFold
 from pipeline.core.usage import session_record
+from pipeline.services.processors.folded_session import (
+    current_state,
+    expected_seq,
+    surface_nodes,
+)
 from pipeline.services.processors.metrics import processors_registry
 from pipeline.services.processors.session_page import session_page
-from pipeline.services.processors.session_state import SessionState, next_expected
 from pipeline.services.processors.worker import Processors
 
 log = logging.getLogger(__name__)
-
-
-def current_state(processors: Processors, session_id: str) -> SessionState | None:
-    """The session as the worker folded it so far (None: it has no record here)."""
-    if processors.folder is not None:
-        return processors.folder.current(session_id)
-    raw = processors.tables.sessions.get(session_id)
-    return None if raw is None else SessionState.from_json(session_id, raw)
 
 
 def session_messages(processors: Processors, session_id: str) -> dict[str, Any] | None:
@@ -59,22 +55,18 @@ def session_messages(processors: Processors, session_id: str) -> dict[str, Any] 
 def _folded_messages(processors: Processors, session_id: str
                      ) -> tuple[dict[str, Any] | None, list[int]]:
     """:func:`session_messages`, and the surface seqs whose node the table lacks."""
-    tables = processors.tables
-    state = current_state(processors, session_id)
-    next_seq = max(next_expected(tables, session_id), state.next_seq if state else 0)
+    tables, folder = processors.tables, processors.folder
+    state = current_state(tables, folder, session_id)
+    next_seq = expected_seq(tables, session_id, state)
     if state is None and next_seq == 0:
         return None, []
     messages, missing = [], []
-    if state is not None:
-        folder = processors.folder
-        for seq in state.surface.seqs():
-            key = f"{session_id}/{seq}"
-            node = (tables.nodes.get(key) if folder is None
-                    else folder.node(state.partition, key))
-            if node is None:
-                missing.append(seq)
-            elif node.get("message") is not None:
-                messages.append(node["message"])
+    found = surface_nodes(tables, folder, state, state.partition) if state is not None else []
+    for seq, node in found:
+        if node is None:
+            missing.append(seq)
+        elif node.get("message") is not None:
+            messages.append(node["message"])
     return ({"session": session_id, "nextSeq": next_seq, "atSeq": next_seq - 1,
              "messages": messages}, missing)
 
@@ -115,7 +107,7 @@ async def messages_at(processors: Processors, session_id: str, at_seq: int
 async def _read_back_messages(processors: Processors, session_id: str, at_seq: int,
                               now: dict[str, Any]) -> dict[str, Any]:
     """The messages as of event ``at_seq``, read back from the session topic."""
-    state = current_state(processors, session_id)
+    state = current_state(processors.tables, processors.folder, session_id)
     if state is None or at_seq < 0 or processors.decode is None:
         return {**now, "atSeq": max(at_seq, -1), "messages": []}
     events = await read_surface_events(
@@ -164,13 +156,13 @@ def register_views(processors: Processors) -> None:
         return view.json(body)
 
     async def fleet_session(view: Any, request: Any, session_id: str) -> Any:
-        state = current_state(processors, session_id)
+        state = current_state(processors.tables, processors.folder, session_id)
         if state is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
         return view.json(state.to_json()["fleet"])
 
     async def usage_session(view: Any, request: Any, session_id: str) -> Any:
-        state = current_state(processors, session_id)
+        state = current_state(processors.tables, processors.folder, session_id)
         if state is None:
             return view.error(404, f"session {session_id[:200]!r} is unknown")
         return view.json(session_record(session_id, state.usage.totals))

@@ -97,7 +97,7 @@ def test_prices_come_from_json_text_or_a_file_and_a_bad_table_says_why(tmp_path:
     path = tmp_path / "prices.json"
     path.write_text(table)
     assert prices_of(Settings(prices=str(path))) == prices_of(Settings(prices=table))
-    with pytest.raises(ConfigError, match="DSH_PRICES file .* cannot be read"):
+    with pytest.raises(ConfigError, match=r"DSH_PRICES file .* cannot be read"):
         prices_of(Settings(prices=str(tmp_path / "missing.json")))
     path.write_text('{"deepseek/*": {"from": "2025-01-01", "input": "0.28"}}')
     with pytest.raises(ConfigError, match=r"DSH_PRICES\['deepseek/\*'\]\[0\] lacks 'output'"):

@@ -119,6 +119,7 @@ class Settings:
     tool_timeout: float = 60.0
     driver_idle_evict: float = 600.0
     provider_limits: str = ""
+    prices: str = ""
 
     @property
     def topics(self) -> TopicNames:

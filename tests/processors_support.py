@@ -207,14 +207,24 @@ class SessionBuilder:
 
 
 def generated_sessions(seed: int, count: int, provider: str, models: Sequence[str],
-                       now_ms: int, max_chunks: int = 12) -> dict[str, list[Event]]:
-    """``count`` sessions of 1-4 turns each, spread over ``models``."""
+                       now_ms: int, max_chunks: int = 12,
+                       tenants: Sequence[str] = ()) -> dict[str, list[Event]]:
+    """``count`` sessions of 1-4 turns each, spread over ``models`` (and over ``tenants``
+    when given: a session of a tenant other than ``""`` starts with its tenant event, as
+    the driver writes it, :mod:`pipeline.core.tenants`)."""
     import random
+
+    from pipeline.core.tenants import TENANT_TYPE, tenant_event_data
     rng = random.Random(seed)
     sessions: dict[str, list[Event]] = {}
     for index in range(count):
         builder = SessionBuilder(rng, provider, models[index % len(models)], now_ms,
                                  max_chunks)
+        tenant = tenants[index % len(tenants)] if tenants else ""
+        if tenant:
+            builder.events.append(Event(TENANT_TYPE, 0, now_ms,
+                                        tenant_event_data(tenant, f"cmd-{index}"),
+                                        ignorable=True))
         for turn in range(1, rng.randint(1, 4) + 1):
             builder.turn(turn)
         sessions[f"{provider}-s{index}"] = builder.events

@@ -37,6 +37,8 @@ from pipeline.codec.schemas import HISTORY_DIR
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import CodecError, SchemaError
 from pipeline.core.fleet import FleetStatus
+from pipeline.core.ledger import RowId, ledger_record
+from pipeline.core.prices import Cost
 from pipeline.core.projection import (
     MessageChange,
     fold_slots,
@@ -69,7 +71,14 @@ def _samples() -> dict[str, list[dict[str, Any]]]:
                        window_record(["minute", 60_000, 120_000, "p", "m"], COUNTS,
                                      closed=True),
                        window_record(["hour", 0, 3_600_000, "p", "m"], TokenCounts(),
-                                     closed=False)],
+                                     closed=False),
+                       # v2: cost on model totals, the ledger's tenant rows
+                       model_record("deepseek", "chat", COUNTS,
+                                    Cost(1_234_567_890_123, 3, 1, 50).record_fields()),
+                       ledger_record(RowId("acme", 3_600_000, "deepseek", "chat"), COUNTS,
+                                     Cost(10**21, 3)),
+                       ledger_record(RowId("", 0, "p", "m/with/slash"), COUNTS,
+                                     Cost(0, 0, 3, 4132))],
         FLEET_STATUS: [FleetStatus("s-2").to_json(), fleet.to_json(), FleetStatus(
             "s-3", "in-turn", 1, 1, None, None, 1_800_000_000_000, 9, 1, 1, 0, 0, 0,
             "call-1", "mcp__git__push", 1_800_000_000_000).to_json(),  # waits for approval
@@ -200,7 +209,8 @@ def test_usage_field_names_map_to_the_exported_open_telemetry_names() -> None:
     schema = current_output_schema(USAGE_RECORD).schema
     named = {f["name"]: f.get("dsh.name", f["name"]) for f in schema["fields"]}
     exported = set(session_record("s", COUNTS)) | set(model_record("p", "m", COUNTS)) | set(
-        window_record(["minute", 0, 1, "p", "m"], COUNTS, closed=False))
+        window_record(["minute", 0, 1, "p", "m"], COUNTS, closed=False)) | set(
+        ledger_record(RowId("t", 0, "p", "m"), COUNTS, Cost(1, 1, 1, 1)))
     assert set(named.values()) == exported
     for avro_name, key in named.items():
         assert avro_name == key.replace(".", "_")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline.adapters.faust.transport import COMMIT_EVERY_ACKS_NEVER
-from pipeline.cli.cmd_processors import parse_windows
+from pipeline.cli.cmd_processors import parse_windows, prices_of
 from pipeline.cli.main import build_parser
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ConfigError
@@ -84,3 +88,27 @@ def test_offsets_are_committed_by_the_commit_timer_only() -> None:
     assert processors.app.conf.broker_commit_every == COMMIT_EVERY_ACKS_NEVER
     assert processors.app.consumer._commit_every == COMMIT_EVERY_ACKS_NEVER
     assert processors.app.consumer.commit_interval == processors.app.conf.broker_commit_interval
+
+
+def test_prices_come_from_json_text_or_a_file_and_a_bad_table_says_why(tmp_path: Path) -> None:
+    table = '{"deepseek/*": {"from": "2025-01-01", "input": "0.28", "output": "0.42"}}'
+    assert prices_of(Settings(prices="")).entries == {}
+    assert prices_of(Settings(prices=table)).price_at("deepseek", "x", 1_800_000_000_000)
+    path = tmp_path / "prices.json"
+    path.write_text(table)
+    assert prices_of(Settings(prices=str(path))) == prices_of(Settings(prices=table))
+    with pytest.raises(ConfigError, match=r"DSH_PRICES file .* cannot be read"):
+        prices_of(Settings(prices=str(tmp_path / "missing.json")))
+    path.write_text('{"deepseek/*": {"from": "2025-01-01", "input": "0.28"}}')
+    with pytest.raises(ConfigError, match=r"DSH_PRICES\['deepseek/\*'\]\[0\] lacks 'output'"):
+        prices_of(Settings(prices=str(path)))
+
+
+def test_a_bad_price_table_stops_the_worker_before_it_starts() -> None:
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli.main", "processors"],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "DSH_PRICES": '{"p/m": {"from": "soon"}}',
+                               "DSH_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    assert done.returncode == 2, done.stderr
+    assert "DSH_PRICES['p/m'][0] lacks 'input'" in done.stderr

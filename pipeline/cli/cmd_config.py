@@ -80,6 +80,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
                        "{\"requests_per_minute\": 500, \"tokens_per_minute\": 1000000}, "
                        "\"tenants\": {\"acme\": {\"weight\": 2}}}` "
                        "(docs/provider-limits.md); empty: no limits.",
+    "prices": "The price table of the cost ledger (`dsh-pipeline processors`): a JSON object, "
+              "or the path of a JSON file, e.g. `{\"deepseek/deepseek-chat\": [{\"from\": "
+              "\"2025-09-05\", \"input\": \"0.28\", \"cached_input\": \"0.028\", "
+              "\"output\": \"0.42\"}]}`, prices per million tokens (docs/costs.md); "
+              "empty: every call unpriced.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

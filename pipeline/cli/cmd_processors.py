@@ -3,13 +3,15 @@
 Folds ``<prefix>session-events`` into the derived-messages, usage and fleet tables, publishes
 them to their compacted topics and serves them over HTTP on ``--host``:``--port``. Run several
 with different ``--port`` values (and ``--data-dir`` with rocksdb) to share the partitions; a
-stopped worker's partitions move to the others.
+stopped worker's partitions move to the others. The usage records carry the cost ledger,
+priced with ``DSH_PRICES`` (docs/costs.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
@@ -26,6 +28,7 @@ from pipeline.cli.local_store import run_with_trusted_store
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
+from pipeline.core.prices import PriceTable, prices_from_text
 from pipeline.services.processors.app import build_processors, ensure_internal_topics
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.runner import run_worker
@@ -98,6 +101,7 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         fetch_max_wait_ms=args.fetch_max_wait_ms, fetch_min_bytes=args.fetch_min_bytes,
         data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
     sizes = parse_windows(args.windows)
+    prices = prices_of(settings)   # a bad table stops the worker before it starts
     asyncio.run(ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S))
     asyncio.run(ensure_internal_topics(settings, options, retry_for_s=SERVICE_START_RETRY_S))
     decode, outputs = EventSerde().decode, None
@@ -106,9 +110,23 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         client = RegistryClient.from_settings(settings)
         decode = EventSerde(SchemaTable(client.get_schema)).decode
         outputs = output_codecs_for_topics(client, settings.topics)
-    processors = build_processors(settings, decode, options, sizes, outputs)
+    processors = build_processors(settings, decode, options, sizes, outputs, prices)
     own_logging = args.log_format == "json"
     if own_logging:
         configure_logging(args)
     return run_with_trusted_store(options.store, options.data_dir, lambda: run_worker(
         processors, loglevel=args.log_level.upper(), own_logging=own_logging))
+
+
+def prices_of(settings: Settings) -> PriceTable:
+    """``DSH_PRICES``: JSON text, or the path of a JSON file (empty: no price at all)."""
+    raw = settings.prices.strip()
+    if not raw:
+        return PriceTable()
+    if not raw.startswith("{"):
+        try:
+            raw = Path(raw).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"DSH_PRICES file {settings.prices!r} cannot be read: "
+                              f"{exc.strerror or exc}") from None
+    return prices_from_text(raw)

@@ -54,6 +54,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_otel",
     "pipeline.cli.cmd_schemas",
     "pipeline.cli.cmd_sessions",
+    "pipeline.cli.cmd_usage",
     "pipeline.cli.cmd_bench",
     "pipeline.cli.cmd_completion",
     "pipeline.cli.cmd_chaos",
@@ -89,6 +90,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("pipeline.cli.cmd_check", "fsck of the session topic (JSON summary)"),
     "sessions": ("pipeline.cli.cmd_sessions", "list the sessions of the fleet (from the "
                                               "processors' outputs)"),
+    "usage": ("pipeline.cli.cmd_usage", "print the cost ledger: tokens and cost per tenant, "
+                                        "model and hour"),
     "dashboard": ("pipeline.cli.cmd_dashboard", "serve the live fleet dashboard (web page, "
                                                 "JSON/SSE API, /metrics)"),
     "otel": ("pipeline.cli.cmd_otel", "export turns as OpenTelemetry GenAI traces over "

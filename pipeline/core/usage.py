@@ -31,6 +31,7 @@ from typing import Final
 
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event, JsonValue
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
 
 UNKNOWN: Final = "unknown"
 WINDOW_SIZES_MS: Final = {"minute": 60_000, "hour": 3_600_000}
@@ -106,19 +107,27 @@ class UsageSample:
     provider: str
     model: str
     counts: TokenCounts
+    tenant: str = DEFAULT_TENANT
 
     @property
     def model_key(self) -> str:
         return model_key(self.provider, self.model)
 
     def to_json(self) -> dict[str, JsonValue]:
-        return {"session": self.session_id, "seq": self.seq, "time": self.time,
-                "provider": self.provider, "model": self.model, "usage": self.counts.to_json()}
+        """The JSON form; ``tenant`` only outside the default tenant (a sample written
+        before samples carried a tenant reads as the default tenant's)."""
+        raw: dict[str, JsonValue] = {
+            "session": self.session_id, "seq": self.seq, "time": self.time,
+            "provider": self.provider, "model": self.model, "usage": self.counts.to_json()}
+        if self.tenant != DEFAULT_TENANT:
+            raw["tenant"] = self.tenant
+        return raw
 
     @classmethod
     def from_json(cls, raw: Mapping[str, JsonValue]) -> UsageSample:
         return cls(str(raw["session"]), int(raw["seq"]), int(raw["time"]), str(raw["provider"]),
-                   str(raw["model"]), TokenCounts.from_json(raw["usage"]))
+                   str(raw["model"]), TokenCounts.from_json(raw["usage"]),
+                   str(raw.get("tenant") or DEFAULT_TENANT))
 
 
 def model_key(provider: str, model: str) -> str:
@@ -153,13 +162,20 @@ def message_model(event: Event) -> tuple[str, str] | None:
 
 @dataclass(slots=True)
 class SessionUsage:
-    """Per-session usage state: the totals and the model of the last request header."""
+    """Per-session usage state: the totals, the model of the last request header and the
+    session's tenant (:mod:`pipeline.core.tenants`: the first valid tenant event wins; the
+    default tenant until one comes)."""
 
     totals: TokenCounts = field(default_factory=TokenCounts)
     last_model: tuple[str, str] | None = None
+    tenant: str = DEFAULT_TENANT
 
     def apply(self, session_id: str, event: Event) -> UsageSample | None:
         """Fold one event; returns the sample it contributes, if any."""
+        if event.type == TENANT_TYPE:
+            if self.tenant == DEFAULT_TENANT:
+                self.tenant = tenant_of(event.data) or DEFAULT_TENANT
+            return None
         from_header = header_model(event)
         if from_header is not None:
             self.last_model = from_header
@@ -172,18 +188,24 @@ class SessionUsage:
         counts = TokenCounts.from_dsh(raw, seq=event.seq)
         provider, model = message_model(event) or self.last_model or (UNKNOWN, UNKNOWN)
         self.totals = self.totals + counts
-        return UsageSample(session_id, event.seq, event.time, provider, model, counts)
+        return UsageSample(session_id, event.seq, event.time, provider, model, counts,
+                           self.tenant)
 
     def to_json(self) -> dict[str, JsonValue]:
-        return {"totals": self.totals.to_json(),
-                "lastModel": list(self.last_model) if self.last_model else None}
+        raw: dict[str, JsonValue] = {
+            "totals": self.totals.to_json(),
+            "lastModel": list(self.last_model) if self.last_model else None}
+        if self.tenant != DEFAULT_TENANT:
+            raw["tenant"] = self.tenant
+        return raw
 
     @classmethod
     def from_json(cls, raw: JsonValue) -> SessionUsage:
         if raw is None:
             return cls()
         last = raw.get("lastModel")
-        return cls(TokenCounts.from_json(raw["totals"]), (last[0], last[1]) if last else None)
+        return cls(TokenCounts.from_json(raw["totals"]), (last[0], last[1]) if last else None,
+                   str(raw.get("tenant") or DEFAULT_TENANT))
 
 
 def window_start(time_ms: int, size_ms: int) -> int:
@@ -252,9 +274,12 @@ def window_record(info: list[JsonValue], counts: TokenCounts, *, closed: bool
             **counts.otel_attributes()}
 
 
-def model_record(provider: str, model: str, counts: TokenCounts) -> dict[str, JsonValue]:
+def model_record(provider: str, model: str, counts: TokenCounts,
+                 cost: Mapping[str, JsonValue] | None = None) -> dict[str, JsonValue]:
+    """A model's totals; ``cost``: its cost keys (``Cost.record_fields`` of
+    :mod:`pipeline.core.prices`), when priced."""
     return {"kind": "model", "gen_ai.provider.name": provider, "gen_ai.request.model": model,
-            **counts.otel_attributes()}
+            **counts.otel_attributes(), **(cost or {})}
 
 
 def session_record(session_id: str, counts: TokenCounts) -> dict[str, JsonValue]:

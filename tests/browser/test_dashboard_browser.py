@@ -103,6 +103,13 @@ async def test_fleet_page_live_session_page_charts_and_reconnect(
             await page.wait_for_function(
                 f'Number(document.getElementById("{chart}").dataset.points || 0) > 0',
                 timeout=10_000)
+        # Usage by tenant, from the ledger rows: the default tenant, and no price table, so
+        # the cost is unknown (an en dash), never 0.
+        usage_row = ('Array.from(document.querySelectorAll("#usage-table tbody tr")).find('
+                     '(tr) => tr.innerText.includes("deepseek/chat-1"))')
+        await page.wait_for_function(f"!!({usage_row})", timeout=30_000)
+        cells = await page.evaluate(f"Array.from(({usage_row}).cells).map((c) => c.innerText)")
+        assert cells[0] == "(default)" and cells[7] == "\u2013" and cells[8] != "0", cells
         ARTIFACTS.mkdir(exist_ok=True)
         await page.screenshot(path=str(ARTIFACTS / "dashboard-fleet.png"), full_page=True)
 

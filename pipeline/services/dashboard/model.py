@@ -7,6 +7,9 @@
   (``session/<id>`` records). Nothing of a row is folded from session events, so the rows
   are right however little of the session topic the dashboard reads;
 - the tokens chart from the ``usage`` topic's minute windows (by provider/model);
+- usage and cost by tenant and provider/model, summed over the ``usage`` topic's cost-ledger
+  rows (``tenant/...`` keys, :mod:`pipeline.core.ledger`): ``/api/usage`` and the
+  ``dsh_dashboard_tenant_*`` metrics;
 - from the live tail of the session topic only (never its history): time buckets by *event*
   time (turn end reasons, tool results and tool errors), recent step/turn/provider latencies
   for p50/p95/p99, the model and title a session last announced, and the Prometheus metrics
@@ -27,6 +30,9 @@ from pipeline.codec.output_views import OutputChange
 from pipeline.codec.records import SourcePosition
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.fleet import IN_TURN
+from pipeline.core.ledger import KIND as LEDGER_KIND
+from pipeline.core.ledger import LedgerLine
+from pipeline.core.prices import NANOS
 from pipeline.services.dashboard.samples import RecentSamples
 
 TOKEN_BUCKET_MS: Final = 60_000     # the processors' "minute" usage windows
@@ -39,6 +45,9 @@ INPUT: Final = "gen_ai.usage.input_tokens"     # cache reads and writes included
 OUTPUT: Final = "gen_ai.usage.output_tokens"
 PROVIDER: Final = "gen_ai.provider.name"
 MODEL: Final = "gen_ai.request.model"
+# The token directions of the tenant metrics, and the ledger line's count for each.
+TENANT_DIRECTIONS: Final = (("input", "input_tokens"), ("cached_input", "cached_input_tokens"),
+                            ("cache_write", "cache_write_tokens"), ("output", "output_tokens"))
 
 
 @dataclass(slots=True)
@@ -143,6 +152,17 @@ class DashboardMetrics:
         self.feed_errors = Counter("dsh_dashboard_tail_errors",
                                    "Distinct problems of the session-topic tail (retried)",
                                    registry=r)
+        tenant_labels = ("tenant", "provider", "model")
+        self.tenant_tokens = Counter(
+            "dsh_dashboard_tenant_tokens", "Tokens by tenant, provider, model and direction "
+            "(input, cached_input, cache_write, output), from the cost ledger",
+            (*tenant_labels, "direction"), registry=r)
+        self.tenant_cost = Counter(
+            "dsh_dashboard_tenant_cost", "Cost of the priced calls by tenant, provider and "
+            "model, in the price table's currency (docs/costs.md)", tenant_labels, registry=r)
+        self.tenant_unpriced = Counter(
+            "dsh_dashboard_tenant_unpriced_calls", "Calls without a price (not in the cost)",
+            tenant_labels, registry=r)
         self.processors = Gauge("dsh_dashboard_processors_workers",
                                 "Members of the processors' consumer group (-1: unknown)",
                                 registry=r)
@@ -161,6 +181,7 @@ class FleetModel:
         self.metrics = DashboardMetrics()
         self.tokens = TimeBuckets(TOKEN_BUCKET_MS, history_ms=TOKEN_HISTORY_MS)
         self.model_totals: dict[tuple[str, str, str], float] = {}
+        self.ledger: dict[str, LedgerLine] = {}   # ledger key -> its last row
         self.end_reasons = TimeBuckets(EVENT_BUCKET_MS)
         self.tool_results = TimeBuckets(EVENT_BUCKET_MS)
         self.step_latency = RecentSamples(LATENCY_SPAN_MS)
@@ -203,6 +224,53 @@ class FleetModel:
             self.tokens.put(start, label, float(_int(value.get(INPUT)) + _int(value.get(OUTPUT))))
         elif kind == "model" and value:
             self._model_totals(value)
+        elif kind == LEDGER_KIND and value:
+            self._ledger_row(change.key, value)
+
+    def _ledger_row(self, key: str, value: Mapping[str, JsonValue]) -> None:
+        """A cost-ledger row: kept, and what it grew by counted in the tenant metrics (a
+        row only grows; a repeat after a crash is equal and counts nothing)."""
+        try:
+            line = LedgerLine.from_record(value)
+        except ValueError:
+            self.metrics.undecodable.labels(topic="usage").inc()
+            return
+        old = self.ledger.get(key)
+        self.ledger[key] = line
+        labels = {"tenant": line.tenant, "provider": line.provider, "model": line.model}
+        for direction, name in TENANT_DIRECTIONS:
+            grew = getattr(line, name) - (getattr(old, name) if old else 0)
+            if grew > 0:
+                self.metrics.tenant_tokens.labels(direction=direction, **labels).inc(grew)
+        cost = (line.cost_nanos or 0) - ((old.cost_nanos or 0) if old else 0)
+        if cost > 0:
+            self.metrics.tenant_cost.labels(**labels).inc(cost / NANOS)
+        unpriced = line.unpriced_calls - (old.unpriced_calls if old else 0)
+        if unpriced > 0:
+            self.metrics.tenant_unpriced.labels(**labels).inc(unpriced)
+
+    def tenant_usage(self, since_ms: int | None = None) -> list[dict[str, JsonValue]]:
+        """Usage and cost by tenant and provider/model (hours starting at or after
+        ``since_ms``, or all), summed over the ledger rows: tokens, calls, ``costNanos``
+        (null when no call had a price), ``unpricedCalls``, ``hours`` (rows summed)."""
+        sums: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for line in self.ledger.values():
+            if since_ms is not None and line.start_ms < since_ms:
+                continue
+            row = sums.setdefault((line.tenant, line.provider, line.model), {
+                "tenant": line.tenant, "provider": line.provider, "model": line.model,
+                "inputTokens": 0, "cachedInputTokens": 0, "cacheWriteTokens": 0,
+                "outputTokens": 0, "calls": 0, "costNanos": None, "unpricedCalls": 0,
+                "hours": 0})
+            for name, count in (("inputTokens", line.input_tokens),
+                                ("cachedInputTokens", line.cached_input_tokens),
+                                ("cacheWriteTokens", line.cache_write_tokens),
+                                ("outputTokens", line.output_tokens), ("calls", line.calls),
+                                ("unpricedCalls", line.unpriced_calls), ("hours", 1)):
+                row[name] += count
+            if line.cost_nanos is not None:
+                row["costNanos"] = (row["costNanos"] or 0) + line.cost_nanos
+        return [sums[key] for key in sorted(sums)]
 
     def _model_totals(self, value: Mapping[str, JsonValue]) -> None:
         labels = {"provider": str(value.get(PROVIDER)), "model": str(value.get(MODEL))}

@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 
 from pipeline.core.errors import DshError
 from pipeline.core.events import JsonValue, dumps_json
+from pipeline.core.ledger import HOUR_MS
 from pipeline.services.dashboard.decisions import DECISION_PATH, decide, is_decision_path
 from pipeline.services.dashboard.service import DashboardService
 from pipeline.services.dashboard.session_stream import stream_session
@@ -40,6 +41,7 @@ from pipeline.settings import Secret
 STATIC: Final = Path(__file__).with_name("static")
 PUBLIC_PATHS: Final = frozenset({"/health"})
 SERVICE_KEY: Final = web.AppKey("service", DashboardService)
+DAY_MS: Final = 24 * HOUR_MS
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -100,6 +102,16 @@ async def fleet(request: web.Request) -> web.StreamResponse:
 async def charts(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     return _json(service.model.charts(service.clock()))
+
+
+async def usage(request: web.Request) -> web.StreamResponse:
+    """Usage and cost by tenant and provider/model: every hour of the ledger, and the hours
+    of the last day (docs/costs.md)."""
+    service = request.app[SERVICE_KEY]
+    day_ago = service.clock() - DAY_MS
+    return _json({"tenants": service.model.tenant_usage(),
+                  "lastDay": service.model.tenant_usage(day_ago - day_ago % HOUR_MS),
+                  **_problems(service)})
 
 
 async def session_row(request: web.Request) -> web.StreamResponse:
@@ -181,7 +193,7 @@ def build_app(service: DashboardService, token: Secret) -> web.Application:
     app = web.Application(middlewares=[_guard(token)])
     app[SERVICE_KEY] = service
     routes = [("/", _page("index.html")), ("/sessions/{session_id}", _page("session.html")),
-              ("/api/fleet", fleet), ("/api/charts", charts),
+              ("/api/fleet", fleet), ("/api/charts", charts), ("/api/usage", usage),
               ("/api/sessions/{session_id}", session_row),
               ("/api/stream/fleet", fleet_stream),
               ("/api/stream/sessions/{session_id}", session_stream),

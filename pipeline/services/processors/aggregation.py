@@ -9,11 +9,19 @@ JSON (only this stage reads it); the exported records on the usage topic are Avr
 (``dsh.UsageRecord``, :mod:`pipeline.codec.outputs`).
 
 **State.** One table record per (model, session), ``contrib/<provider>/<model>/<session>``:
-the last seq applied (dedup), the session's total for the model and its share of each open
-window. One sample = one record write, so a crash can never apply half a sample. Model totals
-and window totals are sums over these records, kept in memory, updated per sample and rebuilt
+the last seq applied (dedup), the session's total for the model and its cost, its share of
+each open window, and its share of each row of the cost ledger (``ledger``: per
+``<tenant>/<hour start>``, counts and exact cost, :mod:`pipeline.core.ledger`). One sample =
+one record write, so a crash can never apply half a sample. Model totals, window totals
+and ledger rows are sums over these records, kept in memory, updated per sample and rebuilt
 from the table whenever the worker's set of partitions changes (after recovery). Per
 partition, ``book/<p>`` keeps the last tick.
+
+**The ledger.** A sample's cost is priced here, at its event time, with the worker's price
+table (``DSH_PRICES``); the exact cost is kept in the record, so a restart with another
+table does not reprice what was folded (a fresh replay does). Ledger rows never close: a
+late sample still lands in its hour's row, which is published again (``tenant/...`` keys).
+A session's share of the ledger grows by one entry per hour in which it called the model.
 
 **Closing on time.** A timer in each worker sends a *tick* (its clock reading) to the
 partitions of the internal topic it owns that have a window due (its ``end + grace`` passed:
@@ -40,6 +48,8 @@ from typing import Any, Final
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
 from pipeline.core.events import JsonValue
+from pipeline.core.ledger import RowId, ledger_record
+from pipeline.core.prices import Cost, PriceTable
 from pipeline.core.usage import (
     TokenCounts,
     UsageSample,
@@ -71,11 +81,20 @@ class UsageSums:
     model_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     windows: dict[str, tuple[list[JsonValue], TokenCounts]] = field(default_factory=dict)
     window_partition: dict[str, int] = field(default_factory=dict)
+    model_costs: dict[str, Cost] = field(default_factory=dict)
+    ledger: dict[RowId, tuple[TokenCounts, Cost]] = field(default_factory=dict)
 
-    def add(self, model_key: str, names: tuple[str, str], counts: TokenCounts) -> TokenCounts:
+    def add(self, model_key: str, names: tuple[str, str], counts: TokenCounts,
+            cost: Cost) -> tuple[TokenCounts, Cost]:
         self.model_names[model_key] = names
         self.models[model_key] = self.models.get(model_key, TokenCounts()) + counts
-        return self.models[model_key]
+        self.model_costs[model_key] = self.model_costs.get(model_key, Cost()) + cost
+        return self.models[model_key], self.model_costs[model_key]
+
+    def add_row(self, row: RowId, counts: TokenCounts, cost: Cost) -> tuple[TokenCounts, Cost]:
+        old_counts, old_cost = self.ledger.get(row, (TokenCounts(), Cost()))
+        self.ledger[row] = (old_counts + counts, old_cost + cost)
+        return self.ledger[row]
 
     def add_window(self, key: str, info: list[JsonValue], partition: int,
                    counts: TokenCounts) -> TokenCounts:
@@ -92,8 +111,10 @@ class UsageAggregator:
                  counters: DeliveryCounters, owned: Callable[[], Iterable[int]], *,
                  grace_ms: int, sizes: Mapping[str, int],
                  settled: Callable[[], bool] = lambda: True,
-                 outputs: OutputCodecs | None = None) -> None:
+                 outputs: OutputCodecs | None = None,
+                 prices: PriceTable | None = None) -> None:
         self.table = table
+        self.prices = prices or PriceTable()   # no table: every call unpriced
         self.outputs = outputs or default_output_codecs()  # the export topic is Avro
         self.send = send
         self.export_topic = export_topic
@@ -142,7 +163,12 @@ class UsageAggregator:
                 continue
             model_key = f"{raw['provider']}/{raw['model']}"
             sums.add(model_key, (raw["provider"], raw["model"]),
-                     TokenCounts.from_json(raw["totals"]))
+                     TokenCounts.from_json(raw["totals"]), Cost.from_json(raw.get("cost")))
+            for row_key, share in raw.get("ledger", {}).items():
+                tenant, _, start = row_key.rpartition("/")
+                sums.add_row(RowId(tenant, int(start), raw["provider"], raw["model"]),
+                             TokenCounts.from_json(share["counts"]),
+                             Cost.from_json(share["cost"]))
             for wkey, window in raw["windows"].items():
                 if last_tick[raw["partition"]] < int(window["info"][2]) + self.grace_ms:
                     sums.add_window(wkey, window["info"], raw["partition"],
@@ -205,19 +231,48 @@ class UsageAggregator:
             log.warning("late usage sample (session %s seq %d, time %d) for closed windows %s: "
                         "kept in totals, not in the windows", sample.session_id, sample.seq,
                         sample.time, ", ".join(late))
+        cost = self.prices.cost(sample.provider, sample.model, sample.time, sample.counts)
         mine_total = TokenCounts.from_json((raw or {}).get("totals", {})) + sample.counts
-        model_total = sums.add(sample.model_key, (sample.provider, sample.model), sample.counts)
-        pending[f"model/{sample.model_key}"] = model_record(sample.provider, sample.model,
-                                                             model_total)
+        mine_cost = Cost.from_json((raw or {}).get("cost")) + cost
+        model_total, model_cost = sums.add(sample.model_key, (sample.provider, sample.model),
+                                           sample.counts, cost)
+        pending[f"model/{sample.model_key}"] = model_record(
+            sample.provider, sample.model, model_total, model_cost.record_fields())
+        ledger = self._ledger_share(sums, sample, cost, (raw or {}).get("ledger", {}), pending)
         self.table[key] = {"provider": sample.provider, "model": sample.model,
                            "session": sample.session_id, "partition": partition,
                            "seq": sample.seq, "totals": mine_total.to_json(),
-                           "windows": windows}
+                           "cost": mine_cost.to_json(), "windows": windows,
+                           "ledger": ledger}
+
+    @staticmethod
+    def _ledger_share(sums: UsageSums, sample: UsageSample, cost: Cost,
+                      held: Mapping[str, Any], pending: dict[str, dict[str, JsonValue]]
+                      ) -> dict[str, Any]:
+        """The session's ledger shares with the sample added (a new dict: the held one is
+        the table's value); its row's new total goes to ``pending``."""
+        row = RowId.of(sample)
+        share_key = f"{row.tenant}/{row.start_ms}"
+        share = held.get(share_key, {})
+        ledger = dict(held)
+        ledger[share_key] = {
+            "counts": (TokenCounts.from_json(share.get("counts", {})) + sample.counts).to_json(),
+            "cost": (Cost.from_json(share.get("cost")) + cost).to_json()}
+        counts, total = sums.add_row(row, sample.counts, cost)
+        pending[row.key] = ledger_record(row, counts, total)
+        return ledger
 
     def model_records(self) -> list[dict[str, JsonValue]]:
         sums = self.current_sums()
-        return [model_record(*sums.model_names[key], counts)
+        return [model_record(*sums.model_names[key], counts,
+                             sums.model_costs.get(key, Cost()).record_fields())
                 for key, counts in sorted(sums.models.items())]
+
+    def ledger_records(self) -> list[dict[str, JsonValue]]:
+        """The ledger rows of the partitions this worker owns, by key."""
+        sums = self.current_sums()
+        return [ledger_record(row, counts, cost)
+                for row, (counts, cost) in sorted(sums.ledger.items(), key=lambda i: i[0].key)]
 
     async def _publish(self, key: str, value: dict[str, JsonValue]) -> None:
         await self.send(OutRecord(self.export_topic, key.encode(),

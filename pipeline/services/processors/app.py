@@ -56,6 +56,7 @@ from pipeline.adapters.kafka.session_span import session_records_before
 from pipeline.adapters.kafka.topic_scan import ensure_topic
 from pipeline.codec.outputs import OutputCodecs
 from pipeline.core.errors import ConfigError
+from pipeline.core.prices import PriceTable
 from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
 from pipeline.services.processors.failures import (
@@ -178,9 +179,11 @@ def _table(app: Any, name: str, partitions: int, older: Older | None = None) -> 
 def build_processors(settings: Settings, decode: Decoder,
                      options: ProcessorsOptions | None = None,
                      window_sizes_ms: Mapping[str, int] | None = None,
-                     outputs: OutputCodecs | None = None) -> Processors:
+                     outputs: OutputCodecs | None = None,
+                     prices: PriceTable | None = None) -> Processors:
     """The whole app, ready for a faust worker to run. No I/O happens here. ``outputs``
-    encode the output topics' values (default: Avro single-object encoding)."""
+    encode the output topics' values (default: Avro single-object encoding); ``prices``
+    price the cost ledger (default: none, every call unpriced)."""
     options = options or ProcessorsOptions()
     sizes = dict(window_sizes_ms or WINDOW_SIZES_MS)
     if not sizes or any(v <= 0 for v in sizes.values()):
@@ -199,7 +202,7 @@ def build_processors(settings: Settings, decode: Decoder,
     follow = _wire_projection_follow(processors)
     stop = WorkerStop(processors.app)
     _wire_sessions(processors, decode, send, follow, outputs, stop)
-    _wire_usage(processors, send, sizes, outputs, stop)
+    _wire_usage(processors, send, sizes, outputs, stop, prices)
     register_views(processors)   # after the tables exist
     return processors
 
@@ -300,7 +303,8 @@ async def _reread_pointer(follow: ProjectionFollow) -> None:
 
 
 def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
-                outputs: OutputCodecs | None, stop: WorkerStop) -> None:
+                outputs: OutputCodecs | None, stop: WorkerStop,
+                prices: PriceTable | None) -> None:
     app, settings, options = processors.app, processors.settings, processors.options
     name = options.usage_topic(settings)
     by_model = app.topic(name, key_type=bytes, value_type=bytes, internal=True,
@@ -309,7 +313,7 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
                                  processors.counters, lambda: processors.active_partitions(name),
                                  grace_ms=options.grace_ms, sizes=sizes,
                                  settled=lambda: not processors.recovery()["in_recovery"],
-                                 outputs=outputs)
+                                 outputs=outputs, prices=prices)
     processors.aggregator = aggregator
     given_up = fold_again(stop, name)
 

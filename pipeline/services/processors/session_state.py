@@ -16,10 +16,13 @@ from pipeline.core.events import SURFACE_TYPES, Event, JsonValue, dumps_json
 from pipeline.core.fleet import FleetStatus
 from pipeline.core.projection import MessageChange, slot_changes, with_session
 from pipeline.core.surface import Replaced, SurfaceFold
+from pipeline.core.tenants import TENANT_TYPE
 from pipeline.core.usage import SessionUsage, UsageSample
 from pipeline.core.validation import projected_message
 
-USAGE_TYPES: Final = frozenset({"assistant/message", "request/header"})
+# What the usage fold reads: the calls, the model of the request header and the session's
+# tenant (kept in the ``usage`` part of the session's record: a restart keeps it).
+USAGE_TYPES: Final = frozenset({"assistant/message", "request/header", TENANT_TYPE})
 # What a session's table record and its Kafka key take beyond its surface and its strings
 # (field names, numbers, brackets): ~800 bytes; the bound below only has to be an upper one.
 RECORD_FIXED_BYTES: Final = 2_048
@@ -94,9 +97,9 @@ def record_bytes_bound(state: SessionState, event_seq: int, strings_chars: int) 
 
 
 def kept_chars(usage: SessionUsage, fleet: FleetStatus | None) -> int:
-    """Characters of the strings a session's record keeps from its events (a model, an
-    end reason, an error)."""
-    kept = [*(usage.last_model or ())]
+    """Characters of the strings a session's record keeps from its events (a model, a
+    tenant, an end reason, an error)."""
+    kept = [*(usage.last_model or ()), usage.tenant]
     if fleet is not None:
         kept += [fleet.state, fleet.last_end_reason or "", fleet.last_error or ""]
     return sum(len(text) for text in kept)
@@ -104,7 +107,7 @@ def kept_chars(usage: SessionUsage, fleet: FleetStatus | None) -> int:
 
 def kept_chars_after(state: SessionState, event: Event) -> int:
     """:func:`kept_chars` once ``event`` is folded, from a trial fold of copies."""
-    usage = SessionUsage(state.usage.totals, state.usage.last_model)
+    usage = SessionUsage(state.usage.totals, state.usage.last_model, state.usage.tenant)
     if event.type in USAGE_TYPES:
         with suppress(EventError):   # the fold itself refuses the event
             usage.apply(state.session_id, event)
@@ -145,7 +148,8 @@ class FoldPlan:
 def plan_event(state: SessionState, event: Event) -> FoldPlan:
     """Fold ``event`` into ``state``; raises EventError having changed nothing."""
     plan = FoldPlan()
-    totals, last_model = state.usage.totals, state.usage.last_model
+    totals, last_model, tenant = (state.usage.totals, state.usage.last_model,
+                                  state.usage.tenant)
     try:
         if event.type in USAGE_TYPES:
             plan.sample = state.usage.apply(state.session_id, event)
@@ -156,7 +160,8 @@ def plan_event(state: SessionState, event: Event) -> FoldPlan:
             plan.removed = change.removed_seqs if isinstance(change, Replaced) else ()
             plan.changes = with_session(slot_changes(change), state.session_id)
     except EventError:
-        state.usage.totals, state.usage.last_model = totals, last_model
+        state.usage.totals, state.usage.last_model, state.usage.tenant = (totals, last_model,
+                                                                          tenant)
         raise
     fleet = state.fleet or FleetStatus(state.session_id)
     plan.fleet_changed = fleet.apply(event)

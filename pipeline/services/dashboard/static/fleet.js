@@ -219,3 +219,43 @@ liveStream("/api/stream/fleet", {
   sessions: (list) => upsert(list, true),
   charts: drawCharts,
 }, document.getElementById("conn"));
+
+// --- usage and cost by tenant (GET /api/usage, every 5 s) ---------------------------------
+
+const usageBody = document.querySelector("#usage-table tbody");
+const usageSpan = document.getElementById("usage-span");
+let lastUsage = null;
+
+function fmtCost(nanos) {
+  // nano-units of the price table's currency, as exact decimals (no float rounding)
+  if (nanos == null) return "–";
+  const text = String(nanos).padStart(10, "0");
+  return `${text.slice(0, -9)}.${text.slice(-9)}`;
+}
+
+function renderUsage() {
+  const rows = (lastUsage && lastUsage[usageSpan.value]) || [];
+  usageBody.replaceChildren(...rows.map((u) => el("tr", {},
+    el("td", { text: u.tenant === "" ? "(default)" : u.tenant }),
+    el("td", { text: `${u.provider}/${u.model}` }),
+    el("td", { class: "num", text: fmtInt(u.inputTokens) }),
+    el("td", { class: "num", text: fmtInt(u.cachedInputTokens) }),
+    el("td", { class: "num", text: fmtInt(u.cacheWriteTokens) }),
+    el("td", { class: "num", text: fmtInt(u.outputTokens) }),
+    el("td", { class: "num", text: fmtInt(u.calls) }),
+    el("td", { class: "num", text: fmtCost(u.costNanos),
+               title: u.unpricedCalls ? "partial: some calls had no price" : "" }),
+    el("td", { class: `num ${u.unpricedCalls ? "err" : "muted"}`, text: fmtInt(u.unpricedCalls) }))));
+  document.getElementById("usage-empty").hidden = rows.length > 0;
+}
+
+async function pollUsage() {
+  try {
+    const res = await fetch("/api/usage", { credentials: "same-origin" });
+    if (res.ok) { lastUsage = await res.json(); renderUsage(); }
+  } catch (e) { /* the banner shows connection problems; try again at the next poll */ }
+}
+
+usageSpan.addEventListener("change", renderUsage);
+pollUsage();
+setInterval(pollUsage, 5000);

@@ -119,6 +119,8 @@ class Settings:
     tool_timeout: float = 60.0
     driver_idle_evict: float = 600.0
     provider_limits: str = ""
+    providers: str = ""
+    provider_fallbacks: str = ""
 
     @property
     def topics(self) -> TopicNames:

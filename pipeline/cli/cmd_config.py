@@ -80,6 +80,16 @@ DESCRIPTIONS: Final[dict[str, str]] = {
                        "{\"requests_per_minute\": 500, \"tokens_per_minute\": 1000000}, "
                        "\"tenants\": {\"acme\": {\"weight\": 2}}}` "
                        "(docs/provider-limits.md); empty: no limits.",
+    "providers": "Named provider endpoints: a JSON object, or the path of a JSON file, "
+                 "mapping a provider name to `{\"kind\": \"deepseek\" | "
+                 "\"openai-compatible\" | \"scripted\", \"baseURL\", \"apiKeyEnv\"}`; "
+                 "`apiKeyEnv` names the environment variable holding the key, never the key "
+                 "(docs/providers.md); empty: the built-in providers only.",
+    "provider_fallbacks": "Each model's fallbacks, tried in order while it fails or is over "
+                          "budget: a JSON object, or the path of a JSON file, e.g. "
+                          "`{\"deepseek/deepseek-chat\": [\"backup/gpt-4o-mini\"], "
+                          "\"policy\": {\"max_wait_s\": 10, \"cool_off_s\": 30}}` "
+                          "(docs/providers.md); empty: no fallback.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

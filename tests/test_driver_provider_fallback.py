@@ -81,6 +81,7 @@ class Fleet:
     behaviour: Primary
     clock: Clock = field(default_factory=Clock)
     made: list[ModelProvider] = field(default_factory=list)
+    router: ProviderRouter | None = None
 
     def endpoints(self) -> dict[str, ProviderEndpoint]:
         return parse_providers(json.loads(json.dumps({
@@ -105,11 +106,12 @@ class Fleet:
                 self.made.append(providers[provider])
             return providers[provider]
 
+        self.router = ProviderRouter(fallbacks, gate=gate, clock=self.clock)
         return Driver(provider_factory=factory, tools=builtin_registry(),
                       config=SessionConfig("primary", model),
                       retry=RetryPolicy(max_attempts=2, base_ms=0, max_ms=0),
                       jitter=lambda: 0.0, gate=gate,
-                      router=ProviderRouter(fallbacks, gate=gate, clock=self.clock))
+                      router=self.router)
 
     async def close(self) -> None:
         for provider in self.made:
@@ -214,6 +216,8 @@ async def test_a_failing_primary_fails_over_and_is_used_again_after_its_cool_off
     assert scan.by_model["primary/deepseek-chat"].input_tokens == 20
     text = json.dumps([e.data for e in log])
     assert PRIMARY_KEY not in text and BACKUP_KEY not in text
+    assert fleet.router is not None  # what the driver's /metrics shows
+    assert (fleet.router.counters.failovers, fleet.router.counters.fallback_steps) == (1, 1)
 
 
 async def test_a_primary_over_its_budget_sends_the_step_to_the_backup(fleet: Fleet) -> None:

@@ -56,7 +56,7 @@ async def test_each_endpoint_becomes_a_provider_named_after_it() -> None:
     finally:
         for provider in made.values():
             await provider.aclose()
-    with pytest.raises(ConfigError, match="unknown model provider 'nope'.*backup"):
+    with pytest.raises(ConfigError, match=r"unknown model provider 'nope'.*backup"):
         provider_from_settings(Settings(), "nope", endpoints=endpoints)
 
 
@@ -92,7 +92,7 @@ def test_the_settings_hold_json_or_a_file_path(tmp_path: Path) -> None:
         endpoints = provider_endpoints_of(Settings(providers=value), ENV)
         assert set(endpoints) == {"backup", "ds", "demo"}
     assert provider_endpoints_of(Settings(), {}) == {}
-    with pytest.raises(ConfigError, match="DSH_PROVIDERS file .* cannot be read"):
+    with pytest.raises(ConfigError, match=r"DSH_PROVIDERS file .* cannot be read"):
         provider_endpoints_of(Settings(providers=str(tmp_path / "missing.json")), ENV)
     with pytest.raises(ConfigError, match="DSH_PROVIDER_FALLBACKS is not JSON"):
         fallbacks_of(Settings(provider_fallbacks="{nope"), {})

@@ -17,10 +17,11 @@ from typing import Any
 
 from test_turn_machine_harness import Attempt, Harness, new_machine, text_reply
 
+from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ProviderError
 from pipeline.core.events import Event
 from pipeline.core.inbox import Cancel, Configure, FollowUp
-from pipeline.core.log import SessionLog
+from pipeline.core.log import SessionLog, derive_messages
 from pipeline.core.model import RetryPolicy
 from pipeline.core.provider_routes import ROUTE_TYPE, Route
 from pipeline.core.turn_config import config_disagreements
@@ -216,3 +217,17 @@ def test_a_cancel_while_the_route_is_chosen_closes_the_step() -> None:
     events = machine.take_events()
     assert types(events)[-2:] == ["step/end", "turn/end"]
     assert of_type(events, "request/header") == []  # no call was made: no header owed yet
+
+
+def test_every_reader_carries_a_fallback_turn() -> None:
+    """The Avro codec gives the events back as they were; a strict rebuild accepts the log;
+    the derived conversation holds the backup's answer (the route event projects nothing)."""
+    machine = routing_machine()
+    turn_on_backup_after_a_failure(machine)
+    serde = EventSerde()
+    for event in machine.log.events:
+        session_id, decoded = serde.decode(serde.encode("s1", event))
+        assert session_id == "s1" and decoded == event
+    log = SessionLog.from_events("s1", machine.log.events, mode="strict")
+    [_, answer] = derive_messages(log.events)
+    assert answer["source"] == {"kind": "model", **BACKUP.to_json()}  # type: ignore[index]

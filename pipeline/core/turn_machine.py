@@ -101,8 +101,7 @@ class TurnMachine(ToolsPhase, RoutesPhase):
         checkpoint's, :mod:`pipeline.core.checkpoint`); None: scanned from ``log.events``,
         which must then be the whole log. The machine takes it over (its inbox and id sets
         change as the session goes on). ``routing``: ask :class:`ChooseRoute` at each step
-        (provider fallback, :mod:`pipeline.core.turn_machine_routes`); without it every call
-        takes the configured provider/model."""
+        (:mod:`pipeline.core.turn_machine_routes`); else calls take the configured model."""
         if history is None and len(log.events) != log.next_seq:
             raise TurnError(f"session {log.session_id!r}: a bounded log that no longer holds "
                             "every event needs the History folded with it")
@@ -435,9 +434,8 @@ class TurnMachine(ToolsPhase, RoutesPhase):
 
     def stream_failed(self, error: ProviderError, now: int, *, jitter: float = 0.5,
                       fallback: Route | None = None) -> None:
-        """The provider call failed (possibly mid-stream): retry in this step, or end.
-        ``fallback``: the route to call instead, at once (the caller decided to leave this
-        one: :func:`pipeline.core.provider_routes.leaves_route`)."""
+        """The provider call failed (possibly mid-stream): retry in this step, or end;
+        or call ``fallback`` at once (the caller left the route: ``leaves_route``)."""
         self._expect(Phase.STREAMING, "stream_failed")
         self._failed(error, now, log_finish=self._acc.finish_kind != "error", jitter=jitter,
                      fallback=fallback)

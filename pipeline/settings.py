@@ -120,6 +120,8 @@ class Settings:
     driver_idle_evict: float = 600.0
     provider_limits: str = ""
     prices: str = ""
+    providers: str = ""
+    provider_fallbacks: str = ""
 
     @property
     def topics(self) -> TopicNames:

@@ -19,8 +19,10 @@ from pipeline.core.errors import ProviderError
 from pipeline.core.events import Event
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest
+from pipeline.core.provider_routes import Route
 from pipeline.core.turn_effects import (
     CallModel,
+    ChooseRoute,
     HookDecision,
     Idle,
     RunPreStepHooks,
@@ -65,6 +67,9 @@ class Harness:
     boundaries: int = 0
     time: int = 1_000
     on_tools: Callable[[Harness, RunTools], bool] | None = None
+    # a machine made with routing=True: the route of each step, and where a failure moves to
+    route: Callable[[ChooseRoute], tuple[Route, str]] | None = None
+    fallback: Callable[[ProviderError], Route | None] | None = None
 
     def now(self) -> int:
         self.time += 1
@@ -90,6 +95,10 @@ class Harness:
             m.check_request(effect.request)
             self.requests.append(effect.request)
             self._stream(next(self.attempts))
+        elif isinstance(effect, ChooseRoute):
+            assert self.route is not None, "a routing machine needs Harness.route"
+            chosen, reason = self.route(effect)
+            m.route_chosen(chosen.provider, chosen.model, reason, self.now())
         elif isinstance(effect, Sleep):
             self.sleeps.append(effect.ms)
             m.sleep_done(self.now())
@@ -111,7 +120,8 @@ class Harness:
                 return
             m.chunk(chunk, self.now())
         if attempt.error is not None:
-            m.stream_failed(attempt.error, self.now(), jitter=0.0)
+            fallback = self.fallback(attempt.error) if self.fallback is not None else None
+            m.stream_failed(attempt.error, self.now(), jitter=0.0, fallback=fallback)
         else:
             m.stream_ended(self.now())
 

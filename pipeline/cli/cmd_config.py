@@ -85,6 +85,16 @@ DESCRIPTIONS: Final[dict[str, str]] = {
               "\"2025-09-05\", \"input\": \"0.28\", \"cached_input\": \"0.028\", "
               "\"output\": \"0.42\"}]}`, prices per million tokens (docs/costs.md); "
               "empty: every call unpriced.",
+    "providers": "Named provider endpoints: a JSON object, or the path of a JSON file, "
+                 "mapping a provider name to `{\"kind\": \"deepseek\" | "
+                 "\"openai-compatible\" | \"scripted\", \"baseURL\", \"apiKeyEnv\"}`; "
+                 "`apiKeyEnv` names the environment variable holding the key, never the key "
+                 "(docs/providers.md); empty: the built-in providers only.",
+    "provider_fallbacks": "Each model's fallbacks, tried in order while it fails or is over "
+                          "budget: a JSON object, or the path of a JSON file, e.g. "
+                          "`{\"deepseek/deepseek-chat\": [\"backup/gpt-4o-mini\"], "
+                          "\"policy\": {\"max_wait_s\": 10, \"cool_off_s\": 30}}` "
+                          "(docs/providers.md); empty: no fallback.",
 }
 UNDOCUMENTED: Final = "(undocumented: add a line to DESCRIPTIONS in pipeline/cli/cmd_config.py)"
 REFERENCE_HEADER: Final = "| Variable | Default | Description |"

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from pipeline.cli.common import (
     configure_logging,
     port_number,
 )
+from pipeline.cli.provider_config import fallbacks_of, provider_endpoints_of
 from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -58,6 +60,7 @@ from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION, Partition
 from pipeline.services.driver.mcp_tools import McpTools
 from pipeline.services.driver.partition import DriverMetrics, PartitionContext
 from pipeline.services.driver.provider_gate import ProviderGate
+from pipeline.services.driver.provider_router import ProviderRouter
 from pipeline.services.driver.runner import ModelProvider, SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.spill import kafka_spill_policy
@@ -156,25 +159,31 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                    pipelined_flush: bool = False,
                    rebuild_mode: Mode = "strict",
                    steps_per_transaction: int = STEPS_PER_TRANSACTION,
-                   approvals: ApprovalRules | None = None) -> PartitionContext:
+                   approvals: ApprovalRules | None = None,
+                   env: Mapping[str, str] | None = None) -> PartitionContext:
     """The composition of the Kafka driver: codecs, providers, tools, runners.
 
     ``script`` drives the scripted provider (the default provider of the settings);
     ``codecs`` default to the single-object encoding (no registry needed);
     ``steps_per_transaction``: at most about this many sessions of a partition begin a step
     while its transaction commits (``admission.StepBudget``; 0: no bound);
-    ``approvals``: which tool calls wait for a person (None: none).
+    ``approvals``: which tool calls wait for a person (None: none);
+    ``env``: where ``DSH_PROVIDERS``' ``apiKeyEnv`` variables are read (default: the
+    process environment).
     """
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
     providers: dict[str, ModelProvider] = {}
     limits = provider_limits_of(settings)
     gate = ProviderGate(limits) if limits is not None else None
+    endpoints = provider_endpoints_of(settings, os.environ if env is None else env)
+    fallbacks = fallbacks_of(settings, endpoints)
+    router = ProviderRouter(fallbacks, gate=gate) if fallbacks is not None else None
 
     def provider_factory(provider: str, model: str) -> ModelProvider:
         if provider not in providers:
-            made = providers[provider] = provider_from_settings(settings, provider,
-                                                                script=script)
+            made = providers[provider] = provider_from_settings(
+                settings, provider, script=script, endpoints=endpoints)
             if gate is not None and hasattr(made, "on_rate_signal"):  # HTTP providers
                 made.on_rate_signal = functools.partial(gate.observe, provider)
         return providers[provider]
@@ -187,11 +196,13 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
         admit = sink.admit_step if steps_per_transaction > 0 else None
         return SessionRunner(log, provider_factory=provider_factory, tools=tools, sink=sink,
                              config=default_config, metrics=metrics.runner, admit=admit,
-                             approvals=approvals, history=history, gate=gate)
+                             approvals=approvals, history=history, gate=gate,
+                             router=router)
 
     return PartitionContext(settings=settings, group_id=group_id, decode_event=serde.decode,
                             encode_event=serde.encode, decode_command=inbox_codec.decode,
                             runner_factory=runner_factory, metrics=metrics, gate=gate,
+                            router=router,
                             checkpoints=CheckpointStore(settings, serde.decode,
                                                         mode=rebuild_mode),
                             linger_ms=linger_ms, pipelined_flush=pipelined_flush,

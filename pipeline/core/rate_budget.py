@@ -87,6 +87,15 @@ class TokenBucket:
         start = max(now, self.blocked_until)
         return start - now + (wanted - self.level) * MINUTE_S / max(self.per_minute, 1e-9)
 
+    def queue_wait_s(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` (the calls waiting and one more) is available, not
+        capped at the bucket's size: what a call enqueued now would wait, about."""
+        self.refill(now)
+        if self.level >= amount - EPSILON:
+            return 0.0
+        start = max(now, self.blocked_until)
+        return start - now + (amount - self.level) * MINUTE_S / max(self.per_minute, 1e-9)
+
     def cap(self, remaining: float, now: float) -> None:
         """The provider says only ``remaining`` is left now (its bucket refills on, as
         this one does)."""
@@ -223,6 +232,21 @@ class RateBudget:
             return None, wait
         self._take(head)
         return head, 0.0
+
+    def wait_estimate(self, tokens: int, now: float) -> float:
+        """About how long a call of ``tokens`` enqueued now would wait for its grant (behind
+        every call waiting): what a fallback decision compares with its bound. Nothing is
+        taken or enqueued."""
+        tickets = [t for tenant in self._tenants.values() for q in tenant.sessions.values()
+                   for t in q]
+        requests = self._queue_wait(self.requests, len(tickets) + 1, now)
+        tokens_wait = self._queue_wait(self.tokens, sum(t.tokens for t in tickets) + tokens,
+                                       now)
+        return max(requests, tokens_wait)
+
+    @staticmethod
+    def _queue_wait(bucket: TokenBucket | None, amount: float, now: float) -> float:
+        return 0.0 if bucket is None else bucket.queue_wait_s(amount, now)
 
     def _head(self, now: float) -> tuple[Ticket | None, float]:
         """The next call in fair order: the first tenant with credit (weighted round robin)

@@ -26,12 +26,21 @@ log. ``messageId`` lets a re-delivered configure be recognised from the log alon
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Final
 
 from pipeline.core.errors import InvariantViolation, TurnError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import Configure
+from pipeline.core.provider_routes import (
+    ROUTE_TYPE,
+    LoggedRoute,
+    Route,
+    header_route,
+    logged_route,
+    routed_header,
+)
 from pipeline.core.turn_effects import SessionConfig
 
 CONFIG_TYPE: Final = "dsh-pipeline/config"
@@ -98,22 +107,37 @@ class ConfigState:
 
     ``config``: what the next model request uses; ``header``: the last logged
     ``request/header`` (what the model was last asked with); ``configured``: the header of
-    the last config event, which every later ``request/header`` must state.
+    the last config event, which every later ``request/header`` must state, but for the
+    provider and model when ``route`` (a fallback, :mod:`pipeline.core.provider_routes`)
+    stands in for the configured ones.
     """
 
     def __init__(self, *, header: dict[str, JsonValue] | None,
                  configured: dict[str, JsonValue] | None, configured_last: bool,
-                 message_ids: set[str], default: SessionConfig | None) -> None:
-        """``configured_last``: the config event came after the last ``request/header``.
+                 message_ids: set[str], default: SessionConfig | None,
+                 route: LoggedRoute | None = None) -> None:
+        """``configured_last``: the config event came after the last ``request/header``;
+        ``route``: the last ``dsh-pipeline/route`` event's.
 
         The newer of the two wins: a config event not yet stated by a header is the
-        configuration in force; else the logged header, else the caller's ``default``.
+        configuration in force; else the logged header (with the configured provider and
+        model back if the route event says the header names a fallback), else the caller's
+        ``default``.
         """
         self.header = header
         self.message_ids = message_ids
         self.configured = configured if configured_last else None
+        self.route: Route | None = None
+        if route is not None and route.is_fallback and header_route(header) == route.route:
+            self.route = route.route
         newest = self.configured if self.configured is not None else header
-        self._set(_usable_config(newest) or default)
+        config = _usable_config(newest)
+        if config is not None and self.configured is None and self.route is not None:
+            assert route is not None
+            config = dataclasses.replace(config, provider=route.primary.provider,
+                                         model=route.primary.model)
+        self._set(config or default)
+        self._routed: tuple[dict[str, JsonValue], Route, dict[str, JsonValue]] | None = None
         if header is None:
             self.header_reason = "initial"
         else:  # a configure not yet stated by a header is a change, as before the rebuild
@@ -153,10 +177,29 @@ class ConfigState:
                     f"the next request header (config {header.get('config')}) differs from "
                     f"the last logged configuration (config {configured.get('config')})")
             self.configured = header  # equal: later checks are an identity test
+        header = self._routed_header(header)
         if header is self.header or header == self.header:
             return None
         reason, self.header, self.header_reason = self.header_reason, header, "change"
         return header, reason
+
+    @property
+    def primary(self) -> Route | None:
+        """The configured provider/model (what a route stands in for)."""
+        return None if self.config is None else Route(self.config.provider, self.config.model)
+
+    def set_route(self, route: Route | None) -> None:
+        """The route the next header names (None or the primary: the configured one)."""
+        self.route = None if route == self.primary else route
+
+    def _routed_header(self, header: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        route = self.route
+        if route is None or route == self.primary:
+            return header
+        cached = self._routed
+        if cached is None or cached[0] is not header or cached[1] != route:
+            cached = self._routed = (header, route, routed_header(header, route))
+        return cached[2]
 
     def request_config(self) -> SessionConfig:
         """What the last logged ``request/header`` states (read once per header)."""
@@ -171,19 +214,32 @@ def config_disagreements(events: Iterable[Event]) -> list[str]:
     """Where a log's ``request/header`` differs from the config event before it.
 
     After a :data:`CONFIG_TYPE` event every ``request/header`` must state its header, until
-    the next config event. Empty for a log this driver wrote; for ``check``-style tools.
+    the next config event; but for the provider and model when the last route event before
+    it says a fallback of the configured ones stands in. Empty for a log this driver wrote;
+    for ``check``-style tools.
     """
     problems: list[str] = []
     configured: tuple[int, dict[str, JsonValue]] | None = None
+    route: LoggedRoute | None = None
     for event in events:
         if event.type == CONFIG_TYPE:
             found = configured_header(event.data)
             if found is not None:
                 configured = (event.seq, found[1])
+        elif event.type == ROUTE_TYPE:
+            route = logged_route(event.data)
         elif event.type == "request/header" and configured is not None:
             data = event.data
             header = data.get("header") if isinstance(data, Mapping) else None
-            if header != configured[1]:
+            if header != configured[1] and not _routed_from(header, configured[1], route):
                 problems.append(f"seq {event.seq}: request/header differs from the "
                                 f"configuration logged at seq {configured[0]}")
     return problems
+
+
+def _routed_from(header: JsonValue, configured: dict[str, JsonValue],
+                 route: LoggedRoute | None) -> bool:
+    """``header`` is ``configured`` with a fallback of its provider/model in their place."""
+    return (route is not None and route.is_fallback
+            and route.primary == header_route(configured)
+            and header == routed_header(configured, route.route))

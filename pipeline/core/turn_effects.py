@@ -131,6 +131,17 @@ class CallModel:
 
 
 @dataclass(frozen=True, slots=True)
+class ChooseRoute:
+    """Say which route (provider/model) the step's model call takes: the configured
+    ``provider``/``model`` or one of its fallbacks (:mod:`pipeline.core.provider_routes`);
+    report it with ``route_chosen``. Asked at each step's start by a machine made with
+    ``routing=True``."""
+
+    provider: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunTools:
     """Run these calls (model order); report each start and each outcome."""
 
@@ -165,4 +176,4 @@ class Idle:
 
 
 Effect: TypeAlias = (RunPreStepHooks | CallModel | RunTools | Sleep | StepBoundary | Idle
-                     | AwaitApproval)
+                     | AwaitApproval | ChooseRoute)

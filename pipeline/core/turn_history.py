@@ -22,6 +22,7 @@ from pipeline.core.approvals import ApprovalBook
 from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
+from pipeline.core.provider_routes import ROUTE_TYPE, LoggedRoute, logged_route
 from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
 from pipeline.core.turn_config import CONFIG_TYPE, configured_header
 
@@ -44,6 +45,7 @@ class History:
     configure_ids: set[str] = field(default_factory=set)
     approvals: ApprovalBook = field(default_factory=ApprovalBook)
     tenant: str = DEFAULT_TENANT  # the first valid tenant event's (pipeline.core.tenants)
+    route: LoggedRoute | None = None  # the last dsh-pipeline/route event's
 
     def advance(self, event: Event) -> None:
         """Fold one event in (O(size of the event))."""
@@ -68,6 +70,8 @@ class History:
             self._splice(event)
         elif event.type == TENANT_TYPE and self.tenant == DEFAULT_TENANT:
             self.tenant = tenant_of(data) or DEFAULT_TENANT
+        elif event.type == ROUTE_TYPE:
+            self.route = logged_route(data)
 
     def _splice(self, event: Event) -> None:
         data = event.data
@@ -80,12 +84,17 @@ class History:
                 self.message_ids.add(message["id"])
 
     def to_json(self) -> dict[str, JsonValue]:
-        """Every field (id sets sorted, so equal Histories give equal JSON)."""
-        return {"lastTurn": self.last_turn, "header": self.header,
-                "inbox": self.inbox.to_json(), "messageIds": sorted(self.message_ids),
-                "configured": self.configured, "configuredLast": self.configured_last,
-                "configureIds": sorted(self.configure_ids),
-                "approvals": self.approvals.to_json(), "tenant": self.tenant}
+        """Every field (id sets sorted, so equal Histories give equal JSON; ``route`` only
+        when a route event was logged)."""
+        raw: dict[str, JsonValue] = {
+            "lastTurn": self.last_turn, "header": self.header, "inbox": self.inbox.to_json(),
+            "messageIds": sorted(self.message_ids), "configured": self.configured,
+            "configuredLast": self.configured_last,
+            "configureIds": sorted(self.configure_ids), "approvals": self.approvals.to_json(),
+            "tenant": self.tenant}
+        if self.route is not None:
+            raw["route"] = self.route.to_json()
+        return raw
 
     @classmethod
     def from_json(cls, raw: JsonValue) -> History:
@@ -111,7 +120,19 @@ class History:
                    configured=_copy(configured), configured_last=raw["configuredLast"],
                    configure_ids=set(configure_ids),
                    approvals=ApprovalBook.from_json(raw.get("approvals")),
-                   tenant=str(raw.get("tenant", DEFAULT_TENANT)))
+                   tenant=str(raw.get("tenant", DEFAULT_TENANT)),
+                   route=_route(raw.get("route")))
+
+
+
+def _route(raw: JsonValue) -> LoggedRoute | None:
+    """A checkpoint's route (absent in checkpoints written before fallbacks existed)."""
+    if raw is None:
+        return None
+    route = logged_route(raw)
+    if route is None:
+        raise CodecError("a session history's route must be {provider, model, primary}")
+    return route
 
 
 def _optional_object(value: JsonValue) -> bool:

@@ -60,6 +60,7 @@ from pipeline.core.model import (
     error_finish,
     failure_of,
 )
+from pipeline.core.provider_routes import Route
 from pipeline.core.repair import repair_closers
 from pipeline.core.tenants import TENANT_TYPE, command_tenant_error, tenant_event_data
 from pipeline.core.turn_approvals import ApprovalGate
@@ -77,6 +78,7 @@ from pipeline.core.turn_effects import (
     StepBoundary,
 )
 from pipeline.core.turn_history import History, scan_history
+from pipeline.core.turn_machine_routes import RoutesPhase
 from pipeline.core.turn_machine_tools import Phase, ToolsPhase
 from pipeline.core.turn_requests import error_reason, request_diff, stream_error
 from pipeline.core.turn_tools import ToolRound, calls_of
@@ -88,17 +90,18 @@ _TRUNCATED_TEXT: Final = ("The tool call was not run: the model's output was cut
                           "token limit.")
 
 
-class TurnMachine(ToolsPhase):
+class TurnMachine(ToolsPhase, RoutesPhase):
     """Drives one session's turns over its :class:`SessionLog`."""
 
     def __init__(self, log: SessionLog, *, new_id: Callable[[], str],
                  config: SessionConfig | None = None,
                  retry: RetryPolicy | None = None, approvals: ApprovalRules | None = None,
-                 history: History | None = None) -> None:
+                 history: History | None = None, routing: bool = False) -> None:
         """``history``: the session's past as folded up to ``log.next_seq`` (a restored
         checkpoint's, :mod:`pipeline.core.checkpoint`); None: scanned from ``log.events``,
         which must then be the whole log. The machine takes it over (its inbox and id sets
-        change as the session goes on)."""
+        change as the session goes on). ``routing``: ask :class:`ChooseRoute` at each step
+        (:mod:`pipeline.core.turn_machine_routes`); else calls take the configured model."""
         if history is None and len(log.events) != log.next_seq:
             raise TurnError(f"session {log.session_id!r}: a bounded log that no longer holds "
                             "every event needs the History folded with it")
@@ -114,7 +117,11 @@ class TurnMachine(ToolsPhase):
         # a session's own logged configuration wins over the caller's default
         self._config = ConfigState(header=history.header, configured=history.configured,
                                    configured_last=history.configured_last,
-                                   message_ids=history.configure_ids, default=config)
+                                   message_ids=history.configure_ids, default=config,
+                                   route=history.route)
+        self._routing = routing
+        if not routing:  # a fallback a former owner logged: back on the configured model
+            self._config.set_route(None)
         self._gate = ApprovalGate(approvals or ApprovalRules(), history.approvals)
         self._outbox: list[Event] = []
         self._repaired = False
@@ -134,6 +141,8 @@ class TurnMachine(ToolsPhase):
 
     def _reset_attempt(self, attempt: int) -> None:
         self._attempt = attempt
+        if attempt == 1:
+            self._route_start = 1
         self._acc = StreamAccumulator()
         self._chunk_seqs: list[int] = []
         self._replay_state: JsonValue = None
@@ -274,6 +283,8 @@ class TurnMachine(ToolsPhase):
             self._start_turn(now)
         if self.phase is Phase.CLAIM:
             return self._claim(now)
+        if self.phase is Phase.ROUTE:
+            return self._ask_route()
         if self.phase is Phase.CALL:
             return self._call_model()
         if self.phase is Phase.RETRY_WAIT and self._retry_delay is not None:
@@ -326,8 +337,11 @@ class TurnMachine(ToolsPhase):
             self._end_turn(error_reason("no provider/model configured for this session; "
                                          "send a configure command first", NO_MODEL), now)
             return
-        self._log_header_if_changed(now)
         self._reset_attempt(1)
+        if self._routing:  # the header names the route: logged once it is chosen
+            self.phase = Phase.ROUTE
+            return
+        self._log_header_if_changed(now)
         self.phase = Phase.CALL
 
     def _check_messages(self, messages: Iterable[JsonValue]) -> None:
@@ -418,17 +432,23 @@ class TurnMachine(ToolsPhase):
             data["interrupted"] = True
         self._append("assistant/message", data, now, surface=True, sources=self._chunk_seqs)
 
-    def stream_failed(self, error: ProviderError, now: int, *, jitter: float = 0.5) -> None:
-        """The provider call failed (possibly mid-stream): retry in this step, or end."""
+    def stream_failed(self, error: ProviderError, now: int, *, jitter: float = 0.5,
+                      fallback: Route | None = None) -> None:
+        """The provider call failed (possibly mid-stream): retry in this step, or end;
+        or call ``fallback`` at once (the caller left the route: ``leaves_route``)."""
         self._expect(Phase.STREAMING, "stream_failed")
-        self._failed(error, now, log_finish=self._acc.finish_kind != "error", jitter=jitter)
+        self._failed(error, now, log_finish=self._acc.finish_kind != "error", jitter=jitter,
+                     fallback=fallback)
 
     def _failed(self, error: ProviderError, now: int, *, log_finish: bool,
-                jitter: float = 0.5) -> None:
+                jitter: float = 0.5, fallback: Route | None = None) -> None:
         if log_finish:
             self.chunk(error_finish(error), now)
-        if self._retry.should_retry(self._attempt, error):
-            delay = self._retry.delay_ms(self._attempt, error, jitter)
+        if fallback is not None:
+            self._fail_over(error, fallback, now)
+            return
+        if self._retry.should_retry(self._route_attempt, error):
+            delay = self._retry.delay_ms(self._route_attempt, error, jitter)
             self._append("llm/retry", {
                 "turn": self._turn, "step": self._step, "attempt": self._attempt,
                 "delayMs": delay, "error": failure_of(error)}, now)
@@ -494,7 +514,8 @@ class TurnMachine(ToolsPhase):
             self._tools.outcomes[call_id] = denial
         if self.phase in (Phase.STREAMING, Phase.TOOLS):
             self._close_unanswered(TOOL_CANCELED, _CANCELED_TEXT, now)
-        if self.phase in (Phase.CALL, Phase.STREAMING, Phase.RETRY_WAIT, Phase.TOOLS):
+        if self.phase in (Phase.ROUTE, Phase.ROUTING, Phase.CALL, Phase.STREAMING,
+                          Phase.RETRY_WAIT, Phase.TOOLS):
             self._close_step(now)
         self._end_turn({"kind": "aborted", "reason": reason}, now)
         self._boundary = False

@@ -23,6 +23,8 @@ class Phase(Enum):
     IDLE = auto()        # no turn open
     CLAIM = auto()       # turn open, at a step boundary: claim and run hooks next
     HOOKS = auto()       # waiting for hooks_done
+    ROUTE = auto()       # step open: the call's route is to be chosen (ChooseRoute)
+    ROUTING = auto()     # waiting for route_chosen
     CALL = auto()        # step open: a model call is due
     STREAMING = auto()   # waiting for chunks and the end of the stream
     RETRY_WAIT = auto()  # a retry is due after Sleep

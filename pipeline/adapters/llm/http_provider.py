@@ -183,13 +183,14 @@ class OpenAICompatibleProvider:
     def __init__(self, base_url: str, api_key: Secret = NO_KEY, *,
                  dialect: ChatDialect = OPENAI_DIALECT, idle_timeout_s: float = 120.0,
                  connect_timeout_s: float = 10.0, max_connections: int = 256,
-                 trust_env: bool = True) -> None:
+                 trust_env: bool = True, name: str | None = None) -> None:
         """``idle_timeout_s``: the longest silence tolerated mid-stream (DeepSeek sends
-        keep-alive comments while it thinks). ``trust_env``: honour HTTPS_PROXY/NO_PROXY."""
+        keep-alive comments while it thinks). ``trust_env``: honour HTTPS_PROXY/NO_PROXY.
+        ``name``: what errors call the provider (default: the dialect's name)."""
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"provider base URL must start with http:// or https://, got "
                               f"{base_url!r}")
-        self.name = dialect.name
+        self.name = name or dialect.name
         self._endpoint = base_url.rstrip("/") + "/chat/completions"
         self.url = without_userinfo(self._endpoint, marker="***@")  # messages and logs show it
         self._dialect = dialect
@@ -304,10 +305,11 @@ class DeepSeekProvider(OpenAICompatibleProvider):
 
     def __init__(self, api_key: Secret, base_url: str = DEEPSEEK_BASE_URL, *,
                  idle_timeout_s: float = 120.0, connect_timeout_s: float = 10.0,
-                 max_connections: int = 256, trust_env: bool = True) -> None:
+                 max_connections: int = 256, trust_env: bool = True,
+                 name: str | None = None) -> None:
         if not api_key:
             raise ConfigError("the DeepSeek provider needs an API key: set DEEPSEEK_API_KEY "
                               "(or DSH_DEEPSEEK_API_KEY)")
         super().__init__(base_url, api_key, dialect=DEEPSEEK_DIALECT,
                          idle_timeout_s=idle_timeout_s, connect_timeout_s=connect_timeout_s,
-                         max_connections=max_connections, trust_env=trust_env)
+                         max_connections=max_connections, trust_env=trust_env, name=name)

@@ -89,6 +89,11 @@ class ProviderGate:
         self.counters.longest_wait_s = max(self.counters.longest_wait_s, waited)
         return waited
 
+    def wait_estimate(self, provider: str, model: str, tokens: int) -> float:
+        """About how many seconds a call of ``tokens`` asked now would wait (0: no budget)."""
+        budget = self.budget(provider, model)
+        return 0.0 if budget is None else budget.wait_estimate(tokens, self._clock())
+
     def settle(self, provider: str, model: str, estimated: int, reported: int, *,
                tenant: str = "") -> None:
         budget = self.budget(provider, model)

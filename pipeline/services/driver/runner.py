@@ -42,6 +42,7 @@ from pipeline.core.rate_budget import (
 from pipeline.core.turn_effects import (
     AwaitApproval,
     CallModel,
+    ChooseRoute,
     Effect,
     HookDecision,
     Idle,
@@ -58,6 +59,7 @@ from pipeline.core.turn_machine import TurnMachine
 from pipeline.services.driver.hooks import PreStepContext, PreStepHook, run_pre_step_hooks
 from pipeline.services.driver.metrics import RunnerMetrics
 from pipeline.services.driver.provider_gate import ProviderGate
+from pipeline.services.driver.provider_router import ProviderRouter
 from pipeline.services.driver.tools import ToolRegistry
 
 
@@ -120,7 +122,8 @@ class SessionRunner:
                  metrics: RunnerMetrics | None = None,
                  admit: Callable[[], Awaitable[None]] | None = None,
                  approvals: ApprovalRules | None = None, history: History | None = None,
-                 gate: ProviderGate | None = None) -> None:
+                 gate: ProviderGate | None = None, router: ProviderRouter | None = None
+                 ) -> None:
         """``config``: used until a configure command or a logged header says otherwise;
         its ``tools`` None means every tool of ``tools`` (the registry) is offered.
         ``metrics``: where provider calls, turns and steps are counted (None: nowhere).
@@ -128,6 +131,7 @@ class SessionRunner:
         ``PartitionSink.admit_step``: a bound on the steps per transaction); None: no wait.
         ``approvals``: which tool calls wait for a person, and for how long.
         ``gate``: the provider rate budgets a model call waits for (None: none).
+        ``router``: the provider fallbacks (None: every call takes the configured model).
         ``history``: what the session's past left (a log resumed from a checkpoint holds
         only its open turn); None: read from ``log``.
 
@@ -136,10 +140,12 @@ class SessionRunner:
         """
         self.session_id = log.session_id
         self._gate = gate
+        self._router = router
         if config is not None and config.tools is None:
             config = dataclasses.replace(config, tools=tools.definitions())
         self.machine = TurnMachine(log, new_id=new_id, config=config, retry=retry,
-                                   approvals=approvals, history=history)
+                                   approvals=approvals, history=history,
+                                   routing=router is not None)
         self._provider_factory = provider_factory
         self._providers: dict[tuple[str, str], ModelProvider] = {}
         self._tools = tools
@@ -244,6 +250,9 @@ class SessionRunner:
             await self._run_hooks(effect)
         elif isinstance(effect, CallModel):
             await self._call_model(effect.request)
+        elif isinstance(effect, ChooseRoute):
+            assert self._router is not None  # only a machine made with routing asks
+            self._router.route_step(self.machine, effect, self._clock())
         elif isinstance(effect, RunTools):
             await self._run_tools(effect.calls)
         elif isinstance(effect, Sleep) and await self._interruptibly(
@@ -357,9 +366,13 @@ class SessionRunner:
         except ProviderError as exc:
             self._record_call(request, started, exc.code)
             self._rate_limited(request, exc)
-            machine.stream_failed(exc, self._clock(), jitter=self._jitter())
+            fallback = (None if self._router is None
+                        else self._router.fallback_for(machine, request, exc))
+            machine.stream_failed(exc, self._clock(), jitter=self._jitter(), fallback=fallback)
         else:
             self._record_call(request, started, None)
+            if self._router is not None:
+                self._router.answered(request)
             machine.stream_ended(self._clock())
         finally:  # release the provider's connection even when cancelled mid-stream
             if estimated and reported is not None and self._gate is not None:
@@ -446,13 +459,14 @@ class Driver:
                  jitter: Callable[[], float] = random.random,
                  metrics: RunnerMetrics | None = None,
                  approvals: ApprovalRules | None = None,
-                 gate: ProviderGate | None = None) -> None:
+                 gate: ProviderGate | None = None,
+                 router: ProviderRouter | None = None) -> None:
         self.sink: EventSink = sink if sink is not None else MemorySink()
         self._options: Mapping[str, Any] = {
             "provider_factory": provider_factory, "tools": tools, "sink": self.sink,
             "clock": clock, "hooks": hooks, "config": config, "retry": retry,
             "new_id": new_id, "jitter": jitter, "metrics": metrics, "approvals": approvals,
-            "gate": gate}
+            "gate": gate, "router": router}
         self._clock = clock
         self.runners: dict[str, SessionRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}

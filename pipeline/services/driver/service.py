@@ -177,6 +177,10 @@ class DriverService:
             snap["provider_grants"] = gate.counters.grants
             snap["provider_wait_ms"] = int(gate.counters.waited_s * 1000)
             snap["provider_wait_ms_longest"] = int(gate.counters.longest_wait_s * 1000)
+        router = self.ctx.router
+        if router is not None:  # calls moved to a fallback, steps that started on one
+            snap["provider_failovers"] = router.counters.failovers
+            snap["provider_fallback_steps"] = router.counters.fallback_steps
         return snap
 
     # -- group membership ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from pipeline.services.driver.checkpointing import CheckpointStore
 from pipeline.services.driver.kafka_sink import EventEncoder, PartitionSink
 from pipeline.services.driver.metrics import RunnerMetrics
 from pipeline.services.driver.provider_gate import ProviderGate
+from pipeline.services.driver.provider_router import ProviderRouter
 from pipeline.settings import Settings
 
 
@@ -100,6 +101,7 @@ class PartitionContext:
     metrics: DriverMetrics
     checkpoints: CheckpointStore
     gate: ProviderGate | None = None   # provider rate budgets, shared by partitions owned
+    router: ProviderRouter | None = None  # provider fallbacks (None: none configured)
     linger_ms: float = 25.0
     rebuild_mode: Mode = "strict"
     pipelined_flush: bool = False  # True: a step boundary does not wait for its commit

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from suite_approval import bench_approval
 from suite_browser import bench_browser
+from suite_budget import bench_provider_budget
 from suite_core import CHECKOUT, Context, Figure, load_average, wait_quiet
 from suite_dashboard import bench_dashboard
 from suite_history import bench_history
@@ -66,6 +67,7 @@ BENCHMARKS: dict[str, tuple[Benchmark, bool]] = {
     "mcp": (bench_mcp_call, True),  # runs server-everything (make mcp-servers)
     "history": (bench_history, True),
     "page": (bench_session_page, True),
+    "budget": (bench_provider_budget, True),
 }
 
 

@@ -155,3 +155,41 @@ async def test_every_answers_rate_headers_narrow_the_gate(server: LLMTestServer)
     # The server (60 a minute) said 57 were left after the third call: the gate, which
     # thought it had 5,700 a minute, now holds no more than that.
     assert budget.requests.level <= LIMIT_RPM - 3 + 0.5
+
+
+async def test_a_tenant_flooding_at_ten_times_does_not_starve_the_others() -> None:
+    """A budget just spent, then one tenant asks ten times what each of nine others asks,
+    all of its calls first: each other tenant's calls are among the first answered, where
+    first come, first served would answer them after all of the flood's."""
+    rpm = 600  # 9.5 grants a second once spent
+    flood, others, each = 50, [f"t{n}" for n in range(1, 10)], 5
+    server = LLMTestServer(answer, keep_requests=False,
+                           limits=RateLimits(requests_per_minute=rpm))
+    await server.start()
+    gate = ProviderGate(ProviderLimits({"deepseek/*": Limit(requests_per_minute=rpm)}))
+    budget = gate.budget("deepseek", "deepseek-chat")
+    assert budget is not None and budget.requests is not None
+    budget.requests.level = 0.0  # the budget has just been spent
+    provider = DeepSeekProvider(Secret("sk-budget"), server.base_url, trust_env=False)
+    driver = Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
+                    config=SessionConfig("deepseek", "deepseek-chat"),
+                    retry=RetryPolicy(max_attempts=1), gate=gate)
+    asked = [(f"flood-{n}", "flood") for n in range(flood)] + [
+        (f"{tenant}-{n}", tenant) for tenant in others for n in range(each)]
+    try:
+        for session, tenant in asked:
+            driver.submit(FollowUp(session, "m0", ({"type": "text", "text": "hi"},),
+                                   tenant=tenant))
+        await driver.drain()
+    finally:
+        await provider.aclose()
+        await server.stop()
+    assert isinstance(driver.sink, MemorySink)
+    answered = sorted((e.time, session) for session, events in driver.sink.events.items()
+                      for e in events if e.type == "assistant/message")
+    assert len(answered) == len(asked) and server.limits is not None
+    assert server.limits.rejected == 0
+    # Round robin over ten tenants: the nine others' 45 calls are within the first 50
+    # answered (the flood gets one in each round); first come would answer them last.
+    first = [session for _, session in answered[:flood]]
+    assert sum(1 for s in first if not s.startswith("flood-")) == len(others) * each

@@ -21,7 +21,7 @@ from pipeline.settings import Settings
 SUITE = CHECKOUT_ROOT / "bench" / "suite.py"
 BENCHMARK_NAMES = ("avro", "fold", "memory", "state", "ingest", "processors", "driver", "replay",
                    "otel", "import", "dashboard", "browser", "idle", "scaleout", "secure",
-                   "restart", "approval", "mcp", "history", "page")
+                   "restart", "approval", "mcp", "history", "page", "budget")
 
 
 def register(subparsers: Any) -> None:

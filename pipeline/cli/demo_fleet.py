@@ -6,10 +6,16 @@ starts as a child process (``dsh-pipeline processors`` with the same ``DSH_*`` s
 in-process driver (inbox -> turns -> transactional appends), and then every session, the
 samples included, is checked against the worker: its derived messages must equal core's
 derivation of the log and its usage the sums over the log.
+
+The scripted sessions belong to three tenants (:data:`DEMO_TENANTS`, the default one
+included) and, unless ``DSH_PRICES`` is set, the worker prices the scripted model with
+:data:`DEMO_PRICES`, so the dashboard's usage by tenant shows a cost (docs/costs.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import secrets
 import sys
@@ -26,6 +32,10 @@ from pipeline.services.processors.verify import verify_processors, wait_ready
 from pipeline.settings import Settings
 
 Progress = Callable[[str], None]
+DEMO_TENANTS = ("acme", "globex", "")
+# Made-up prices per million tokens for the scripted model: the demo's ledger has a cost.
+DEMO_PRICES = json.dumps({"scripted/*": {"from": "2020-01-01", "input": "0.50",
+                                         "cached_input": "0.05", "output": "1.50"}})
 
 
 def start_processors(settings: Settings, port: int, log_path: Path, *,
@@ -58,7 +68,10 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
 
     port = processors_port or free_ports(1)[0]
     log_path = Path(settings.state_dir) / "demo-processors.log"
-    worker = start_processors(role("processors"), port, log_path)
+    pricing = role("processors")
+    if not pricing.prices:
+        pricing = dataclasses.replace(pricing, prices=DEMO_PRICES)
+    worker = start_processors(pricing, port, log_path)
     progress(f"processors worker starting (log: {log_path})")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -70,7 +83,8 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
                              tools=builtin_registry(),
                              script=SCRIPTS["tool-loop"])
         progress(f"running {sessions} scripted sessions x {turns} turns through the driver ...")
-        result = await run_fleet(ctx, followups(ids, turns, turn_text),
+        tenants = {s: DEMO_TENANTS[n % len(DEMO_TENANTS)] for n, s in enumerate(ids)}
+        result = await run_fleet(ctx, followups(ids, turns, turn_text, tenants=tenants),
                                  encode_command=InboxCodec().encode, progress=progress,
                                  sender=role("ingest"))
         fleet_logs = {s: result.logs.get(s, []) for s in ids}

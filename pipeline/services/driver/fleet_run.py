@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pipeline.adapters.kafka.event_stream import EventStream, Start
@@ -53,11 +53,12 @@ class FleetRunResult:
         }
 
 
-def followups(session_ids: list[str], turns: int, text: Callable[[str, int], str]
-              ) -> list[FollowUp]:
-    """``turns`` follow-ups per session, round by round (so sessions run side by side)."""
-    return [FollowUp(s, f"{s}-m{n}", ({"type": "text", "text": text(s, n)},))
-            for n in range(turns) for s in session_ids]
+def followups(session_ids: list[str], turns: int, text: Callable[[str, int], str], *,
+              tenants: Mapping[str, str] | None = None) -> list[FollowUp]:
+    """``turns`` follow-ups per session, round by round (so sessions run side by side);
+    ``tenants``: a session's tenant, stated by each of its follow-ups."""
+    return [FollowUp(s, f"{s}-m{n}", ({"type": "text", "text": text(s, n)},),
+                     tenant=(tenants or {}).get(s)) for n in range(turns) for s in session_ids]
 
 
 async def run_fleet(ctx: PartitionContext, commands: list[FollowUp], *,

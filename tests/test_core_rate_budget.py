@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli.cmd_driver import provider_limits_of
+from pipeline.cli.provider_config import provider_limits_of
 from pipeline.core.errors import ConfigError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.rate_budget import (

@@ -19,8 +19,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
@@ -43,7 +42,11 @@ from pipeline.cli.common import (
     configure_logging,
     port_number,
 )
-from pipeline.cli.provider_config import fallbacks_of, provider_endpoints_of
+from pipeline.cli.provider_config import (
+    fallbacks_of,
+    provider_endpoints_of,
+    provider_limits_of,
+)
 from pipeline.cli.registry_codecs import registry_codecs
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -51,7 +54,6 @@ from pipeline.core.approvals import ApprovalRules
 from pipeline.core.errors import ConfigError
 from pipeline.core.log import Mode, SessionLog
 from pipeline.core.model import ModelRequest
-from pipeline.core.rate_budget import ProviderLimits, parse_limits
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.core.turn_history import History
 from pipeline.services.driver.checkpointing import CheckpointStore
@@ -173,21 +175,7 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
     """
     serde, inbox_codec = codecs or (EventSerde(), InboxCodec())
     tools = tools.with_post_execute(kafka_spill_policy(settings).bound)
-    providers: dict[str, ModelProvider] = {}
-    limits = provider_limits_of(settings)
-    gate = ProviderGate(limits) if limits is not None else None
-    endpoints = provider_endpoints_of(settings, os.environ if env is None else env)
-    fallbacks = fallbacks_of(settings, endpoints)
-    router = ProviderRouter(fallbacks, gate=gate) if fallbacks is not None else None
-
-    def provider_factory(provider: str, model: str) -> ModelProvider:
-        if provider not in providers:
-            made = providers[provider] = provider_from_settings(
-                settings, provider, script=script, endpoints=endpoints)
-            if gate is not None and hasattr(made, "on_rate_signal"):  # HTTP providers
-                made.on_rate_signal = functools.partial(gate.observe, provider)
-        return providers[provider]
-
+    provider_factory, gate, router = provider_wiring(settings, script, env)
     default_config = SessionConfig(provider=settings.provider, model=settings.model)
     metrics = DriverMetrics()
 
@@ -210,22 +198,30 @@ def driver_context(settings: Settings, *, group_id: str, tools: ToolRegistry,
                             steps_per_transaction=steps_per_transaction)
 
 
-def provider_limits_of(settings: Settings) -> ProviderLimits | None:
-    """``DSH_PROVIDER_LIMITS``: JSON text, or the path of a JSON file (None: not set)."""
-    raw = settings.provider_limits.strip()
-    if not raw:
-        return None
-    if not raw.startswith("{"):
-        try:
-            raw = Path(raw).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"DSH_PROVIDER_LIMITS file {settings.provider_limits!r} "
-                              f"cannot be read: {exc.strerror or exc}") from None
-    try:
-        decoded = json.loads(raw)
-    except ValueError as exc:
-        raise ConfigError(f"DSH_PROVIDER_LIMITS is not JSON: {exc}") from None
-    return parse_limits(decoded)
+ProviderFactory = Callable[[str, str], ModelProvider]
+
+
+def provider_wiring(settings: Settings, script: Script, env: Mapping[str, str] | None
+                    ) -> tuple[ProviderFactory, ProviderGate | None, ProviderRouter | None]:
+    """The providers (made on first use, one per name), their rate budgets
+    (``DSH_PROVIDER_LIMITS``, told every answer's rate headers) and the fallback router
+    (``DSH_PROVIDERS``, ``DSH_PROVIDER_FALLBACKS``); None where not configured."""
+    providers: dict[str, ModelProvider] = {}
+    limits = provider_limits_of(settings)
+    gate = ProviderGate(limits) if limits is not None else None
+    endpoints = provider_endpoints_of(settings, os.environ if env is None else env)
+    fallbacks = fallbacks_of(settings, endpoints)
+    router = ProviderRouter(fallbacks, gate=gate) if fallbacks is not None else None
+
+    def provider_factory(provider: str, model: str) -> ModelProvider:
+        if provider not in providers:
+            made = providers[provider] = provider_from_settings(
+                settings, provider, script=script, endpoints=endpoints)
+            if gate is not None and hasattr(made, "on_rate_signal"):  # HTTP providers
+                made.on_rate_signal = functools.partial(gate.observe, provider)
+        return providers[provider]
+
+    return provider_factory, gate, router
 
 
 def run_driver(args: argparse.Namespace, settings: Settings) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
@@ -25,6 +24,7 @@ from pipeline.cli.common import (
     port_number,
 )
 from pipeline.cli.local_store import run_with_trusted_store
+from pipeline.cli.provider_config import setting_text
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.schemas import SchemaTable
 from pipeline.core.errors import ConfigError
@@ -120,13 +120,5 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
 
 def prices_of(settings: Settings) -> PriceTable:
     """``DSH_PRICES``: JSON text, or the path of a JSON file (empty: no price at all)."""
-    raw = settings.prices.strip()
-    if not raw:
-        return PriceTable()
-    if not raw.startswith("{"):
-        try:
-            raw = Path(raw).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"DSH_PRICES file {settings.prices!r} cannot be read: "
-                              f"{exc.strerror or exc}") from None
-    return prices_from_text(raw)
+    text = setting_text("DSH_PRICES", settings.prices)
+    return PriceTable() if text is None else prices_from_text(text)

@@ -51,6 +51,11 @@ def start_processors(settings: Settings, port: int, log_path: Path, *,
                         env={**os.environ, **settings.to_env()})
 
 
+def _priced(settings: Settings) -> Settings:
+    """``settings`` with the demo's prices unless ``DSH_PRICES`` gives a table."""
+    return settings if settings.prices else dataclasses.replace(settings, prices=DEMO_PRICES)
+
+
 def turn_text(session_id: str, turn: int) -> str:
     """The follow-up text of a scripted session's turn (the tool-loop script calls echo)."""
     return f"Turn {turn + 1} of {session_id}: call the echo tool, then summarise."
@@ -68,10 +73,7 @@ async def run_demo_fleet(settings: Settings, sample_logs: Mapping[str, Sequence[
 
     port = processors_port or free_ports(1)[0]
     log_path = Path(settings.state_dir) / "demo-processors.log"
-    pricing = role("processors")
-    if not pricing.prices:
-        pricing = dataclasses.replace(pricing, prices=DEMO_PRICES)
-    worker = start_processors(pricing, port, log_path)
+    worker = start_processors(_priced(role("processors")), port, log_path)
     progress(f"processors worker starting (log: {log_path})")
     url = f"http://127.0.0.1:{port}"
     try:

@@ -11,7 +11,7 @@ from suite_core import BENCH_DIR, Context, Figure
 
 # (sessions, rpm, seconds, burst_s): the run, and the quick suite's small one
 FULL = (1000, 300, 150, 60)
-QUICK = (100, 60, 25, 8)
+QUICK = (60, 60, 15, 5)
 
 
 def budget_run_in_child(bootstrap: str, shape: tuple[int, int, int, int]) -> dict[str, float]:

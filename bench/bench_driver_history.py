@@ -50,7 +50,7 @@ from pipeline.codec.records import event_headers
 from pipeline.core.events import Event
 from pipeline.core.inbox import FollowUp
 from pipeline.core.turn_effects import SessionConfig
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 

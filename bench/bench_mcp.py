@@ -48,7 +48,7 @@ from pipeline.adapters.mcp import McpServerConnection, parse_mcp_config
 from pipeline.core.inbox import FollowUp
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.mcp_tools import McpTools
-from pipeline.services.driver.runner import Driver
+from pipeline.services.driver.memory import Driver
 from pipeline.services.driver.spill import SpillPolicy
 from pipeline.services.driver.tools import ToolRegistry, builtin_registry
 from pipeline.settings import Settings

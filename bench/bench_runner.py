@@ -40,7 +40,7 @@ from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.gc_tuning import driver_gc
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 
 

@@ -1,6 +1,6 @@
 """Re-record the sample sessions of ``samples/sessions/`` from the project's own driver.
 
-Each sample is a real run of :class:`pipeline.services.driver.runner.Driver` (the in-memory
+Each sample is a real run of :class:`pipeline.services.driver.memory.Driver` (the in-memory
 router over the same :class:`SessionRunner` the Kafka driver uses) with the scripted
 provider, with a fixed clock, counter ids and no jitter, so re-recording writes the same
 bytes. The samples cover text turns, tool calls, a cancel, a steer, a retry and a
@@ -33,7 +33,7 @@ from pipeline.core.inbox import Cancel, FollowUp, InboxCommand, Steer
 from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import SessionConfig
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 
 OUT = Path(__file__).resolve().parents[1] / "samples" / "sessions"

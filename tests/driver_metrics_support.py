@@ -14,9 +14,9 @@ from pipeline.adapters.llm.scripted import ScriptedError, ScriptedProvider, Scri
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.http_status import StatusServer
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.metrics import RunnerMetrics
 from pipeline.services.driver.partition import DriverMetrics
-from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 
 CALL_S = 0.25  # every provider call lasts one tick of the metrics' clock

@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapters.chaos.answers import FAULT_KINDS, GeneratedAnswers
+from pipeline.adapters.chaos.answers import FAULT_KINDS, GeneratedAnswers, answer_id_of
 from pipeline.adapters.chaos.provider_server import LLMTestServer
 from pipeline.adapters.chaos.toxiproxy import toxiproxy_binary
 from pipeline.adapters.llm.http_provider import OpenAICompatibleProvider
 from pipeline.cli.chaos.faults import GARBAGE, TOXICS, FaultPlan
 from pipeline.core.errors import ProviderError
-from pipeline.core.model import ModelRequest
+from pipeline.core.model import ModelRequest, StreamAccumulator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +83,33 @@ async def test_each_provider_fault_reaches_the_adapter_as_an_error(kind: str) ->
         assert answers.served[kind] == 1
     finally:
         await server.stop()
+
+
+async def test_the_server_keeps_the_usage_it_sent_and_a_torn_answer_sends_none() -> None:
+    """Each answer's chunks carry its id; the server's ``reported`` names it, and the answer's
+    reasoning opens with it (what the chaos ledger check matches the logs against)."""
+    answers = GeneratedAnswers(seed=5, chunk_pause_s=0.0)
+    server = LLMTestServer(answers, keep_requests=False)
+    provider = OpenAICompatibleProvider(await server.start(), trust_env=False)
+    request = _request(tools=False)
+    try:
+        answers.set_rates(torn=1.0)
+        with pytest.raises(ProviderError):
+            _ = [chunk async for chunk in provider.stream(request)]
+        answers.set_rates(torn=0.0)
+        chunks = [chunk async for chunk in provider.stream(request)]
+    finally:
+        await provider.aclose()
+        await server.stop()
+    assert answers.served == {"torn": 1, "answer": 1}
+    assert [r.completion_id for r in server.reported] == ["chatcmpl-chaos-2"]
+    usage = next(c["usage"] for c in chunks if c["type"] == "usage")
+    assert usage["inputTokens"] + usage["cacheReadTokens"] == \
+        server.reported[0].usage["prompt_tokens"]
+    message = StreamAccumulator()
+    for chunk in chunks:
+        message.add(chunk)
+    assert answer_id_of({"content": message.content()}) == "chatcmpl-chaos-2"
 
 
 def test_every_fault_kind_is_planned_at_least_once_in_the_short_run() -> None:

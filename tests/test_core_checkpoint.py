@@ -35,7 +35,7 @@ from pipeline.core.surface import SurfaceFold
 from pipeline.core.turn_effects import CallModel, HookDecision, RunPreStepHooks, SessionConfig
 from pipeline.core.turn_history import History, scan_history
 from pipeline.core.turn_machine import TurnMachine
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import ToolRegistry, ToolSpec, builtin_registry
 
 FIXTURES = sorted((SHARED_DIR / "fixtures").rglob("*.jsonl"))

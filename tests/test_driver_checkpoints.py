@@ -35,8 +35,8 @@ from pipeline.core.inbox import Configure, FollowUp
 from pipeline.core.log import SessionLog, derive_messages
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.partition import PartitionContext
-from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 from pipeline.testing.synth import synth_session

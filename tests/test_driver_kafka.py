@@ -44,7 +44,8 @@ from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.fleet_run import followups, run_fleet
 from pipeline.services.driver.kafka_sink import STEPS_PER_TRANSACTION
-from pipeline.services.driver.runner import MemorySink, SessionRunner
+from pipeline.services.driver.memory import MemorySink
+from pipeline.services.driver.runner import SessionRunner
 from pipeline.services.driver.service import DriverConfig, DriverService
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings

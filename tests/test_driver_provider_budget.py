@@ -31,8 +31,8 @@ from pipeline.core.rate_budget import (
     RateSignal,
 )
 from pipeline.core.turn_effects import SessionConfig
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.provider_gate import ProviderGate
-from pipeline.services.driver.runner import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Secret
 

@@ -30,9 +30,10 @@ from pipeline.core.rate_budget import Limit, ProviderLimits
 from pipeline.core.turn_config import config_disagreements
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.core.usage import UsageScan
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.provider_gate import ProviderGate
 from pipeline.services.driver.provider_router import ProviderRouter
-from pipeline.services.driver.runner import Driver, MemorySink, ModelProvider
+from pipeline.services.driver.runner import ModelProvider
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 

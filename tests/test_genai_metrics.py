@@ -13,7 +13,7 @@ from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.genai_spans import SessionTraces, build_spans
 from pipeline.core.inbox import FollowUp
 from pipeline.core.usage import UsageScan
-from pipeline.services.driver.runner import MemorySink
+from pipeline.services.driver.memory import MemorySink
 from pipeline.services.otel.metrics import OtelMetrics
 
 FIXTURES = SHARED_DIR / "fixtures" / "dsh-format0"

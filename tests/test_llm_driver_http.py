@@ -19,7 +19,7 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.model import RetryPolicy
 from pipeline.core.turn_effects import SessionConfig
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Secret
 

@@ -31,7 +31,7 @@ from pipeline.adapters.mcp import McpServerConnection, ReconnectPolicy, parse_mc
 from pipeline.core.inbox import FollowUp
 from pipeline.core.turn_effects import SessionConfig, ToolOutcome
 from pipeline.services.driver.mcp_tools import McpTools
-from pipeline.services.driver.runner import Driver
+from pipeline.services.driver.memory import Driver
 from pipeline.services.driver.spill import SpilledText, SpillPolicy
 from pipeline.services.driver.tools import ECHO, ToolRegistry
 from pipeline.settings import MASK

@@ -24,7 +24,8 @@ from pipeline.core.log import SessionLog
 from pipeline.core.model import ModelRequest, RetryPolicy
 from pipeline.core.turn_effects import HookDecision, SessionConfig, ToolOutcome
 from pipeline.services.driver.hooks import Messages, NextHook, PreStepContext, reject
-from pipeline.services.driver.runner import Driver, MemorySink, SessionRunner, uuid_id
+from pipeline.services.driver.memory import Driver, MemorySink
+from pipeline.services.driver.runner import SessionRunner, uuid_id
 from pipeline.services.driver.tools import ToolRegistry, ToolSpec, builtin_registry
 
 CONFIG = SessionConfig("scripted", "scripted-1")

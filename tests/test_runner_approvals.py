@@ -11,7 +11,7 @@ from pipeline.core.events import Event
 from pipeline.core.inbox import Approve, FollowUp
 from pipeline.core.model import ModelRequest
 from pipeline.core.turn_effects import SessionConfig
-from pipeline.services.driver.runner import Driver, MemorySink
+from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.tools import ToolRegistry, ToolSpec, builtin_registry
 
 CONFIG = SessionConfig("scripted", "scripted-1")

@@ -15,9 +15,9 @@ from shared_paths import SHARED_DIR
 from strategies import valid_logs
 
 from pipeline.cli.main import main
+from pipeline.codec.packed_chunks import expand_packed_row
 from pipeline.codec.sessionfile import (
     encode_lines,
-    expand_packed_row,
     load_session,
     read_session_file,
     scan_session_file,

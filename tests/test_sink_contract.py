@@ -33,7 +33,8 @@ from pipeline.core.inbox import FollowUp
 from pipeline.core.log import SessionLog
 from pipeline.core.turn_effects import SessionConfig
 from pipeline.services.driver.kafka_sink import InboxOffsets, PartitionSink
-from pipeline.services.driver.runner import EventSink, MemorySink, SessionRunner
+from pipeline.services.driver.memory import MemorySink
+from pipeline.services.driver.runner import EventSink, SessionRunner
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
 

@@ -34,11 +34,11 @@ and :meth:`check_request` refuses (``InvariantViolation``) any request that diff
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from pipeline.core.approvals import POLICY, ApprovalRules
-from pipeline.core.errors import InvariantViolation, ProviderError, TurnError
+from pipeline.core.errors import TurnError
 from pipeline.core.events import APPEND, Event, JsonValue
 from pipeline.core.inbox import (
     SPLICE_TYPE,
@@ -52,23 +52,13 @@ from pipeline.core.inbox import (
     Steer,
 )
 from pipeline.core.log import SessionLog
-from pipeline.core.model import (
-    SUCCESS_FINISH_KINDS,
-    ModelRequest,
-    RetryPolicy,
-    StreamAccumulator,
-    error_finish,
-    failure_of,
-)
-from pipeline.core.provider_routes import Route
+from pipeline.core.model import RetryPolicy, StreamAccumulator
 from pipeline.core.repair import repair_closers
 from pipeline.core.tenants import TENANT_TYPE, command_tenant_error, tenant_event_data
 from pipeline.core.turn_approvals import ApprovalGate
 from pipeline.core.turn_config import CONFIG_TYPE, ConfigState
 from pipeline.core.turn_effects import (
     TOOL_CANCELED,
-    TOOL_NOT_STARTED,
-    CallModel,
     Effect,
     HookDecision,
     Idle,
@@ -79,19 +69,20 @@ from pipeline.core.turn_effects import (
 )
 from pipeline.core.turn_history import History, scan_history
 from pipeline.core.turn_machine_routes import RoutesPhase
+from pipeline.core.turn_machine_stream import StreamPhase
 from pipeline.core.turn_machine_tools import Phase, ToolsPhase
-from pipeline.core.turn_requests import error_reason, request_diff, stream_error
+from pipeline.core.turn_requests import error_reason
 from pipeline.core.turn_tools import ToolRound, calls_of
 from pipeline.core.validation import validate_event
 
 NO_MODEL: Final = "NO_MODEL_CONFIGURED"
 _CANCELED_TEXT: Final = "The tool call was canceled before it started; it did not run."
-_TRUNCATED_TEXT: Final = ("The tool call was not run: the model's output was cut off at the "
-                          "token limit.")
 
 
-class TurnMachine(ToolsPhase, RoutesPhase):
-    """Drives one session's turns over its :class:`SessionLog`."""
+class TurnMachine(ToolsPhase, RoutesPhase, StreamPhase):
+    """Drives one session's turns over its :class:`SessionLog`: the turn's lifecycle, the
+    inbox and aborts here; the model call in :class:`StreamPhase`, the tools in
+    :class:`ToolsPhase`, the routes in :class:`RoutesPhase` (mixins kept apart for size)."""
 
     def __init__(self, log: SessionLog, *, new_id: Callable[[], str],
                  config: SessionConfig | None = None,
@@ -359,112 +350,6 @@ class TurnMachine(ToolsPhase, RoutesPhase):
         self._append("request/header", {"header": header, "reason": reason}, now)
         self._append("request/context", {"provider": config.provider, "model": config.model},
                      now)
-
-    # -- the model call -------------------------------------------------------------------
-
-    def expected_request(self) -> ModelRequest:
-        """The only request the log allows now: derived messages + last logged header."""
-        config = self._config.request_config()  # what the last logged header states
-        return ModelRequest(
-            provider=config.provider, model=config.model,
-            messages=tuple(self.log.messages()), system=config.system, tools=config.tools,
-            reasoning_effort=config.reasoning_effort, max_tokens=config.max_tokens)
-
-    def check_request(self, request: ModelRequest) -> None:
-        """Refuse a request that differs from what the log derives (a bug: fail loudly)."""
-        expected = self.expected_request()
-        if request == expected:
-            return
-        raise InvariantViolation(
-            f"session {self.log.session_id!r} turn {self._turn} step {self._step}: the model "
-            f"request differs from the log in {', '.join(request_diff(expected, request))}")
-
-    def _call_model(self) -> CallModel:
-        request = self.expected_request()
-        # the answer's source names who was asked, whatever a configure changes meanwhile
-        self._asked = (request.provider, request.model)
-        self.phase = Phase.STREAMING
-        return CallModel(request, self._attempt)
-
-    def chunk(self, chunk: Mapping[str, JsonValue], now: int) -> None:
-        """One stream chunk, logged as ``assistant/chunk`` as it comes."""
-        self._expect(Phase.STREAMING, "chunk")
-        self._chunk_seqs.append(self._append(
-            "assistant/chunk", {"turn": self._turn, "step": self._step, "chunk": dict(chunk)},
-            now))
-        self._acc.add(chunk)
-        if chunk.get("type") == "finish" and "replayState" in chunk:
-            self._replay_state = chunk["replayState"]
-
-    def stream_ended(self, now: int) -> None:
-        """The stream ended normally: log the message, then tools, the end, or a new step."""
-        self._expect(Phase.STREAMING, "stream_ended")
-        kind = self._acc.finish_kind
-        if kind not in SUCCESS_FINISH_KINDS:
-            self._failed(stream_error(self._acc.finish), now, log_finish=kind != "error")
-            return
-        content = self._acc.content()
-        self._append_assistant(content, now, usage=self._acc.usage)
-        self._tools = ToolRound(calls_of(content))
-        self._had_tool_calls = bool(self._tools.calls)
-        if kind == "max-tokens":
-            self._end_reason = {"kind": "max-tokens"}  # sticky: never continues by itself
-            self._close_unanswered(TOOL_NOT_STARTED, _TRUNCATED_TEXT, now)
-            self._close_step(now)
-        elif self._tools.calls:
-            self.phase = Phase.TOOLS
-        else:
-            self._close_step(now)
-
-    def _append_assistant(self, content: list[JsonValue], now: int, *,
-                          usage: JsonValue = None, interrupted: bool = False) -> None:
-        source: dict[str, JsonValue] = {"kind": "model", "provider": self._asked[0],
-                                        "model": self._asked[1]}
-        if self._replay_state is not None:  # the provider's opaque state for the next call
-            source["replayState"] = self._replay_state
-        message = {"id": self._new_id(), "role": "assistant", "content": content,
-                   "source": source}
-        data: dict[str, JsonValue] = {"turn": self._turn, "step": self._step,
-                                      "message": message}
-        if usage is not None:
-            data["usage"] = usage
-        if interrupted:
-            data["interrupted"] = True
-        self._append("assistant/message", data, now, surface=True, sources=self._chunk_seqs)
-
-    def stream_failed(self, error: ProviderError, now: int, *, jitter: float = 0.5,
-                      fallback: Route | None = None) -> None:
-        """The provider call failed (possibly mid-stream): retry in this step, or end;
-        or call ``fallback`` at once (the caller left the route: ``leaves_route``)."""
-        self._expect(Phase.STREAMING, "stream_failed")
-        self._failed(error, now, log_finish=self._acc.finish_kind != "error", jitter=jitter,
-                     fallback=fallback)
-
-    def _failed(self, error: ProviderError, now: int, *, log_finish: bool,
-                jitter: float = 0.5, fallback: Route | None = None) -> None:
-        if log_finish:
-            self.chunk(error_finish(error), now)
-        if fallback is not None:
-            self._fail_over(error, fallback, now)
-            return
-        if self._retry.should_retry(self._route_attempt, error):
-            delay = self._retry.delay_ms(self._route_attempt, error, jitter)
-            self._append("llm/retry", {
-                "turn": self._turn, "step": self._step, "attempt": self._attempt,
-                "delayMs": delay, "error": failure_of(error)}, now)
-            self._retry_delay = delay
-            self.phase = Phase.RETRY_WAIT
-            return
-        self._close_step(now)
-        self._end_turn({"kind": "error", "error": failure_of(error)}, now)
-
-    def sleep_done(self, now: int) -> None:
-        """The backoff is over: log the new attempt and call the model again."""
-        self._expect(Phase.RETRY_WAIT, "sleep_done")
-        self._reset_attempt(self._attempt + 1)
-        self._append("llm/retry-started", {"turn": self._turn, "step": self._step,
-                                           "attempt": self._attempt}, now)
-        self.phase = Phase.CALL
 
     # -- ends -----------------------------------------------------------------------------
 

@@ -5,6 +5,12 @@ request gets a streamed answer in DeepSeek's shape (a reasoning run, then either
 or, when the request offers tools and its last message is not a tool result, one tool call),
 with ``usage`` (cache hits included) on the last chunk and pauses between chunks.
 
+**Answer ids.** Each answer has an id of its own (``chatcmpl-chaos-<n>``), the ``id`` of its
+chunks, so the server's :attr:`~.provider_server.LLMTestServer.reported` usage names it; its
+first reasoning delta opens with the id in brackets, so the ``assistant/message`` a driver
+logs from the answer names it too (:func:`answer_id_of`): the campaign matches the usage in
+the logs with the usage the provider reported, answer by answer.
+
 Faults are drawn per request from the rates in :attr:`GeneratedAnswers.fault_rates` (the
 campaign raises them during a provider-fault window and sets them back to 0): ``rate_limit``
 (429 with ``Retry-After``), ``server_error`` (500/502/503), ``stall`` (the stream stops for
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, Final
 
 from pipeline.adapters.chaos.provider_server import (
@@ -30,6 +38,8 @@ from pipeline.adapters.chaos.provider_server import (
 )
 
 FAULT_KINDS: Final = ("rate_limit", "server_error", "stall", "torn")
+ANSWER_ID_PREFIX: Final = "chatcmpl-chaos-"
+_ANSWER_TAG: Final = re.compile(r"^\[(chatcmpl-chaos-[0-9]+)\] ")
 _WORDS: Final = ("the", "session", "event", "log", "topic", "partition", "turn", "step",
                  "model", "tool", "result", "check", "Kafka", "offset", "replay", "fold")
 
@@ -44,6 +54,7 @@ class GeneratedAnswers:
         self.stall_s = stall_s
         self.fault_rates: dict[str, float] = dict.fromkeys(FAULT_KINDS, 0.0)
         self.served: Counter[str] = Counter()
+        self._answers = 0
 
     def set_rates(self, **rates: float) -> None:
         with self._lock:
@@ -82,8 +93,12 @@ class GeneratedAnswers:
 
     def _answer(self, body: dict[str, Any]) -> ScriptedResponse:
         rng = self._random
-        events: list[SSEEvent] = [chat_chunk(reasoning=rng.choice(_WORDS) + " ")
-                                  for _ in range(rng.randint(3, 12))]
+        self._answers += 1
+        answer = f"{ANSWER_ID_PREFIX}{self._answers}"
+        thoughts = [rng.choice(_WORDS) + " " for _ in range(rng.randint(3, 12))]
+        thoughts[0] = f"[{answer}] {thoughts[0]}"
+        events: list[SSEEvent] = [chat_chunk(reasoning=text, completion_id=answer)
+                                  for text in thoughts]
         messages = body.get("messages") or [{}]
         last_role = messages[-1].get("role") if isinstance(messages[-1], dict) else None
         finish = "stop"
@@ -93,17 +108,30 @@ class GeneratedAnswers:
             call_id = f"call_{rng.getrandbits(48):012x}"
             half = len(arguments) // 2
             events.append(chat_chunk(tool_calls=[tool_call_part(0, call_id=call_id, name=name,
-                                                                arguments=arguments[:half])]))
-            events.append(chat_chunk(tool_calls=[tool_call_part(0, arguments=arguments[half:])]))
+                                                                arguments=arguments[:half])],
+                                     completion_id=answer))
+            events.append(chat_chunk(tool_calls=[tool_call_part(0, arguments=arguments[half:])],
+                                     completion_id=answer))
             finish = "tool_calls"
         else:
-            events += [chat_chunk(content=rng.choice(_WORDS) + " ")
+            events += [chat_chunk(content=rng.choice(_WORDS) + " ", completion_id=answer)
                        for _ in range(rng.randint(2, 20))]
         prompt = 50 + 20 * len(messages)
         cached = rng.randint(0, prompt // 2)
-        events.append(chat_chunk(finish_reason=finish))
-        events.append(chat_chunk(no_choices=True, usage={
+        events.append(chat_chunk(finish_reason=finish, completion_id=answer))
+        events.append(chat_chunk(no_choices=True, completion_id=answer, usage={
             "prompt_tokens": prompt, "completion_tokens": len(events) * 2,
             "total_tokens": prompt + len(events) * 2,
             "prompt_cache_hit_tokens": cached, "prompt_cache_miss_tokens": prompt - cached}))
         return ScriptedResponse(events=events, pause_s=self.chunk_pause_s)
+
+
+def answer_id_of(message: Mapping[str, Any]) -> str | None:
+    """The id of the generated answer an assistant message was made from (its first
+    reasoning block opens with it), or None."""
+    content = message.get("content")
+    for block in content if isinstance(content, list) else ():
+        if isinstance(block, Mapping) and block.get("type") == "reasoning":
+            found = _ANSWER_TAG.match(str(block.get("text", "")))
+            return found.group(1) if found else None
+    return None

@@ -7,8 +7,9 @@ pauses between events, a connection torn mid-body, a stream that stops sending (
 for ``hang_s`` seconds and then torn). When the queue is empty a ``responder`` (a callable
 from the request's JSON body to a response) answers, e.g. the chaos campaign's generated
 answers with provider faults (:mod:`pipeline.adapters.chaos.answers`). The server records every
-request it received (headers and JSON body; ``keep_requests=False`` for long runs) and notices
-when a client hung up mid-stream.
+request it received (headers and JSON body; ``keep_requests=False`` for long runs), the usage
+it reported (:attr:`LLMTestServer.reported`: each chunk with a ``usage`` it wrote to a client),
+and notices when a client hung up mid-stream.
 
 It runs in the caller's event loop on a free loopback port (aiohttp), so providers are
 exercised through a real socket and a real HTTP stack: nothing is patched. The tests use it
@@ -36,8 +37,10 @@ SSEEvent = dict[str, Any] | str
 def chat_chunk(*, content: str | None = None, reasoning: str | None = None,
                tool_calls: list[dict[str, Any]] | None = None,
                finish_reason: str | None = None, usage: dict[str, Any] | None = None,
-               no_choices: bool = False) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` as DeepSeek/OpenAI stream it."""
+               no_choices: bool = False, completion_id: str = "chatcmpl-test"
+               ) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` as DeepSeek/OpenAI stream it (``completion_id``: the
+    ``id`` every chunk of one completion shares)."""
     delta: dict[str, Any] = {}
     if reasoning is not None:
         delta["reasoning_content"] = reasoning
@@ -45,7 +48,7 @@ def chat_chunk(*, content: str | None = None, reasoning: str | None = None,
         delta["content"] = content
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
-    chunk: dict[str, Any] = {"id": "chatcmpl-test", "object": "chat.completion.chunk",
+    chunk: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk",
                              "created": 1_700_000_000, "model": "deepseek-chat"}
     chunk["choices"] = [] if no_choices else [
         {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
@@ -90,6 +93,14 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+
+
+@dataclass(frozen=True)
+class ReportedUsage:
+    """The ``usage`` of a chunk the server wrote to its client, with the chunk's ``id``."""
+
+    completion_id: str
+    usage: dict[str, Any]
 
 
 def error_body(message: str, type_: str = "invalid_request_error") -> str:
@@ -156,6 +167,8 @@ class LLMTestServer:
         self.responses: deque[ScriptedResponse] = deque()
         self.requests: list[RecordedRequest] = []
         self.request_count = 0
+        # every usage chunk written to a client, in order (a torn stream's is not)
+        self.reported: list[ReportedUsage] = []
         self.responder = responder
         self._keep_requests = keep_requests
         self._port = port
@@ -238,6 +251,9 @@ class LLMTestServer:
                     await asyncio.sleep(scripted.pause_s)
                 text = event if isinstance(event, str) else f"data: {json.dumps(event)}\n\n"
                 await response.write(text.encode())
+                if isinstance(event, dict) and isinstance(event.get("usage"), dict):
+                    self.reported.append(ReportedUsage(str(event.get("id", "")),
+                                                       event["usage"]))
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             self.client_gone.set()  # the client closed the stream before its end

@@ -9,7 +9,12 @@ Phases, each bounded in time:
 3. **settle**: load stops, every toxic is removed, provider faults are off, every service and
    node runs again, the shipped files are written whole; then the consumer groups must reach
    lag 0 and the sessions go idle;
-4. **checks** (:mod:`.invariants`) and the report (:mod:`.report`).
+4. **checks** (:mod:`.invariants`, the cost ledger's: :mod:`.ledger_check`) and the report
+   (:mod:`.report`).
+
+The processors price the usage with :func:`.ledger_check.chaos_prices`, whose one price
+change falls :data:`PRICE_CHANGE_BASELINES` baseline phases after the services start (the
+baseline begins once the processors are ready, so the change falls inside the load).
 """
 
 from __future__ import annotations
@@ -31,10 +36,17 @@ from pipeline.cli.chaos import invariants as inv
 from pipeline.cli.chaos.bounded import run_bounded
 from pipeline.cli.chaos.faults import FaultPlan, Faults
 from pipeline.cli.chaos.fleet import DEFAULT_STORE, Fleet, FleetOptions
-from pipeline.cli.chaos.load import Load, ShipLoad
+from pipeline.cli.chaos.ledger_check import (
+    chaos_prices,
+    check_ledger,
+    ledger_on_topic,
+    reference_ledger,
+)
+from pipeline.cli.chaos.load import Load, ShipLoad, session_tenants
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import DshError
 from pipeline.core.events import Event
+from pipeline.core.prices import prices_from_text
 from pipeline.services.processors.verify import wait_ready
 from pipeline.services.replay.topic import TopicSessions, read_sessions
 from pipeline.settings import Settings
@@ -44,6 +56,7 @@ READY_BUDGET_S: Final = 240.0
 IDLE_BUDGET_S: Final = 240.0
 SHIP_FILES: Final = 12
 READ_BUDGET_S: Final = 300.0
+PRICE_CHANGE_BASELINES: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,8 @@ class Outcome:
     found: TopicSessions | None = None
     session_ids: list[str] = field(default_factory=list)
     provider_served: dict[str, int] = field(default_factory=dict)
+    price_change_ms: int | None = None  # when the price table's one change applies
+    tenants: dict[str, str] = field(default_factory=dict)  # session -> its tenant
     exits: list[str] = field(default_factory=list)  # services that exited on their own
 
     @property
@@ -96,10 +111,18 @@ class Campaign:
         self.options = options
         self.progress = progress
         self.fleet = Fleet(FleetOptions(options.workdir, options.seed, store=options.store,
-                                        toxiproxy=options.toxiproxy), settings)
+                                        toxiproxy=options.toxiproxy, prices=self._prices),
+                           settings)
         self.outcome = Outcome(options)
         self.session_ids = [f"chaos-{options.seed}-{n:04d}" for n in range(options.sessions)]
         self.outcome.session_ids = self.session_ids
+        self.outcome.tenants = session_tenants(self.session_ids)
+
+    def _prices(self, start_ms: int) -> str:
+        """The fleet's ``DSH_PRICES``, given the moment its services start."""
+        change = start_ms + int(PRICE_CHANGE_BASELINES * self.options.baseline_s * 1000)
+        self.outcome.price_change_ms = change
+        return chaos_prices(change)
 
     def run(self) -> Outcome:
         """The whole campaign; the fleet is stopped whatever happens (Ctrl-C included)."""
@@ -118,7 +141,8 @@ class Campaign:
         sender = Sender(direct)
         await sender.start()
         try:
-            load = Load(direct, self.session_ids, self.options.seed)
+            load = Load(direct, self.session_ids, self.options.seed,
+                        tenants=self.outcome.tenants)
             ship = ShipLoad(self.fleet.ship_dir, self.options.seed)
             ship.plan(SHIP_FILES)
             faults = Faults(self.fleet, sender, self.options.seed, self.progress)
@@ -291,7 +315,19 @@ class Campaign:
             lambda: inv.check_dead_letters(direct, faults.garbage), READ_BUDGET_S))
         dashboard = f"http://127.0.0.1:{self.fleet.services['dashboard'].port}"
         results.append(await inv.check_dashboard(dashboard, found, self.session_ids, 60))
+        results.append(await self._check_ledger(found))
         self.outcome.provider_served = dict(self.fleet.answers.served)
+
+    async def _check_ledger(self, found: TopicSessions) -> inv.Result:
+        """The usage topic's ledger against the logs' and the provider's usage."""
+        direct, provider = self.fleet.direct, self.fleet.provider
+        assert direct is not None and provider is not None
+        logs = {session_id: inv.events_of(found, session_id) for session_id in found.events}
+        reference = reference_ledger(logs, prices_from_text(direct.prices))
+        rows, error = await ledger_on_topic(direct, reference.rows)
+        driven = {session_id: logs.get(session_id, []) for session_id in self.session_ids}
+        return check_ledger(reference, rows, driven, list(provider.server.reported),
+                            price_change_ms=self.outcome.price_change_ms, read_error=error)
 
 
 def _now_ms() -> int:

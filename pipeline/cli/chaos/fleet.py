@@ -3,7 +3,8 @@
 Started in this order: Toxiproxy; the 3-node cluster behind it (:class:`ProxiedKafka`); the
 project's topics (replication 3); the provider server (a thread of this process, its own
 event loop); then 2 processors workers, 2 drivers, the dashboard and a shipper, each a
-``dsh-pipeline`` subprocess whose ``DSH_*`` settings point at the proxies. :meth:`Fleet.stop`
+``dsh-pipeline`` subprocess whose ``DSH_*`` settings point at the proxies (and whose
+``DSH_PRICES`` is :attr:`FleetOptions.prices` of the moment the services start). :meth:`Fleet.stop`
 stops everything that was started, whatever state it is in (also after a failed start).
 
 Children run in their own process groups with ``PR_SET_PDEATHSIG`` (see
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +34,9 @@ from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.localstack.artifacts import Artifacts, ensure_artifacts
 from pipeline.adapters.localstack.process import ChildProcess, free_ports
 from pipeline.settings import Settings
+
+PriceTableAt = Callable[[int], str]
+"""The ``DSH_PRICES`` of the fleet, given the moment (epoch ms) its services start."""
 
 DRIVER_SESSION_TIMEOUT_MS: Final = 6_000
 PROCESSORS_SESSION_TIMEOUT_S: Final = 6.0
@@ -69,6 +74,7 @@ class FleetOptions:
     toxiproxy: Path | None = None
     partitions: int = 6
     stall_s: float = 8.0
+    prices: PriceTableAt | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +107,9 @@ class Fleet:
         self.answers = GeneratedAnswers(self.options.seed, stall_s=self.options.stall_s)
         self.provider = ProviderThread(self.answers)
         base_url = self.provider.start()
+        if self.options.prices is not None:
+            self.direct = replace(self.direct,
+                                  prices=self.options.prices(int(time.time() * 1000)))
         self.settings = replace(self.direct, bootstrap_servers=self.kafka.proxied_bootstrap,
                                 provider_base_url=base_url)
         self.ship_dir = work / "ship"

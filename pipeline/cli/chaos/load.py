@@ -1,9 +1,12 @@
 """The campaign's load: N sessions receiving inbox commands at random, and dsh files to ship.
 
 Every session starts with a configure (provider, model, the ``echo`` tool) and a follow-up;
-then commands are drawn by seed: follow-ups, steers, injects, cancels and configures. Each
-command is sent straight to the brokers (acks=all) and remembered with its partition and
-offset (:class:`SentCommand`), so the invariants can ask where each one went.
+then commands are drawn by seed: follow-ups, steers, injects, cancels and configures. Three
+sessions in four belong to a tenant (:data:`TENANTS`, by the session's number; every command
+of such a session names it, in the inbox record's ``tenant`` field), the others to the
+default tenant. Each command is sent straight to the brokers (acks=all) and remembered with
+its partition and offset (:class:`SentCommand`), so the invariants can ask where each one
+went.
 
 The shipped files are synthetic dsh sessions (:func:`pipeline.testing.synth.synth_session`)
 written into the shipper's directory in growing prefixes: a file is rewritten with more
@@ -26,13 +29,24 @@ from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.core.errors import BrokerError
 from pipeline.core.events import Event
-from pipeline.core.inbox import Cancel, Configure, FollowUp, InboxCommand, Inject, Steer
+from pipeline.core.inbox import (
+    Cancel,
+    Configure,
+    FollowUp,
+    InboxCommand,
+    Inject,
+    Steer,
+    with_tenant,
+)
 from pipeline.settings import Settings
 from pipeline.testing.synth import synth_header, synth_session
 
 KINDS: Final = ("followup", "steer", "inject", "cancel", "configure")
 WEIGHTS: Final = (40, 15, 15, 10, 20)
+PROVIDER: Final = "openai"
 MODELS: Final = ("chaos-model-a", "chaos-model-b")
+# By the session's number modulo 4: None is the default tenant (no tenant stated).
+TENANTS: Final = (None, "acme", "globex", "acme")
 SHIP_FILE_EVENTS: Final = (200, 1200)  # events a shipped session grows to
 
 
@@ -46,6 +60,12 @@ class SentCommand:
     wall_ms: int
 
 
+def session_tenants(sessions: list[str]) -> dict[str, str]:
+    """The tenant of each session that has one (:data:`TENANTS`, by its number)."""
+    return {session_id: tenant for n, session_id in enumerate(sessions)
+            if (tenant := TENANTS[n % len(TENANTS)]) is not None}
+
+
 @dataclass(slots=True)
 class Load:
     """Sends the commands; ``sent`` is everything acknowledged, ``failed`` what was not."""
@@ -53,6 +73,7 @@ class Load:
     settings: Settings
     sessions: list[str]
     seed: int
+    tenants: dict[str, str] = field(default_factory=dict)  # session -> its tenant
     sent: list[SentCommand] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     _codec: InboxCodec = field(default_factory=InboxCodec)
@@ -85,7 +106,7 @@ class Load:
 
     def _configure(self, session_id: str, rng: random.Random) -> Configure:
         return Configure(session_id=session_id, message_id=self._next_id(session_id),
-                         provider="openai", model=rng.choice(MODELS),
+                         provider=PROVIDER, model=rng.choice(MODELS),
                          system=f"You are chaos agent {rng.randint(1, 9)}.",
                          tools=("echo",) if rng.random() < 0.7 else (),
                          max_tokens=rng.choice((256, 1024, 4096)))
@@ -101,6 +122,9 @@ class Load:
         return f"{session_id}-m{self._count:06d}"
 
     async def _send(self, sender: Sender, command: InboxCommand) -> None:
+        tenant = self.tenants.get(command.session_id)
+        if tenant is not None:
+            command = with_tenant(command, tenant)
         try:
             partition, offset = await sender.send(
                 self.settings.topics.inbox, command.session_id.encode(),

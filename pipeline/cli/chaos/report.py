@@ -20,6 +20,7 @@ from typing import Final
 
 from pipeline.cli.chaos.campaign import Outcome, Phase
 from pipeline.cli.chaos.invariants import events_of
+from pipeline.cli.chaos.load import MODELS, PROVIDER
 
 RECOVERED_LAG_S: Final = 1.0
 RECOVERY_HORIZON_S: Final = 120.0
@@ -92,10 +93,24 @@ def render(outcome: Outcome, command: str) -> str:
         "`dsh-pipeline` subprocess; a local OpenAI-compatible streaming provider",
         f"- {outcome.commands} inbox commands acknowledged ({outcome.unacknowledged} not "
         "acknowledged, left out of the checks)",
+        *_ledger_setup(outcome),
         "", *_faults_table(outcome), "", *_recovery_table(outcome), "",
         *_throughput_table(outcome), "", *_invariants(outcome), "", *_exits(outcome), "",
         *_fault_log(outcome), ""]
     return "\n".join(lines)
+
+
+def _ledger_setup(outcome: Outcome) -> list[str]:
+    """What the cost ledger's invariant covers: tenants and prices."""
+    if outcome.price_change_ms is None:
+        return []
+    tenants = sorted(set(outcome.tenants.values()))
+    default = len(outcome.session_ids) - len(outcome.tenants)
+    stamp = time.strftime("%H:%M:%S", time.gmtime(outcome.price_change_ms / 1000))
+    return [f"- cost ledger: {len(outcome.tenants)} sessions in tenants "
+            f"{', '.join(f'`{t}`' for t in tenants)}, {default} in the default tenant; "
+            f"`DSH_PRICES` prices `{PROVIDER}/{MODELS[0]}` (repriced at {stamp} UTC) and "
+            f"`{PROVIDER}/*`, not the shipped sessions' model (unpriced calls)"]
 
 
 def _faults_table(outcome: Outcome) -> list[str]:

@@ -36,6 +36,7 @@ from typing import Any
 import faust
 
 from pipeline.adapters.faust.flushing import DirectTopic
+from pipeline.adapters.faust.private_api import rebuild_changelog_topic
 from pipeline.adapters.faust.tables import ChangelogTable, Older
 from pipeline.adapters.faust.transport import (
     before_assignment,
@@ -172,7 +173,7 @@ def _table(app: Any, name: str, partitions: int, older: Older | None = None) -> 
     # itself, so faust's router hashes it like the session topic's partitioner does and
     # forwards an HTTP request to the worker that really owns the session.
     table.key_serializer = "raw"
-    table.changelog_topic = table._new_changelog_topic()  # built in __init__ with JSON keys
+    table.changelog_topic = rebuild_changelog_topic(table)  # built in __init__: JSON keys
     return table
 
 

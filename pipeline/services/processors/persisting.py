@@ -60,6 +60,7 @@ from typing import Any, Final, TypeVar
 
 from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.planning import BatchPlan
 from pipeline.services.processors.session_state import SessionState, SessionTables, Table
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,10 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+def _nothing() -> None:
+    """The "folded" mark of a batch nobody waits for (unit tests, a record alone)."""
+
+
 def _write(items: list[tuple[Table, str, Any]]) -> None:
     for table, key, value in items:
         if value is None:
@@ -214,6 +219,36 @@ class ChangeBook:
         if changes is None:
             changes = self.changes[partition] = PartitionChanges()
         return changes
+
+    def add_nodes(self, plan: BatchPlan, tables: SessionTables) -> None:
+        """The plan's node writes so far join its partition's pending ones (drained from
+        the plan), in fold order."""
+        for key, node in plan.node_writes:
+            self.set_node(plan.partition, key, node, tables)
+        plan.node_writes.clear()
+
+    def add(self, plan: BatchPlan, tables: SessionTables,
+            deliveries: list[Awaitable[object]], done: BatchDone | None) -> None:
+        """A performed plan's changes join its partition's pending ones: per session its
+        state (the one record to write) or, when only chunks moved it, its cursor; its
+        outputs' deliveries, and its "folded" mark."""
+        self.add_nodes(plan, tables)
+        changes = self.of(plan.partition)
+        for session_id, started in plan.started.items():
+            cursor = plan.cursors[session_id]
+            state = (plan.states[session_id] if session_id in plan.dirty
+                     else changes.states.get(session_id))
+            if state is not None:
+                state.next_seq = max(state.next_seq, cursor)
+                changes.states[session_id] = state
+                changes.marks.pop(session_id, None)
+            elif cursor > started:
+                changes.marks[session_id] = cursor
+        tables.chunks.update(plan.cursors)
+        changes.deliveries += deliveries
+        changes.batches.append(done or _nothing)
+        # faust's tables take a write's partition from the current event (a batch's)
+        changes.context = contextvars.copy_context()
 
     def set_node(self, partition: int, key: str, node: Any, tables: SessionTables) -> None:
         """A node record to write at the next persist (``node`` None: delete it). A node

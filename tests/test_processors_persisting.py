@@ -98,21 +98,20 @@ async def test_an_unacknowledged_output_gives_up_its_partition_alone() -> None:
     bad_records = on_partition(harness, [harness.record(bad, e) for e in bad_events], 0)
     good_records = on_partition(harness, [harness.record(good, e) for e in good_events], 1)
     marked: list[str] = []
-    given_up: list[tuple[int, str]] = []
-    harness.folder.book.on_given_up = lambda partition, exc: given_up.append((partition,
-                                                                               str(exc)))
     await harness.folder.handle_batch(bad_records[:30], lambda: marked.append("bad"))
     await harness.folder.handle_batch(good_records, lambda: marked.append("good"))
     for out, future in acks.pending:
         if out.key and bad.encode() in out.key:
             future.set_exception(RuntimeError("broker said no"))
     acks.ack_all()
-    await harness.folder.persist()
+    outcome = await harness.folder.persist()
     assert marked == ["good"]                         # the failed batch never commits
     assert bad not in harness.tables.sessions
     assert harness.tables.sessions[good]["next"] == len(good_events)
     assert harness.counters.failed_batches == 1
+    given_up = [(partition, str(exc)) for partition, exc in outcome.given_up]
     assert given_up == [(0, "broker said no")]        # the worker reads partition 0 again
+    assert (outcome.refused, outcome.lost_write) == (None, None)
     # Read again from the committed offset (here: its first record), it is folded whole,
     # with no gap and nothing dead-lettered.
     await harness.folder.handle_batch(bad_records[:30])
@@ -248,25 +247,22 @@ async def test_session_records_are_written_only_after_their_nodes_are_acknowledg
     async def flush() -> None:
         seen_at_flush.append((len(harness.tables.nodes), sid in harness.tables.sessions))
 
-    harness.folder.book.flush_tables = flush
     await harness.folder.handle_batch([harness.record(sid, e) for e in events],
                                       lambda: marked.append("folded"))
-    await harness.folder.persist()
+    await harness.folder.persist(flush)
     assert seen_at_flush and seen_at_flush[0][0] > 0            # the nodes were written...
     assert seen_at_flush[0][1] is False                         # ...the record not yet
     assert harness.messages(sid) == list(derive_messages(events)) and marked == ["folded"]
 
-    lost: list[str] = []
     (other, other_events) = list(sessions(25, 2).items())[1]     # another session id
     assert other != sid
 
     async def failing_flush() -> None:
         raise RuntimeError("a changelog write expired")
 
-    harness.folder.book.flush_tables = failing_flush
-    harness.folder.book.on_lost_write = lambda exc: lost.append(str(exc))
     await harness.folder.handle_batch([harness.record(other, e) for e in other_events],
                                       lambda: marked.append("lost"))
-    await harness.folder.persist()
-    assert lost == ["a changelog write expired"]
+    outcome = await harness.folder.persist(failing_flush)
+    assert str(outcome.lost_write) == "a changelog write expired"
+    assert outcome.given_up == []                     # the worker stops: none read again
     assert other not in harness.tables.sessions and marked == ["folded"]

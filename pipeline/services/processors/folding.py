@@ -56,6 +56,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
+from pipeline.adapters.faust.executor import Flush, PersistOutcome
 from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.outputs import OutputCodecs, default_output_codecs
@@ -185,9 +186,13 @@ class SessionFolder:
     def max_record_bytes(self, limit: int) -> None:
         self.fold.max_record_bytes = self.dead_letters.max_record_bytes = limit
 
-    async def persist(self) -> None:
-        """Write what the folds changed to the tables (see :mod:`.persisting`)."""
-        await self.book.persist(self.tables)
+    async def persist(self, flush: Flush | None = None) -> PersistOutcome:
+        """Write what the folds changed to the tables (see :mod:`.persisting`); ``flush``:
+        until every table write made before it is acknowledged (the producer's), nothing to
+        wait for with plain dicts."""
+        if flush is None:
+            return await self.book.persist(self.tables)
+        return await self.book.persist(self.tables, flush)
 
     async def forget(self) -> None:
         """Drop what is cached in memory and not persisted (partitions moved: others fold

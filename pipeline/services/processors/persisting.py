@@ -20,16 +20,16 @@ Rules (each one keeps a kill -9 equal to a replay):
   them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
 - *Nodes acknowledged before records, and only live ones.* The ``nodes`` records (one per
   live surface node's message) are written by the persist too, and the session records only
-  once every node write is acknowledged (``flush_tables``): the tables' changelogs are
-  different topics, each partition with its own leader, so a kill -9 can lose any subset of
-  writes still unacknowledged, not only a suffix. A record that survives a crash finds the
-  nodes it names; nodes without their record are written again by the refold (the same
-  keys and values). A node both appended and taken off the surface between two persists is
-  never written, nor deleted.
-- *A lost table write stops the worker.* When ``flush_tables`` raises (a table write was
-  not acknowledged), the tables this worker holds are ahead of their changelogs: nothing of
-  the persist is marked folded and ``on_lost_write`` is told, so the worker stops and its
-  next start restores the tables from the changelogs.
+  once every node write is acknowledged (the ``flush`` the persist is given): the tables'
+  changelogs are different topics, each partition with its own leader, so a kill -9 can
+  lose any subset of writes still unacknowledged, not only a suffix. A record that
+  survives a crash finds the nodes it names; nodes without their record are written again
+  by the refold (the same keys and values). A node both appended and taken off the surface
+  between two persists is never written, nor deleted.
+- *A lost table write stops the worker.* When the flush raises (a table write was not
+  acknowledged), the tables this worker holds are ahead of their changelogs: nothing of
+  the persist is marked folded and the outcome says ``lost_write``, so the worker stops and
+  its next start restores the tables from the changelogs.
 - *One record per session.* Everything the batches decided for a session since the last
   persist is one ``sessions`` record (or one ``chunk_marks`` cursor when only chunks moved
   it): after a crash a session holds all of it or none, and redelivery from the committed
@@ -37,11 +37,14 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *A partition fails alone.* When an output of a partition was not acknowledged, that
   partition's batches since its last persist are given up: never marked folded (so not
   committed), their sessions' cached states dropped (the tables are the truth again), and
-  ``on_given_up`` is told: the worker reads the partition again from its committed offset
-  and folds them again (:mod:`.failures`).
+  the outcome names it in ``given_up``: the worker reads the partition again from its
+  committed offset and folds them again (:mod:`pipeline.adapters.faust.failures`).
 - *A refusal stops the worker.* When the broker refused an output (the principal lost an
-  ACL), the partition is given up as above and ``on_refused`` is told: no later batch
-  could be written either, so the worker stops (nothing given up is ever committed).
+  ACL), the partition is given up as above and the outcome says ``refused``: no later
+  batch could be written either, so the worker stops (nothing given up is ever committed).
+
+The worker performs the outcome (:class:`pipeline.adapters.faust.executor.BatchExecutor`,
+which runs each persist before the commit, in the order its module states).
 
 Persists run one at a time; each takes the changes under the folder's lock (no batch is
 half folded then) as JSON copies, so the folds go on while it waits for acknowledgements.
@@ -58,6 +61,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from pipeline.adapters.faust.executor import Flush, PersistOutcome
 from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.planning import BatchPlan
@@ -203,16 +207,6 @@ class ChangeBook:
         self._persisting = asyncio.Lock()
         self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
         self._writing: list[PartitionWrites] = []       # what the persist running holds
-        # Told when the broker refused an output (authorization): the worker stops.
-        self.on_refused: Callable[[Exception], None] | None = None
-        # Told (partition, error) when a partition's batches were given up otherwise: its
-        # records are read again from the committed offset and folded again.
-        self.on_given_up: Callable[[int, Exception], None] | None = None
-        # Until every table write made before the call is acknowledged; raises when one
-        # was lost (the worker's producer flush; nothing to wait for with plain dicts).
-        self.flush_tables: Callable[[], Awaitable[None]] = _nothing_to_flush
-        # Told when a table write was lost: the worker stops (see the module doc).
-        self.on_lost_write: Callable[[Exception], None] | None = None
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
@@ -285,9 +279,13 @@ class ChangeBook:
             return None, None
         return writes.records.get(session_id), writes.marks.get(session_id)
 
-    async def persist(self, tables: SessionTables) -> None:
-        """Write every partition's changes to ``tables`` (outputs acknowledged first) and
-        mark their batches folded; a partition whose outputs failed is given up."""
+    async def persist(self, tables: SessionTables, flush: Flush = _nothing_to_flush
+                      ) -> PersistOutcome:
+        """Write every partition's changes to ``tables`` (outputs acknowledged first, then
+        the nodes, acknowledged: ``flush`` returns once every table write made before it is,
+        and raises when one was lost; then the records) and mark their batches folded; a
+        partition whose outputs failed is given up. Returns what failed."""
+        outcome = PersistOutcome()
         async with self._persisting:
             async with self.lock:
                 taken = [PartitionWrites.of(partition, changes)
@@ -297,14 +295,16 @@ class ChangeBook:
                 self._writing = taken
             try:
                 written = [writes for writes in taken
-                           if await self._write_nodes(writes, tables)]
-                if await self._nodes_acknowledged(written):
+                           if await self._write_nodes(writes, tables, outcome)]
+                if await self._nodes_acknowledged(written, flush, outcome):
                     for writes in written:
                         await self._write_records(writes, tables)
             finally:
                 self._taken, self._writing = {}, []
+        return outcome
 
-    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables) -> bool:
+    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables,
+                           outcome: PersistOutcome) -> bool:
         """The partition's outputs acknowledged, its nodes written; False: given up."""
         try:
             await _acknowledged(writes.deliveries)
@@ -313,26 +313,26 @@ class ChangeBook:
             _quiet(writes.deliveries)
             async with self.lock:
                 self._give_up(writes, exc)
-            if self.on_refused is not None and is_refusal(exc):
-                self.on_refused(exc)
-            elif self.on_given_up is not None:
-                self.on_given_up(writes.partition, exc)
+            if is_refusal(exc):
+                outcome.refused = outcome.refused or exc
+            else:
+                outcome.given_up.append((writes.partition, exc))
             return False
         return True
 
-    async def _nodes_acknowledged(self, written: list[PartitionWrites]) -> bool:
+    async def _nodes_acknowledged(self, written: list[PartitionWrites], flush: Flush,
+                                  outcome: PersistOutcome) -> bool:
         """Until the node writes are acknowledged; False (every partition given up, the
         worker told to stop) when a table write was lost."""
         if not any(writes.nodes for writes in written):
             return True
         try:
-            await self.flush_tables()
+            await flush()
         except Exception as exc:
             async with self.lock:
                 for writes in written:
                     self._give_up(writes, exc)
-            if self.on_lost_write is not None:
-                self.on_lost_write(exc)
+            outcome.lost_write = exc
             return False
         return True
 

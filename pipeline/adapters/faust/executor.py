@@ -17,7 +17,7 @@ The order of a commit, the order a kill -9 recovery equal to a replay needs
 2. the node writes are made and acknowledged (the producer's flush; a lost write stops
    the worker);
 3. the session records and cursors are written;
-4. the batches' spans are marked folded;
+4. the batches' spans are marked folded (a slice at a time, the event loop free between);
 5. the producer is flushed (every write above acknowledged) and the spans with it;
 6. :func:`.commit_rule.commit_offset` moves the committed offset over the done spans.
 
@@ -27,11 +27,11 @@ reporting what failed as a :class:`PersistOutcome`); 5 and 6 are the consumer's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pipeline.adapters.faust.failures import (
     FailureCount,
@@ -52,11 +52,15 @@ from pipeline.adapters.faust.transport import (
 log = logging.getLogger(__name__)
 
 Flush = Callable[[], Awaitable[None]]
-# Plans and performs one batch of one partition (its records in offset order); calls
-# ``done`` once its outputs are acknowledged and its state written (at a later persist, or
-# at once when it keeps nothing pending).
-Handle = Callable[[Sequence[Any], Callable[[], None]], Awaitable[None]]
+# Plans and performs one batch of one partition (its records in offset order, and the
+# batch itself, which a later persist reports folded when the executor has pending
+# writes; without, the batch is folded when this returns).
+Handle = Callable[[Sequence[Any], Any], Awaitable[None]]
 Hook = Callable[[], Awaitable[None]]
+# Batches marked folded between two yields to the event loop: a mark holds its batch's
+# event and message, and a commit's worth (~1,400 batches at 5,000 events/s) freed in one
+# go held the event loop for ~10 ms (measured after a persist).
+MARK_SLICE: Final = 128
 
 
 @dataclass(slots=True)
@@ -68,6 +72,7 @@ class PersistOutcome:
     given_up: list[tuple[int, Exception]] = field(default_factory=list)
     refused: Exception | None = None
     lost_write: Exception | None = None
+    folded: list[Any] = field(default_factory=list)   # the batches written, fold order
 
 
 class Pending(Protocol):
@@ -114,8 +119,9 @@ class BatchExecutor:
             if not mark_received(self.app, event.message):
                 continue   # its records come again (transport: fetched again)
             async with folding_again_on_failure(event, self.counters, self.stop):
-                await self.handle(records_of(event.message),
-                                  partial(mark_folded, self.app, event))
+                await self.handle(records_of(event.message), event)
+            if self.pending is None:
+                mark_folded(self.app, event)   # nothing pending: its writes are made
             release_records(event.message)
 
     async def persist(self) -> None:
@@ -129,6 +135,12 @@ class BatchExecutor:
             stop_write_lost(self.stop, outcome.lost_write)
         for partition, error in outcome.given_up:
             fold_again(self.stop, self.topic, partition, error)
+        folded = outcome.folded
+        while folded:   # a slice at a time, each freed once marked
+            for event in folded[:MARK_SLICE]:
+                mark_folded(self.app, event)
+            del folded[:MARK_SLICE]
+            await asyncio.sleep(0)
 
     async def forget(self) -> None:
         """Partitions moved: what is pending is dropped (the owners fold it again)."""

@@ -29,7 +29,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -285,10 +285,10 @@ def _wire_usage(processors: Processors, send: Send, sizes: Mapping[str, int],
                                  outputs=outputs, prices=prices)
     processors.aggregator = aggregator
 
-    async def fold(records: Sequence[Any], done: Callable[[], None]) -> None:
+    async def fold(records: Sequence[Any], _batch: Any) -> None:
+        # its table writes are made as it folds: nothing pending, folded once this returns
         await aggregator.handle_batch(records[0].partition,
                                       [json.loads(r.value) for r in records])
-        done()   # its table writes are made: nothing pending
 
     executor = BatchExecutor(app, name, fold, stop=stop, counters=processors.counters,
                              principal=settings.sasl_username or "ANONYMOUS")

@@ -67,7 +67,7 @@ from pipeline.services.processors.dead_letters import (
     DeadLettered,
     DeadLetterSink,
 )
-from pipeline.services.processors.persisting import BatchDone, ChangeBook
+from pipeline.services.processors.persisting import ChangeBook
 from pipeline.services.processors.planning import (
     BatchPlan,
     Decoder,
@@ -223,12 +223,12 @@ class SessionFolder:
     async def handle(self, record: ConsumedRecord) -> None:
         await self.handle_batch((record,))
 
-    async def handle_batch(self, records: Sequence[ConsumedRecord],
-                           done: BatchDone | None = None) -> None:
+    async def handle_batch(self, records: Sequence[ConsumedRecord], batch: Any = None
+                           ) -> None:
         """Plan the records of one partition (in order) and perform the plan. What they
-        change is written to the tables by the next :meth:`persist`, which calls ``done``
-        then. With a route, its gate is passed once per batch (it waits while a handover is
-        pending)."""
+        change is written to the tables by the next :meth:`persist`, whose outcome reports
+        ``batch`` folded then (None: nobody waits for it). With a route, its gate is passed
+        once per batch (it waits while a handover is pending)."""
         if not records:
             return
         first = records[0]
@@ -238,7 +238,7 @@ class SessionFolder:
         async with self.book.lock:
             plan = BatchPlan.of(records)
             try:
-                await self._perform(plan, done)
+                await self._perform(plan, batch)
             except BaseException:
                 # The cached states of the partition may hold changes half made: the
                 # partition's unpersisted batches are given up with this one.
@@ -247,7 +247,7 @@ class SessionFolder:
                                     | set(plan.started))
                 raise
 
-    async def _perform(self, plan: BatchPlan, done: BatchDone | None) -> None:
+    async def _perform(self, plan: BatchPlan, batch: Any) -> None:
         """The plan, made and performed: records read back while it wants them (its node
         writes so far pending first: views read them during the read), outputs sent, dead
         letters written, then its table writes join the partition's pending ones."""
@@ -268,7 +268,7 @@ class SessionFolder:
         for record, error in plan.letters:
             await self.dead_letters.letter(record, error)
         await self.dead_letters.write_batch(plan.partition)
-        self.book.add(plan, self.tables, self._deliveries, done)
+        self.book.add(plan, self.tables, self._deliveries, batch)
         self._deliveries = []
         self._bound_cache(plan)
         self.folded_to[plan.partition] = plan.span[1] - 1

@@ -14,9 +14,9 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *Outputs before state.* A session's record says which seqs its outputs were sent for; it
   is written only once every output the partition's batches sent is acknowledged, so a
   crash can only repeat outputs, never lose one that a record claims.
-- *State before commit.* A batch is marked folded
-  (:func:`pipeline.adapters.faust.transport.mark_folded`: outputs acknowledged, state
-  written) only after its partition's records are written; the commit that follows flushes
+- *State before commit.* A batch is reported folded (in the outcome's ``folded``, which the
+  executor marks: outputs acknowledged, state written) only after its partition's records
+  are written; the commit that follows flushes
   them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
 - *Nodes acknowledged before records, and only live ones.* The ``nodes`` records (one per
   live surface node's message) are written by the persist too, and the session records only
@@ -70,13 +70,10 @@ from pipeline.services.processors.session_state import SessionState, SessionTabl
 log = logging.getLogger(__name__)
 
 # Between two yields to the event loop, so that the folds go on during a persist: table
-# writes; outputs acknowledged and batches marked folded (then dropped).
+# writes; outputs acknowledged (then dropped).
 WRITE_SLICE: Final = 32
 SLICE: Final = 128
 _Item = TypeVar("_Item")
-
-# The worker's "this batch is folded" (its offsets may be committed) for one batch.
-BatchDone = Callable[[], None]
 
 
 @dataclass(slots=True)
@@ -87,7 +84,8 @@ class PartitionChanges:
     marks: dict[str, int] = field(default_factory=dict)      # cursors moved by chunks only
     nodes: dict[str, Any] = field(default_factory=dict)      # node records; None: delete
     deliveries: list[Awaitable[object]] = field(default_factory=list)   # outputs sent
-    batches: list[BatchDone] = field(default_factory=list)   # one per batch, fold order
+    # One per batch, fold order: the batch as the executor knows it (None: nobody waits)
+    batches: list[Any] = field(default_factory=list)
     context: contextvars.Context | None = None
 
     def sessions(self) -> set[str]:
@@ -102,7 +100,7 @@ class PartitionWrites:
     records: dict[str, Any]
     marks: dict[str, int]
     deliveries: list[Awaitable[object]]
-    batches: list[BatchDone]
+    batches: list[Any]
     context: contextvars.Context | None
     nodes: dict[str, Any] = field(default_factory=dict)
 
@@ -151,15 +149,6 @@ async def _acknowledged(deliveries: list[Awaitable[object]]) -> None:
             await delivery
 
 
-async def _mark_folded(batches: list[BatchDone]) -> None:
-    """Mark the batches folded, a slice at a time. A mark holds its batch's event and
-    message: a commit's worth (~1,400 batches at 5,000 events/s) freed in one go held the
-    event loop for ~10 ms (measured after a persist)."""
-    async for part in _in_slices(batches):
-        for done in part:
-            done()
-
-
 async def _in_slices(items: list[_Item]) -> AsyncIterator[list[_Item]]:
     """``items`` a slice at a time, each removed from the list (and so freed) once the
     caller is through with it, with a yield to the event loop in between. A slice the
@@ -181,10 +170,6 @@ def _quiet(deliveries: Iterable[Awaitable[object]]) -> None:
 def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def _nothing() -> None:
-    """The "folded" mark of a batch nobody waits for (unit tests, a record alone)."""
 
 
 def _write(items: list[tuple[Table, str, Any]]) -> None:
@@ -222,10 +207,11 @@ class ChangeBook:
         plan.node_writes.clear()
 
     def add(self, plan: BatchPlan, tables: SessionTables,
-            deliveries: list[Awaitable[object]], done: BatchDone | None) -> None:
+            deliveries: list[Awaitable[object]], batch: Any) -> None:
         """A performed plan's changes join its partition's pending ones: per session its
         state (the one record to write) or, when only chunks moved it, its cursor; its
-        outputs' deliveries, and its "folded" mark."""
+        outputs' deliveries, and ``batch`` (reported folded by the persist that writes
+        them; None: nobody waits for it)."""
         self.add_nodes(plan, tables)
         changes = self.of(plan.partition)
         for session_id, started in plan.started.items():
@@ -240,7 +226,7 @@ class ChangeBook:
                 changes.marks[session_id] = cursor
         tables.chunks.update(plan.cursors)
         changes.deliveries += deliveries
-        changes.batches.append(done or _nothing)
+        changes.batches.append(batch)
         # faust's tables take a write's partition from the current event (a batch's)
         changes.context = contextvars.copy_context()
 
@@ -283,8 +269,9 @@ class ChangeBook:
                       ) -> PersistOutcome:
         """Write every partition's changes to ``tables`` (outputs acknowledged first, then
         the nodes, acknowledged: ``flush`` returns once every table write made before it is,
-        and raises when one was lost; then the records) and mark their batches folded; a
-        partition whose outputs failed is given up. Returns what failed."""
+        and raises when one was lost; then the records); their batches are reported folded
+        in the outcome, in fold order. A partition whose outputs failed is given up.
+        Returns what was folded and what failed."""
         outcome = PersistOutcome()
         async with self._persisting:
             async with self.lock:
@@ -299,6 +286,7 @@ class ChangeBook:
                 if await self._nodes_acknowledged(written, flush, outcome):
                     for writes in written:
                         await self._write_records(writes, tables)
+                        outcome.folded += [b for b in writes.batches if b is not None]
             finally:
                 self._taken, self._writing = {}, []
         return outcome
@@ -340,7 +328,6 @@ class ChangeBook:
         await writes.write_records(tables)
         for sid in writes.sessions():
             self._taken.pop(sid, None)
-        await _mark_folded(writes.batches)
 
     def _give_up(self, writes: PartitionWrites, error: Exception) -> None:
         """Under the lock: the partition's batches taken and since are never marked folded."""

@@ -114,9 +114,9 @@ def mark_received(app: Any, message: Any) -> bool:
 
 def mark_folded(app: Any, event: Any) -> None:
     """Every record of the agent's ``event`` is folded and its table writes are made: its
-    span may be committed (a no-op for a plain message). Takes the event, not its message,
-    so that a callback waiting to call this keeps the event alive (faust's tables find the
-    partition of a write through a weak reference to the current event)."""
+    span may be committed (a no-op for a plain message). Takes the event, not its message:
+    the pending writes keep a batch's event until its mark, and so keep it alive (faust's
+    tables find the partition of a write through a weak reference to the current event)."""
     consumer, message = app.consumer, event.message
     if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
         consumer.record_folded(message)
@@ -124,7 +124,7 @@ def mark_folded(app: Any, event: Any) -> None:
 
 def release_records(message: Any) -> None:
     """The agent folded ``message``: its records are not read again, so free them now
-    (a pending :func:`mark_folded` keeps the event, and so the message, until the commit:
+    (a batch waiting for :func:`mark_folded` keeps the event and message until the commit:
     a commit's worth of records freed at once would hold the event loop)."""
     if isinstance(message, BatchMessage):
         message.records = ()

@@ -56,17 +56,16 @@ async def test_states_are_written_only_after_every_output_is_acknowledged() -> N
     acks = Acks(harness)
     (sid, events), = sessions(21, 1).items()
     records = [harness.record(sid, e) for e in events]
-    marked: list[int] = []
     for number, part in enumerate(batches(records, 40)):
-        await harness.folder.handle_batch(part, lambda n=number: marked.append(n))
+        await harness.folder.handle_batch(part, number)
     persist = asyncio.ensure_future(harness.folder.persist())
     await asyncio.sleep(0.01)
     assert not persist.done()
-    assert harness.tables.sessions == {} and marked == []   # outputs not acknowledged yet
+    assert harness.tables.sessions == {}                 # outputs not acknowledged yet
     acks.ack_all()
-    await persist
+    outcome = await persist
     assert harness.tables.sessions[sid]["next"] == len(events)
-    assert marked == list(range(len(batches(records, 40))))  # every batch, in fold order
+    assert outcome.folded == list(range(len(batches(records, 40))))  # all, in fold order
     assert harness.messages(sid) == list(derive_messages(events))
 
 
@@ -97,22 +96,20 @@ async def test_an_unacknowledged_output_gives_up_its_partition_alone() -> None:
     (bad, bad_events), (good, good_events) = logs.items()
     bad_records = on_partition(harness, [harness.record(bad, e) for e in bad_events], 0)
     good_records = on_partition(harness, [harness.record(good, e) for e in good_events], 1)
-    marked: list[str] = []
-    given_up: list[tuple[int, str]] = []
-    harness.folder.book.on_given_up = lambda partition, exc: given_up.append((partition,
-                                                                               str(exc)))
-    await harness.folder.handle_batch(bad_records[:30], lambda: marked.append("bad"))
-    await harness.folder.handle_batch(good_records, lambda: marked.append("good"))
+    await harness.folder.handle_batch(bad_records[:30], "bad")
+    await harness.folder.handle_batch(good_records, "good")
     for out, future in acks.pending:
         if out.key and bad.encode() in out.key:
             future.set_exception(RuntimeError("broker said no"))
     acks.ack_all()
-    await harness.folder.persist()
-    assert marked == ["good"]                         # the failed batch never commits
+    outcome = await harness.folder.persist()
+    assert outcome.folded == ["good"]                 # the failed batch never commits
     assert bad not in harness.tables.sessions
     assert harness.tables.sessions[good]["next"] == len(good_events)
     assert harness.counters.failed_batches == 1
+    given_up = [(partition, str(exc)) for partition, exc in outcome.given_up]
     assert given_up == [(0, "broker said no")]        # the worker reads partition 0 again
+    assert (outcome.refused, outcome.lost_write) == (None, None)
     # Read again from the committed offset (here: its first record), it is folded whole,
     # with no gap and nothing dead-lettered.
     await harness.folder.handle_batch(bad_records[:30])
@@ -170,11 +167,10 @@ async def test_a_rebalance_drops_what_was_not_persisted() -> None:
     records = [harness.record(sid, e) for e in events]
     await harness.feed_batch(records[:40])
     persisted = dict(harness.tables.sessions[sid])
-    marked: list[int] = []
-    await harness.folder.handle_batch(records[40:], lambda: marked.append(1))
+    await harness.folder.handle_batch(records[40:], 1)
     await harness.folder.forget()
-    await harness.folder.persist()
-    assert marked == [] and harness.tables.sessions[sid] == persisted
+    outcome = await harness.folder.persist()
+    assert outcome.folded == [] and harness.tables.sessions[sid] == persisted
     # Redelivery from the committed offset folds the rest exactly once.
     await harness.feed_batch(records[40:])
     assert harness.counters.gaps == 0
@@ -221,15 +217,14 @@ async def test_a_commits_worth_of_batches_is_marked_in_order_or_not_at_all(
                for e in events]
     parts = batches(records, 1)
     assert len(parts) > 2 * persisting.SLICE
-    marked: list[int] = []
     for number, part in enumerate(parts):
-        await harness.folder.handle_batch(part, lambda n=number: marked.append(n))
+        await harness.folder.handle_batch(part, number)
     assert len(acks.pending) > 2 * persisting.SLICE
     if last_output_fails:
         acks.pending[-1][1].set_exception(RuntimeError("broker said no"))
     acks.ack_all()
-    await harness.folder.persist()
-    assert marked == ([] if last_output_fails else list(range(len(parts))))
+    outcome = await harness.folder.persist()
+    assert outcome.folded == ([] if last_output_fails else list(range(len(parts))))
     assert harness.counters.failed_batches == (len(parts) if last_output_fails else 0)
     assert (harness.tables.sessions == {}) is last_output_fails
 
@@ -242,31 +237,27 @@ async def test_session_records_are_written_only_after_their_nodes_are_acknowledg
     batch folded and stops the worker."""
     harness = Harness()
     (sid, events), = sessions(24, 1).items()
-    marked: list[str] = []
     seen_at_flush: list[tuple[int, bool]] = []
 
     async def flush() -> None:
         seen_at_flush.append((len(harness.tables.nodes), sid in harness.tables.sessions))
 
-    harness.folder.book.flush_tables = flush
-    await harness.folder.handle_batch([harness.record(sid, e) for e in events],
-                                      lambda: marked.append("folded"))
-    await harness.folder.persist()
+    await harness.folder.handle_batch([harness.record(sid, e) for e in events], "folded")
+    outcome = await harness.folder.persist(flush)
     assert seen_at_flush and seen_at_flush[0][0] > 0            # the nodes were written...
     assert seen_at_flush[0][1] is False                         # ...the record not yet
-    assert harness.messages(sid) == list(derive_messages(events)) and marked == ["folded"]
+    assert harness.messages(sid) == list(derive_messages(events))
+    assert outcome.folded == ["folded"]
 
-    lost: list[str] = []
     (other, other_events) = list(sessions(25, 2).items())[1]     # another session id
     assert other != sid
 
     async def failing_flush() -> None:
         raise RuntimeError("a changelog write expired")
 
-    harness.folder.book.flush_tables = failing_flush
-    harness.folder.book.on_lost_write = lambda exc: lost.append(str(exc))
     await harness.folder.handle_batch([harness.record(other, e) for e in other_events],
-                                      lambda: marked.append("lost"))
-    await harness.folder.persist()
-    assert lost == ["a changelog write expired"]
-    assert other not in harness.tables.sessions and marked == ["folded"]
+                                      "lost")
+    outcome = await harness.folder.persist(failing_flush)
+    assert str(outcome.lost_write) == "a changelog write expired"
+    assert outcome.given_up == []                     # the worker stops: none read again
+    assert other not in harness.tables.sessions and outcome.folded == []

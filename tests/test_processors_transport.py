@@ -18,10 +18,7 @@ from pipeline.adapters.faust import transport
 from pipeline.adapters.faust.transport import (
     RecordBatch,
     awaiting_recovery_seek,
-    before_assignment,
     fetch_again,
-    forget_on_rebalance,
-    persist_before_commit,
 )
 from pipeline.codec.avro import EventSerde
 from pipeline.services.processors.app import build_processors
@@ -52,14 +49,15 @@ async def test_a_rebalance_forgets_and_prepares_before_faust_with_the_partitions
     other_tp = TP("some-changelog", 3)
     seen: list[tuple[str, bool]] = []
 
-    async def forget() -> None:
-        seen.append(("forget", session_tp in consumer._paused_partitions))
+    class Recorder:   # an executor's part of a rebalance (adapters/faust/executor.py)
+        async def forget(self) -> None:
+            seen.append(("forget", session_tp in consumer._paused_partitions))
 
-    async def persist() -> None:
-        seen.append(("persist", False))
+        async def persist(self) -> None:
+            seen.append(("persist", False))
 
-    async def reread_pointer() -> None:
-        seen.append(("reread pointer", session_tp in consumer._paused_partitions))
+        async def assigned(self) -> None:
+            seen.append(("reread pointer", session_tp in consumer._paused_partitions))
 
     async def faust_assigned(self: Any, assigned: Any, generation_id: int = 0) -> None:
         seen.append(("faust assigned", session_tp in self._paused_partitions))
@@ -69,10 +67,11 @@ async def test_a_rebalance_forgets_and_prepares_before_faust_with_the_partitions
 
     monkeypatch.setattr(AIOKafkaConsumer, "on_partitions_assigned", faust_assigned)
     monkeypatch.setattr(AIOKafkaConsumer, "on_partitions_revoked", faust_revoked)
-    forget_on_rebalance(processors.app, "folds", forget)
-    forget_on_rebalance(processors.app, "folds", forget)   # idempotent by name
-    persist_before_commit(processors.app, "folds", persist)
-    before_assignment(processors.app, "pointer", reread_pointer)
+    executors = processors.app.transport.executors
+    assert set(executors) == {processors.settings.topics.session_events,
+                              processors.options.usage_topic(processors.settings)}
+    executors.clear()
+    executors["folds"] = Recorder()
 
     await consumer.on_partitions_assigned({session_tp, other_tp}, 3)
     assert seen == [("forget", True), ("reread pointer", True), ("faust assigned", True)]

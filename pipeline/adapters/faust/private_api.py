@@ -1,16 +1,20 @@
-"""Every private name of faust-streaming and aiokafka the batching transport relies on.
+"""Every private name of faust-streaming and aiokafka the project relies on.
 
 Rules:
 
-- The transport reads and writes private attributes of the two libraries only through the
-  functions of this module; the private methods it overrides are listed in
-  :data:`OVERRIDDEN` with the parameters it expects, and the private attributes in
-  :data:`ATTRIBUTES`.
+- Private attributes and methods of the two libraries are reached only through the
+  functions of this module, from anywhere in ``pipeline/`` (the batching transport, and the
+  Kafka adapter's few reaches into aiokafka); the private methods overridden or called are
+  listed by :func:`overridden` with the parameters expected, the private attributes by
+  :func:`attributes`.
 - :func:`private_api_problems` checks both lists against the installed libraries and names
   every missing or changed attribute or signature; the worker refuses to start on any
-  (:func:`require_supported_faust`), and ``tests/test_faust_private_api.py`` fails on them,
+  (:func:`require_supported_faust`), and ``tests/test_faust_private_api.py`` fails on them
+  (and on a private name of another library's object used anywhere else in ``pipeline/``),
   so an upgrade of either library fails loudly, here, and not as a silent change of what
   is committed.
+- faust is imported only when a faust name is checked or reached: the driver and the CLI
+  use the aiokafka accessors without loading faust.
 - One faust build is supported: with its Cython stream iterator (the two iterators count
   acks differently, see docs/decisions/processors-transport.md). :func:`faust_build_problem`
   says when the other one is in use (``NO_CYTHON`` set, or a build without the extension).
@@ -20,130 +24,160 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
 import sys
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
 
+import aiokafka.client as aiokafka_client
 import aiokafka.consumer.consumer as aiokafka_consumer_module
 import aiokafka.consumer.fetcher as aiokafka_fetcher
 import aiokafka.consumer.subscription_state as aiokafka_subscriptions
-import faust
-import faust.streams
-import faust.tables.base as faust_tables
-import faust.topics
-import faust.transport.consumer as faust_consumer
-import faust.transport.drivers.aiokafka as faust_aiokafka
-import faust.transport.producer as faust_producer
+import aiokafka.producer.producer as aiokafka_producer
+import aiokafka.producer.transaction_manager as aiokafka_transactions
 
 SUPPORTED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
 
-# (class, method, parameter names after self) of every private (or non-API) method the
-# transport overrides or calls; a change of any of them changes what it is called with.
-# Each line says why no public API does it.
-OVERRIDDEN: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
-    # faust builds its consumer thread here only; no setting names the thread class.
-    (faust_aiokafka.Consumer, "_new_consumer_thread", ()),
-    # Where fetched records become messages: no hook regroups a fetch into batches.
-    (faust_consumer.Consumer, "_wait_next_records", ("timeout",)),
-    # faust's hand-over loop (public name, internal use): clears the read offset per batch.
-    (faust_consumer.Consumer, "getmany", ("timeout",)),
-    # faust's recovery seek (public name, internal use): no hook runs after it.
-    (faust_consumer.Consumer, "perform_seek", ()),
-    # faust's gap bookkeeping has no switch; batches would rebuild its tree per batch.
-    (faust_consumer.Consumer, "_add_gap", ("tp", "offset_from", "offset_to")),
-    # faust's commit entry (public name, internal use): no before-commit hook exists.
-    (faust_consumer.Consumer, "force_commit", ("topics", "start_new_transaction")),
-    # faust's rebalance handlers (public names, internal use): app.on_partitions_assigned
-    # is a signal sent after table recovery started, too late (docs/decisions).
-    (faust_consumer.Consumer, "on_partitions_assigned", ("assigned", "generation_id")),
-    (faust_consumer.Consumer, "on_partitions_revoked", ("revoked",)),
-    # What faust commits per partition: no public policy for it.
-    (faust_consumer.Consumer, "_new_offset", ("tp",)),
-    # Whether the broker took a commit: faust's public commit() hides it.
-    (faust_aiokafka.Consumer, "_commit", ("offsets",)),
-    (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
-    # How a record becomes a faust message: no factory setting.
-    (faust_consumer.Consumer, "_to_message", ("tp", "record")),
-    # faust's fetch, run on its consumer thread: no hook around aiokafka's getmany.
-    (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records",
-     ("consumer", "active_partitions", "timeout", "max_records")),
-    # faust passes no fetch options to aiokafka: the consumer is built here with them.
-    (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", ("transport",)),
-    # faust's seek on its consumer thread (public name): aiokafka's seek must run there.
-    (faust_aiokafka.AIOKafkaConsumerThread, "seek_wait", ("partitions",)),
-    # Every buffered table write (public name, internal use): no producer hook sees them.
-    (faust_aiokafka.Producer, "send_soon", ("fut",)),
-    # The producer's settings: faust has no option for idempotence (acks=all, no duplicates
-    # on a retried send).
-    (faust_aiokafka.Producer, "_settings_extra", ()),
-    # faust's per-write producer lookup: no setting skips its start-up guard.
-    (faust.Topic, "_get_producer", ()),
-    # Where an acknowledged table write moves the store's changelog offset, and where a
-    # recovery or standby read applies changelog records (public name, internal use):
-    # no hook for either (adapters/faust/tables.py, a changelog with two writers).
-    (faust_tables.Collection, "_on_changelog_sent", ("fut",)),
-    (faust_tables.Collection, "apply_changelog_batch", ("batch",)),
-    # The table's own key normalisation of changelog keys, as its stores apply them.
-    (faust_tables.Collection, "_to_key", ("k",)),
-    # A wait for newly buffered records that is not a hand-out: aiokafka's public getmany
-    # waits *inside* the hand-out, where a concurrent seek would fake a batch's span.
-    (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),
-)
 
-# (class, attribute) of every private attribute the transport reads or writes: each must be
-# assigned as ``self.<attribute>`` somewhere in the class or its bases. Why each is needed:
-ATTRIBUTES: Final[tuple[tuple[type, str], ...]] = (
-    # faust drops messages below it; it is set inside its hand-over loop, no API clears it.
-    (faust_consumer.Consumer, "_read_offset"),
-    # faust's own committed offsets (what it seeked to, what it commits from); aiokafka's
-    # committed() asks the broker, which does not know faust's refused-commit overwrite.
-    (faust_consumer.Consumer, "_committed_offset"),
-    # Acks faust's Cython iterator records for batched partitions: no API drops them.
-    (faust_consumer.Consumer, "_acked"),
-    (faust_consumer.Consumer, "_acked_index"),
-    # aiokafka's fetcher: positions, reassignment and the fetch waiter are only there.
-    (aiokafka_consumer_module.AIOKafkaConsumer, "_fetcher"),
-    # The subscription state: positions read synchronously (public position() awaits).
-    (aiokafka_fetcher.Fetcher, "_subscriptions"),
-    # Whether a fetch wait ended because the fetcher closed: no public flag.
-    (aiokafka_fetcher.Fetcher, "_closed"),
-    # Not a consumer option (AIOKafkaConsumer does not pass it to its Fetcher).
-    (aiokafka_fetcher.Fetcher, "_prefetch_backoff"),
-    # The fetch options of a running consumer (the idle pace): aiokafka takes them only
-    # in its constructor, and its fetcher reads these for every fetch it sends.
-    (aiokafka_fetcher.Fetcher, "_fetch_max_wait_ms"),
-    (aiokafka_fetcher.Fetcher, "_fetch_min_bytes"),
-    (aiokafka_fetcher.Fetcher, "_fetcher_timeout"),
-)
+@functools.cache
+def overridden() -> tuple[tuple[type, str, tuple[str, ...]], ...]:
+    """(class, method, parameter names after self) of every private (or non-API) method
+    overridden or called; a change of any of them changes what it is called with. Each
+    line says why no public API does it."""
+    faust_aiokafka, faust_consumer, faust_tables = (_faust("transport.drivers.aiokafka"),
+                                                    _faust("transport.consumer"),
+                                                    _faust("tables.base"))
+    return (
+        # faust builds its consumer thread here only; no setting names the thread class.
+        (faust_aiokafka.Consumer, "_new_consumer_thread", ()),
+        # Where fetched records become messages: no hook regroups a fetch into batches.
+        (faust_consumer.Consumer, "_wait_next_records", ("timeout",)),
+        # faust's hand-over loop (public name, internal use): clears the read offset per batch.
+        (faust_consumer.Consumer, "getmany", ("timeout",)),
+        # faust's recovery seek (public name, internal use): no hook runs after it.
+        (faust_consumer.Consumer, "perform_seek", ()),
+        # faust's gap bookkeeping has no switch; batches would rebuild its tree per batch.
+        (faust_consumer.Consumer, "_add_gap", ("tp", "offset_from", "offset_to")),
+        # faust's commit entry (public name, internal use): no before-commit hook exists.
+        (faust_consumer.Consumer, "force_commit", ("topics", "start_new_transaction")),
+        # faust's rebalance handlers (public names, internal use): app.on_partitions_assigned
+        # is a signal sent after table recovery started, too late (docs/decisions).
+        (faust_consumer.Consumer, "on_partitions_assigned", ("assigned", "generation_id")),
+        (faust_consumer.Consumer, "on_partitions_revoked", ("revoked",)),
+        # What faust commits per partition: no public policy for it.
+        (faust_consumer.Consumer, "_new_offset", ("tp",)),
+        # Whether the broker took a commit: faust's public commit() hides it.
+        (faust_aiokafka.Consumer, "_commit", ("offsets",)),
+        (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
+        # How a record becomes a faust message: no factory setting.
+        (faust_consumer.Consumer, "_to_message", ("tp", "record")),
+        # faust's fetch, run on its consumer thread: no hook around aiokafka's getmany.
+        (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records",
+         ("consumer", "active_partitions", "timeout", "max_records")),
+        # faust passes no fetch options to aiokafka: the consumer is built here with them.
+        (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer", ("transport",)),
+        # faust's seek on its consumer thread (public name): aiokafka's seek must run there.
+        (faust_aiokafka.AIOKafkaConsumerThread, "seek_wait", ("partitions",)),
+        # Every buffered table write (public name, internal use): no producer hook sees them.
+        (faust_aiokafka.Producer, "send_soon", ("fut",)),
+        # The producer's settings: faust has no option for idempotence (acks=all, no duplicates
+        # on a retried send).
+        (faust_aiokafka.Producer, "_settings_extra", ()),
+        # faust's per-write producer lookup: no setting skips its start-up guard.
+        (_faust("topics").Topic, "_get_producer", ()),
+        # Where an acknowledged table write moves the store's changelog offset, and where a
+        # recovery or standby read applies changelog records (public name, internal use):
+        # no hook for either (adapters/faust/tables.py, a changelog with two writers).
+        (faust_tables.Collection, "_on_changelog_sent", ("fut",)),
+        (faust_tables.Collection, "apply_changelog_batch", ("batch",)),
+        # The table's own key normalisation of changelog keys, as its stores apply them.
+        (faust_tables.Collection, "_to_key", ("k",)),
+        # A wait for newly buffered records that is not a hand-out: aiokafka's public getmany
+        # waits *inside* the hand-out, where a concurrent seek would fake a batch's span.
+        (aiokafka_fetcher.Fetcher, "_create_fetch_waiter", ()),
+        # A changelog topic built again once the table's key serializer is raw (faust builds
+        # it in the table's constructor, with JSON keys); no setting passes the serializer.
+        (faust_tables.Collection, "_new_changelog_topic", ("retention", "compacting",
+                                                           "deleting")),
+        # The partition the producer gives a key (its partitioner with the topic's metadata):
+        # a bulk send groups records by partition before sending (adapters/kafka/topic_scan).
+        (aiokafka_producer.AIOKafkaProducer, "_partition",
+         ("topic", "partition", "key", "value", "serialized_key", "serialized_value")),
+        # A wait for one topic's metadata: the public partitions_for() does it too but
+        # returns only the numbers, after the same wait (the bulk send needs the wait alone).
+        (aiokafka_client.AIOKafkaClient, "_wait_on_metadata", ("topic",)),
+    )
 
-# Public members of private objects, read through the functions below.
-MEMBERS: Final[tuple[tuple[type, str], ...]] = (
-    (aiokafka_subscriptions.SubscriptionState, "subscription"),
-    (aiokafka_subscriptions.SubscriptionState, "reassignment_in_progress"),
-    (aiokafka_subscriptions.SubscriptionState, "wait_for_assignment"),
-    (aiokafka_subscriptions.Assignment, "state_value"),
-    (aiokafka_subscriptions.TopicPartitionState, "has_valid_position"),
-    (aiokafka_subscriptions.TopicPartitionState, "position"),
-    (faust_producer.Producer, "flush"),
-)
+@functools.cache
+def attributes() -> tuple[tuple[type, str], ...]:
+    """(class, attribute) of every private attribute read or written: each must be
+    assigned as ``self.<attribute>`` somewhere in the class or its bases. Why each is
+    needed:"""
+    faust_consumer = _faust("transport.consumer")
+    return (
+        # faust drops messages below it; it is set inside its hand-over loop, no API clears it.
+        (faust_consumer.Consumer, "_read_offset"),
+        # faust's own committed offsets (what it seeked to, what it commits from); aiokafka's
+        # committed() asks the broker, which does not know faust's refused-commit overwrite.
+        (faust_consumer.Consumer, "_committed_offset"),
+        # Acks faust's Cython iterator records for batched partitions: no API drops them.
+        (faust_consumer.Consumer, "_acked"),
+        (faust_consumer.Consumer, "_acked_index"),
+        # aiokafka's fetcher: positions, reassignment and the fetch waiter are only there.
+        (aiokafka_consumer_module.AIOKafkaConsumer, "_fetcher"),
+        # The subscription state: positions read synchronously (public position() awaits).
+        (aiokafka_fetcher.Fetcher, "_subscriptions"),
+        # Whether a fetch wait ended because the fetcher closed: no public flag.
+        (aiokafka_fetcher.Fetcher, "_closed"),
+        # Not a consumer option (AIOKafkaConsumer does not pass it to its Fetcher).
+        (aiokafka_fetcher.Fetcher, "_prefetch_backoff"),
+        # The fetch options of a running consumer (the idle pace): aiokafka takes them only
+        # in its constructor, and its fetcher reads these for every fetch it sends.
+        (aiokafka_fetcher.Fetcher, "_fetch_max_wait_ms"),
+        (aiokafka_fetcher.Fetcher, "_fetch_min_bytes"),
+        (aiokafka_fetcher.Fetcher, "_fetcher_timeout"),
+        # The consumer's client: a metadata request for named topics only, without creating
+        # them (adapters/kafka/assigned); the public API asks for every topic's metadata.
+        (aiokafka_consumer_module.AIOKafkaConsumer, "_client"),
+        # Whether a transactional producer is in a fatal state (an abort would raise again).
+        (aiokafka_producer.AIOKafkaProducer, "_txn_manager"),
+    )
+
+@functools.cache
+def members() -> tuple[tuple[type, str], ...]:
+    """Public members of private objects, read through the functions below."""
+    return (
+        (aiokafka_subscriptions.SubscriptionState, "subscription"),
+        (aiokafka_subscriptions.SubscriptionState, "reassignment_in_progress"),
+        (aiokafka_subscriptions.SubscriptionState, "wait_for_assignment"),
+        (aiokafka_subscriptions.Assignment, "state_value"),
+        (aiokafka_subscriptions.TopicPartitionState, "has_valid_position"),
+        (aiokafka_subscriptions.TopicPartitionState, "position"),
+        (_faust("transport.producer").Producer, "flush"),
+        (aiokafka_transactions.TransactionManager, "is_fatal_error"),
+    )
+
+
+def _faust(module: str) -> Any:
+    return importlib.import_module(f"faust.{module}")
 
 
 def private_api_problems() -> list[str]:
     """Every listed name missing from the installed libraries or changed, one line each."""
-    problems = [problem for cls, name, params in OVERRIDDEN
+    problems = [problem for cls, name, params in overridden()
                 if (problem := _signature_problem(cls, name, params)) is not None]
     problems += [f"{_name(cls)}.{name}: not assigned as self.{name} any more"
-                 for cls, name in ATTRIBUTES if not _assigns(cls, name)]
-    problems += [f"{_name(cls)}.{name}: missing" for cls, name in MEMBERS
+                 for cls, name in attributes() if not _assigns(cls, name)]
+    problems += [f"{_name(cls)}.{name}: missing" for cls, name in members()
                  if not hasattr(cls, name)]
     return problems
 
 
 def faust_build_problem() -> str | None:
     """Why the faust build in use is not the supported one (None: it is)."""
-    if getattr(faust.streams, "_CStreamIterator", None) is None:
+    if getattr(_faust("streams"), "_CStreamIterator", None) is None:
         return ("faust-streaming runs without its Cython stream iterator (NO_CYTHON is set, "
                 "or the build lacks faust._cython.streams); the processors' transport is "
                 "built and tested on the Cython one: unset NO_CYTHON or install the wheel")
@@ -289,5 +323,35 @@ def fetch_waiter(fetcher: Any) -> Any:
 
 def names() -> Iterable[str]:
     """Every listed name, for messages and docs."""
-    yield from (f"{_name(cls)}.{name}" for cls, name, _ in OVERRIDDEN)
-    yield from (f"{_name(cls)}.{name}" for cls, name in ATTRIBUTES + MEMBERS)
+    yield from (f"{_name(cls)}.{name}" for cls, name, _ in overridden())
+    yield from (f"{_name(cls)}.{name}" for cls, name in attributes() + members())
+
+
+# faust's tables ---------------------------------------------------------------------
+
+def rebuild_changelog_topic(table: Any) -> Any:
+    """The table's changelog topic built again (after its key serializer changed)."""
+    return table._new_changelog_topic()
+
+
+# aiokafka's client and producer (adapters/kafka) --------------------------------------
+
+def client_of(consumer: Any) -> Any:
+    """The aiokafka client of a consumer."""
+    return consumer._client
+
+
+def key_partition(producer: Any, topic: str, key: bytes | None, value: bytes | None) -> int:
+    """The partition the producer's partitioner gives ``key`` (metadata of ``topic`` known)."""
+    partition: int = producer._partition(topic, None, key, value, key, value)
+    return partition
+
+
+async def wait_on_metadata(producer: Any, topic: str) -> None:
+    """Until the producer's client has metadata for ``topic``."""
+    await producer.client._wait_on_metadata(topic)
+
+
+def transaction_failed_fatally(producer: Any) -> bool:
+    """Whether a transactional producer is in a fatal state (nothing more to abort)."""
+    return bool(producer._txn_manager.is_fatal_error())

@@ -17,8 +17,8 @@ The contract, for batched partitions:
    committed offset on, is in a batch whose outputs are acknowledged, whose state is
    written and whose writes are flushed: :func:`.commit_rule.commit_offset`, the one place
    the rule is decided. The folds report a batch done with :func:`mark_folded` (outputs
-   acknowledged, state written: the persist run before every commit,
-   :func:`persist_before_commit`); the commit then flushes the producer
+   acknowledged, state written: each executor's persist, run before every commit in the
+   order :mod:`.executor` states); the commit then flushes the producer
    (:class:`.flushing.FlushingProducer`: every buffered write acknowledged, or it raises)
    and only then are those spans flushed. faust's acks and gap bookkeeping play no part.
 3. *A refused commit changes nothing:* the committed offsets stay the broker's.
@@ -29,9 +29,10 @@ The contract, for batched partitions:
    offsets is done is resumed once it is done (also when the seek fails); a partition with
    no committed offset is read from its beginning. :func:`awaiting_recovery_seek` says
    whether that seek is still pending.
-6. *Rebalance hooks run while the partitions are paused:* :func:`forget_on_rebalance` (what
+6. *Rebalance steps run while the partitions are paused:* each executor's forget (what
    the folds cached and did not persist is dropped: the new owner folds again from the
-   committed offset) and :func:`before_assignment`, before faust's own assignment.
+   committed offset; on a revoke after its persist) and, on an assignment, its assignment
+   step, before faust's own assignment.
 7. *A batch lost on the way to the agent is fetched again* (:mod:`.delivery`), and the
    agent reports each batch it takes (:func:`mark_received`).
 8. *Every offset is accepted at the hand-over:* faust's read offset is cleared for batched
@@ -51,9 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
@@ -113,9 +114,9 @@ def mark_received(app: Any, message: Any) -> bool:
 
 def mark_folded(app: Any, event: Any) -> None:
     """Every record of the agent's ``event`` is folded and its table writes are made: its
-    span may be committed (a no-op for a plain message). Takes the event, not its message,
-    so that a callback waiting to call this keeps the event alive (faust's tables find the
-    partition of a write through a weak reference to the current event)."""
+    span may be committed (a no-op for a plain message). Takes the event, not its message:
+    the pending writes keep a batch's event until its mark, and so keep it alive (faust's
+    tables find the partition of a write through a weak reference to the current event)."""
     consumer, message = app.consumer, event.message
     if isinstance(message, BatchMessage) and isinstance(consumer, BatchingConsumer):
         consumer.record_folded(message)
@@ -123,47 +124,22 @@ def mark_folded(app: Any, event: Any) -> None:
 
 def release_records(message: Any) -> None:
     """The agent folded ``message``: its records are not read again, so free them now
-    (a pending :func:`mark_folded` keeps the event, and so the message, until the commit:
+    (a batch waiting for :func:`mark_folded` keeps the event and message until the commit:
     a commit's worth of records freed at once would hold the event loop)."""
     if isinstance(message, BatchMessage):
         message.records = ()
 
 
-# Work the folds hand the consumer for one of its moments (see :class:`BatchingConsumer`).
-Hook = Callable[[], Awaitable[None]]
-BEFORE_COMMIT: Final = "before commit"   # and before partitions are revoked
-ON_REBALANCE: Final = "on rebalance"     # revoke (after the persist), assignment (first)
-BEFORE_ASSIGNMENT: Final = "before assignment"
+class Executor(Protocol):
+    """An agent's part of every commit and rebalance (:class:`.executor.BatchExecutor`)."""
+
+    async def persist(self) -> None: ...
+    async def forget(self) -> None: ...
+    async def assigned(self) -> None: ...
+
 
 # faust's ``broker_commit_every`` (acks between commits from the hand-over loop): never.
 COMMIT_EVERY_ACKS_NEVER: Final = 2**62
-
-
-def persist_before_commit(app: Any, name: str, persist: Hook) -> None:
-    """Run ``persist`` before every commit and before partitions are revoked: the folds
-    write their state there and report their batches done (:func:`mark_folded`); ``name``
-    makes it idempotent."""
-    _add_hook(app, BEFORE_COMMIT, name, persist)
-
-
-def forget_on_rebalance(app: Any, name: str, forget: Hook) -> None:
-    """Run ``forget`` when partitions are revoked (after the persist) and when new ones are
-    assigned, before any of them can be fetched (see *Forgetting on a rebalance*);
-    ``name`` makes it idempotent."""
-    _add_hook(app, ON_REBALANCE, name, forget)
-
-
-def before_assignment(app: Any, name: str, prepare: Hook) -> None:
-    """Run ``prepare`` when partitions are assigned, after the forgetting and before any of
-    them can be fetched (where faust's ``on_partitions_assigned`` signal is too late, see
-    *Forgetting on a rebalance*); ``name`` makes it idempotent."""
-    _add_hook(app, BEFORE_ASSIGNMENT, name, prepare)
-
-
-def _add_hook(app: Any, moment: str, name: str, hook: Hook) -> None:
-    consumer = app.consumer
-    if isinstance(consumer, BatchingConsumer):
-        consumer.hooks[moment][name] = hook
 
 
 def fetch_again(app: Any, topic: str, partition: int) -> int:
@@ -214,12 +190,14 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._failures: dict[Any, int] = {}   # failed batches in a row, per partition (rule 10)
         self.seek_pending = False   # see rule 5 in the module doc
         self._resume_after_seek: set[Any] = set()
-        self.hooks: dict[str, dict[str, Hook]] = {
-            moment: {} for moment in (BEFORE_COMMIT, ON_REBALANCE, BEFORE_ASSIGNMENT)}
 
     @property
     def _batched(self) -> frozenset[str]:
         return cast(BatchingTransport, self.transport).batched_topics
+
+    @property
+    def _executors(self) -> list[Executor]:
+        return list(cast(BatchingTransport, self.transport).executors.values())
 
     def _new_consumer_thread(self) -> Any:
         # faust keeps it too; this reference spares reading faust's private one.
@@ -368,11 +346,11 @@ class BatchingConsumer(AIOKafkaConsumer):
             return
 
     async def _persist(self) -> None:
-        for name, persist in list(self.hooks[BEFORE_COMMIT].items()):
+        for executor in self._executors:
             try:
-                await persist()
+                await executor.persist()
             except Exception:   # its batches stay uncommitted; the commit goes on
-                log.exception("persisting %s before the commit failed", name)
+                log.exception("persisting %s before the commit failed", executor)
 
     async def force_commit(self, topics: Any = None, start_new_transaction: bool = True
                            ) -> bool:
@@ -397,14 +375,10 @@ class BatchingConsumer(AIOKafkaConsumer):
                     live.discard(span)
                     live.add(replace(span, flushed=True))
 
-    async def _run_hooks(self, *moments: str) -> None:
-        for moment in moments:
-            for hook in list(self.hooks[moment].values()):
-                await hook()
-
     async def on_partitions_revoked(self, revoked: Any) -> None:
         await self._persist()   # before faust's revoke: the tables still take writes
-        await self._run_hooks(ON_REBALANCE)
+        for executor in self._executors:
+            await executor.forget()
         await super().on_partitions_revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
@@ -419,7 +393,10 @@ class BatchingConsumer(AIOKafkaConsumer):
                 private_api.forget_acks(self, tp)
                 self._spans.pop(tp, None)
         self._ledger.forget()
-        await self._run_hooks(ON_REBALANCE, BEFORE_ASSIGNMENT)   # rule 6
+        for executor in self._executors:   # rule 6
+            await executor.forget()
+        for executor in self._executors:
+            await executor.assigned()
         await super().on_partitions_assigned(assigned, generation_id)
 
     def _new_offset(self, tp: Any) -> int | None:
@@ -478,6 +455,7 @@ class BatchingTransport(AIOKafkaTransport):
                  ) -> None:
         super().__init__(url, app, **kwargs)
         self.batched_topics = frozenset(batched_topics)
+        self.executors: dict[str, Executor] = {}   # by topic, installed with the app
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
 

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.protocol.metadata import MetadataRequest
 
+from pipeline.adapters.faust import private_api
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options
 from pipeline.settings import Settings
@@ -118,7 +119,7 @@ async def topic_leaders(consumer: AIOKafkaConsumer, topics: Sequence[str]
     of parsing for 3,000 topics), and one naming a missing topic must not create it
     (broker-side auto-creation), which is why the request says so. Raises the client's
     errors."""
-    client = consumer._client
+    client = private_api.client_of(consumer)
     request = MetadataRequest(list(topics), allow_auto_topic_creation=False)
     response = await client.send(client.get_random_node(), request)
     found: dict[str, dict[int, int]] = {}

@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
+from pipeline.adapters.faust import private_api
 from pipeline.adapters.kafka.admin import MAX_COMPACTION_LAG, OUTPUT_MAX_COMPACTION_LAG_MS
 from pipeline.adapters.kafka.assigned import fetch_until, start_assigned, topic_partitions
 from pipeline.adapters.kafka.errors import broker_errors
@@ -256,7 +257,7 @@ class KeyPartitions:
         """The partition of ``key``."""
         found = self._known.get(key) if key is not None else None
         if found is None:
-            found = self._producer._partition(self.topic, None, key, value, key, value)
+            found = private_api.key_partition(self._producer, self.topic, key, value)
             if key is not None:
                 if len(self._known) >= self._limit:
                     self._known.clear()
@@ -364,7 +365,7 @@ class BulkProducer:
         found = self._partitions.get(topic)
         if found is None or not found.current():
             producer = self._started()
-            await producer.client._wait_on_metadata(topic)
+            await private_api.wait_on_metadata(producer, topic)
             found = self._partitions[topic] = KeyPartitions(producer, topic)
         return found
 

@@ -21,6 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from pipeline.adapters.faust import private_api
 from pipeline.adapters.kafka.errors import broker_errors, is_fencing, quietly
 from pipeline.adapters.kafka.options import client_options, producer_size_options
 from pipeline.adapters.kafka.records import OutRecord
@@ -132,7 +133,7 @@ class PartitionProducer:
 
     async def _abort_quietly(self) -> None:
         with quietly(f"abort of {self.transactional_id}", log):
-            if not self._producer._txn_manager.is_fatal_error():
+            if not private_api.transaction_failed_fatally(self._producer):
                 await asyncio.wait_for(self._producer.abort_transaction(),
                                        self._request_timeout_s)
 

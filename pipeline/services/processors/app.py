@@ -35,18 +35,12 @@ from typing import Any
 
 import faust
 
+from pipeline.adapters.faust.executor import BatchExecutor
+from pipeline.adapters.faust.failures import WorkerStop
 from pipeline.adapters.faust.flushing import DirectTopic
+from pipeline.adapters.faust.private_api import rebuild_changelog_topic
 from pipeline.adapters.faust.tables import ChangelogTable, Older
-from pipeline.adapters.faust.transport import (
-    before_assignment,
-    forget_on_rebalance,
-    mark_folded,
-    mark_received,
-    persist_before_commit,
-    records_of,
-    release_records,
-    use_batching_transport,
-)
+from pipeline.adapters.faust.transport import use_batching_transport
 from pipeline.adapters.kafka.admin import retrying_transient
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.dlq_writer import DeadLetterWriter
@@ -59,17 +53,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.prices import PriceTable
 from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
-from pipeline.services.processors.failures import (
-    WorkerStop,
-    fold_again,
-    folding_again_on_failure,
-    stop_when_refused,
-    stop_when_write_lost,
-)
-from pipeline.services.processors.folding import (
-    Decoder,
-    SessionFolder,
-)
+from pipeline.services.processors.folding import Decoder, Send, SessionFolder
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import (
@@ -172,7 +156,7 @@ def _table(app: Any, name: str, partitions: int, older: Older | None = None) -> 
     # itself, so faust's router hashes it like the session topic's partitioner does and
     # forwards an HTTP request to the worker that really owns the session.
     table.key_serializer = "raw"
-    table.changelog_topic = table._new_changelog_topic()  # built in __init__ with JSON keys
+    table.changelog_topic = rebuild_changelog_topic(table)  # built in __init__: JSON keys
     return table
 
 
@@ -234,7 +218,7 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
     return follow
 
 
-def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
+def _wire_sessions(processors: Processors, decode: Decoder, send: Send,
                    route: ProjectionFollow, outputs: OutputCodecs | None,
                    stop: WorkerStop) -> None:
     app, settings = processors.app, processors.settings
@@ -249,28 +233,13 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Any,
                                              processors.options.heal_span_max),
                            dead_letter_sink=_dead_letter_writer(processors))
     processors.folder = folder
-    folder.book.on_refused = stop_when_refused(stop, settings)
-    folder.book.on_lost_write = stop_when_write_lost(stop)
-    folder.book.flush_tables = lambda: app.producer.flush()
-    folder.book.on_given_up = given_up = fold_again(stop, source.get_topic_name())
-
-    async def fold_sessions(stream: Any) -> None:
-        # Table writes wait in faust's producer buffer; past ``max_messages`` faust stops
-        # fetching until it drained (100 by default: a few batches' writes, so every batch
-        # would stall the next fetch). The agents run once the producer exists.
-        app.producer.buffer.max_messages = processors.options.producer_buffer
-        persist_before_commit(app, "fold-sessions", folder.persist)
-        forget_on_rebalance(app, "fold-sessions", folder.forget)   # partitions moved
-        before_assignment(app, "projection-pointer", partial(_reread_pointer, route))
-        async for event in stream.events():
-            if not mark_received(app, event.message):
-                continue   # its records come again (transport: fetched again)
-            async with folding_again_on_failure(event, processors.counters, given_up):
-                await folder.handle_batch(records_of(event.message),
-                                          partial(mark_folded, app, event))
-            release_records(event.message)
-
-    app.agent(source, name="fold-sessions")(fold_sessions)
+    executor = BatchExecutor(app, source.get_topic_name(), folder.handle_batch, stop=stop,
+                             counters=processors.counters,
+                             principal=settings.sasl_username or "ANONYMOUS",
+                             pending=folder, on_assignment=partial(_reread_pointer, route),
+                             producer_buffer=processors.options.producer_buffer)
+    executor.install()
+    app.agent(source, name="fold-sessions")(executor.run)
 
 
 def _dead_letter_writer(processors: Processors) -> DeadLetterWriter:
@@ -302,7 +271,7 @@ async def _reread_pointer(follow: ProjectionFollow) -> None:
         log.warning("reading the projection pointer on assignment failed: %s", exc)
 
 
-def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
+def _wire_usage(processors: Processors, send: Send, sizes: Mapping[str, int],
                 outputs: OutputCodecs | None, stop: WorkerStop,
                 prices: PriceTable | None) -> None:
     app, settings, options = processors.app, processors.settings, processors.options
@@ -315,16 +284,15 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
                                  settled=lambda: not processors.recovery()["in_recovery"],
                                  outputs=outputs, prices=prices)
     processors.aggregator = aggregator
-    given_up = fold_again(stop, name)
 
-    async def fold_usage(stream: Any) -> None:
-        async for event in stream.events():
-            if not mark_received(app, event.message):
-                continue   # its records come again (transport: fetched again)
-            async with folding_again_on_failure(event, processors.counters, given_up):
-                values = [json.loads(r.value) for r in records_of(event.message)]
-                await aggregator.handle_batch(event.message.partition, values)
-                mark_folded(app, event)
+    async def fold(records: Sequence[Any], _batch: Any) -> None:
+        # its table writes are made as it folds: nothing pending, folded once this returns
+        await aggregator.handle_batch(records[0].partition,
+                                      [json.loads(r.value) for r in records])
+
+    executor = BatchExecutor(app, name, fold, stop=stop, counters=processors.counters,
+                             principal=settings.sasl_username or "ANONYMOUS")
+    executor.install()
 
     async def tick() -> None:
         # Windows close on wall-clock time even when no event arrives: the tick goes through
@@ -337,7 +305,7 @@ def _wire_usage(processors: Processors, send: Any, sizes: Mapping[str, int],
                                                        now_ms):
             await send(OutRecord(name, b"tick", tick_value(now_ms), (), partition))
 
-    app.agent(by_model, name="fold-usage")(fold_usage)
+    app.agent(by_model, name="fold-usage")(executor.run)
     app.timer(options.tick_interval_s)(tick)
 
 

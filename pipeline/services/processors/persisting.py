@@ -14,22 +14,22 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *Outputs before state.* A session's record says which seqs its outputs were sent for; it
   is written only once every output the partition's batches sent is acknowledged, so a
   crash can only repeat outputs, never lose one that a record claims.
-- *State before commit.* A batch is marked folded
-  (:func:`pipeline.adapters.faust.transport.mark_folded`: outputs acknowledged, state
-  written) only after its partition's records are written; the commit that follows flushes
+- *State before commit.* A batch is reported folded (in the outcome's ``folded``, which the
+  executor marks: outputs acknowledged, state written) only after its partition's records
+  are written; the commit that follows flushes
   them before it commits (:mod:`pipeline.adapters.faust.commit_rule`).
 - *Nodes acknowledged before records, and only live ones.* The ``nodes`` records (one per
   live surface node's message) are written by the persist too, and the session records only
-  once every node write is acknowledged (``flush_tables``): the tables' changelogs are
-  different topics, each partition with its own leader, so a kill -9 can lose any subset of
-  writes still unacknowledged, not only a suffix. A record that survives a crash finds the
-  nodes it names; nodes without their record are written again by the refold (the same
-  keys and values). A node both appended and taken off the surface between two persists is
-  never written, nor deleted.
-- *A lost table write stops the worker.* When ``flush_tables`` raises (a table write was
-  not acknowledged), the tables this worker holds are ahead of their changelogs: nothing of
-  the persist is marked folded and ``on_lost_write`` is told, so the worker stops and its
-  next start restores the tables from the changelogs.
+  once every node write is acknowledged (the ``flush`` the persist is given): the tables'
+  changelogs are different topics, each partition with its own leader, so a kill -9 can
+  lose any subset of writes still unacknowledged, not only a suffix. A record that
+  survives a crash finds the nodes it names; nodes without their record are written again
+  by the refold (the same keys and values). A node both appended and taken off the surface
+  between two persists is never written, nor deleted.
+- *A lost table write stops the worker.* When the flush raises (a table write was not
+  acknowledged), the tables this worker holds are ahead of their changelogs: nothing of
+  the persist is marked folded and the outcome says ``lost_write``, so the worker stops and
+  its next start restores the tables from the changelogs.
 - *One record per session.* Everything the batches decided for a session since the last
   persist is one ``sessions`` record (or one ``chunk_marks`` cursor when only chunks moved
   it): after a crash a session holds all of it or none, and redelivery from the committed
@@ -37,11 +37,14 @@ Rules (each one keeps a kill -9 equal to a replay):
 - *A partition fails alone.* When an output of a partition was not acknowledged, that
   partition's batches since its last persist are given up: never marked folded (so not
   committed), their sessions' cached states dropped (the tables are the truth again), and
-  ``on_given_up`` is told: the worker reads the partition again from its committed offset
-  and folds them again (:mod:`.failures`).
+  the outcome names it in ``given_up``: the worker reads the partition again from its
+  committed offset and folds them again (:mod:`pipeline.adapters.faust.failures`).
 - *A refusal stops the worker.* When the broker refused an output (the principal lost an
-  ACL), the partition is given up as above and ``on_refused`` is told: no later batch
-  could be written either, so the worker stops (nothing given up is ever committed).
+  ACL), the partition is given up as above and the outcome says ``refused``: no later
+  batch could be written either, so the worker stops (nothing given up is ever committed).
+
+The worker performs the outcome (:class:`pipeline.adapters.faust.executor.BatchExecutor`,
+which runs each persist before the commit, in the order its module states).
 
 Persists run one at a time; each takes the changes under the folder's lock (no batch is
 half folded then) as JSON copies, so the folds go on while it waits for acknowledgements.
@@ -58,20 +61,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from pipeline.adapters.faust.executor import Flush, PersistOutcome
 from pipeline.adapters.kafka.errors import is_refusal
 from pipeline.services.processors.counters import DeliveryCounters
+from pipeline.services.processors.planning import BatchPlan
 from pipeline.services.processors.session_state import SessionState, SessionTables, Table
 
 log = logging.getLogger(__name__)
 
 # Between two yields to the event loop, so that the folds go on during a persist: table
-# writes; outputs acknowledged and batches marked folded (then dropped).
+# writes; outputs acknowledged (then dropped).
 WRITE_SLICE: Final = 32
 SLICE: Final = 128
 _Item = TypeVar("_Item")
-
-# The worker's "this batch is folded" (its offsets may be committed) for one batch.
-BatchDone = Callable[[], None]
 
 
 @dataclass(slots=True)
@@ -82,7 +84,8 @@ class PartitionChanges:
     marks: dict[str, int] = field(default_factory=dict)      # cursors moved by chunks only
     nodes: dict[str, Any] = field(default_factory=dict)      # node records; None: delete
     deliveries: list[Awaitable[object]] = field(default_factory=list)   # outputs sent
-    batches: list[BatchDone] = field(default_factory=list)   # one per batch, fold order
+    # One per batch, fold order: the batch as the executor knows it (None: nobody waits)
+    batches: list[Any] = field(default_factory=list)
     context: contextvars.Context | None = None
 
     def sessions(self) -> set[str]:
@@ -97,7 +100,7 @@ class PartitionWrites:
     records: dict[str, Any]
     marks: dict[str, int]
     deliveries: list[Awaitable[object]]
-    batches: list[BatchDone]
+    batches: list[Any]
     context: contextvars.Context | None
     nodes: dict[str, Any] = field(default_factory=dict)
 
@@ -146,15 +149,6 @@ async def _acknowledged(deliveries: list[Awaitable[object]]) -> None:
             await delivery
 
 
-async def _mark_folded(batches: list[BatchDone]) -> None:
-    """Mark the batches folded, a slice at a time. A mark holds its batch's event and
-    message: a commit's worth (~1,400 batches at 5,000 events/s) freed in one go held the
-    event loop for ~10 ms (measured after a persist)."""
-    async for part in _in_slices(batches):
-        for done in part:
-            done()
-
-
 async def _in_slices(items: list[_Item]) -> AsyncIterator[list[_Item]]:
     """``items`` a slice at a time, each removed from the list (and so freed) once the
     caller is through with it, with a yield to the event loop in between. A slice the
@@ -198,22 +192,43 @@ class ChangeBook:
         self._persisting = asyncio.Lock()
         self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
         self._writing: list[PartitionWrites] = []       # what the persist running holds
-        # Told when the broker refused an output (authorization): the worker stops.
-        self.on_refused: Callable[[Exception], None] | None = None
-        # Told (partition, error) when a partition's batches were given up otherwise: its
-        # records are read again from the committed offset and folded again.
-        self.on_given_up: Callable[[int, Exception], None] | None = None
-        # Until every table write made before the call is acknowledged; raises when one
-        # was lost (the worker's producer flush; nothing to wait for with plain dicts).
-        self.flush_tables: Callable[[], Awaitable[None]] = _nothing_to_flush
-        # Told when a table write was lost: the worker stops (see the module doc).
-        self.on_lost_write: Callable[[Exception], None] | None = None
 
     def of(self, partition: int) -> PartitionChanges:
         changes = self.changes.get(partition)
         if changes is None:
             changes = self.changes[partition] = PartitionChanges()
         return changes
+
+    def add_nodes(self, plan: BatchPlan, tables: SessionTables) -> None:
+        """The plan's node writes so far join its partition's pending ones (drained from
+        the plan), in fold order."""
+        for key, node in plan.node_writes:
+            self.set_node(plan.partition, key, node, tables)
+        plan.node_writes.clear()
+
+    def add(self, plan: BatchPlan, tables: SessionTables,
+            deliveries: list[Awaitable[object]], batch: Any) -> None:
+        """A performed plan's changes join its partition's pending ones: per session its
+        state (the one record to write) or, when only chunks moved it, its cursor; its
+        outputs' deliveries, and ``batch`` (reported folded by the persist that writes
+        them; None: nobody waits for it)."""
+        self.add_nodes(plan, tables)
+        changes = self.of(plan.partition)
+        for session_id, started in plan.started.items():
+            cursor = plan.cursors[session_id]
+            state = (plan.states[session_id] if session_id in plan.dirty
+                     else changes.states.get(session_id))
+            if state is not None:
+                state.next_seq = max(state.next_seq, cursor)
+                changes.states[session_id] = state
+                changes.marks.pop(session_id, None)
+            elif cursor > started:
+                changes.marks[session_id] = cursor
+        tables.chunks.update(plan.cursors)
+        changes.deliveries += deliveries
+        changes.batches.append(batch)
+        # faust's tables take a write's partition from the current event (a batch's)
+        changes.context = contextvars.copy_context()
 
     def set_node(self, partition: int, key: str, node: Any, tables: SessionTables) -> None:
         """A node record to write at the next persist (``node`` None: delete it). A node
@@ -250,9 +265,14 @@ class ChangeBook:
             return None, None
         return writes.records.get(session_id), writes.marks.get(session_id)
 
-    async def persist(self, tables: SessionTables) -> None:
-        """Write every partition's changes to ``tables`` (outputs acknowledged first) and
-        mark their batches folded; a partition whose outputs failed is given up."""
+    async def persist(self, tables: SessionTables, flush: Flush = _nothing_to_flush
+                      ) -> PersistOutcome:
+        """Write every partition's changes to ``tables`` (outputs acknowledged first, then
+        the nodes, acknowledged: ``flush`` returns once every table write made before it is,
+        and raises when one was lost; then the records); their batches are reported folded
+        in the outcome, in fold order. A partition whose outputs failed is given up.
+        Returns what was folded and what failed."""
+        outcome = PersistOutcome()
         async with self._persisting:
             async with self.lock:
                 taken = [PartitionWrites.of(partition, changes)
@@ -262,14 +282,17 @@ class ChangeBook:
                 self._writing = taken
             try:
                 written = [writes for writes in taken
-                           if await self._write_nodes(writes, tables)]
-                if await self._nodes_acknowledged(written):
+                           if await self._write_nodes(writes, tables, outcome)]
+                if await self._nodes_acknowledged(written, flush, outcome):
                     for writes in written:
                         await self._write_records(writes, tables)
+                        outcome.folded += [b for b in writes.batches if b is not None]
             finally:
                 self._taken, self._writing = {}, []
+        return outcome
 
-    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables) -> bool:
+    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables,
+                           outcome: PersistOutcome) -> bool:
         """The partition's outputs acknowledged, its nodes written; False: given up."""
         try:
             await _acknowledged(writes.deliveries)
@@ -278,26 +301,26 @@ class ChangeBook:
             _quiet(writes.deliveries)
             async with self.lock:
                 self._give_up(writes, exc)
-            if self.on_refused is not None and is_refusal(exc):
-                self.on_refused(exc)
-            elif self.on_given_up is not None:
-                self.on_given_up(writes.partition, exc)
+            if is_refusal(exc):
+                outcome.refused = outcome.refused or exc
+            else:
+                outcome.given_up.append((writes.partition, exc))
             return False
         return True
 
-    async def _nodes_acknowledged(self, written: list[PartitionWrites]) -> bool:
+    async def _nodes_acknowledged(self, written: list[PartitionWrites], flush: Flush,
+                                  outcome: PersistOutcome) -> bool:
         """Until the node writes are acknowledged; False (every partition given up, the
         worker told to stop) when a table write was lost."""
         if not any(writes.nodes for writes in written):
             return True
         try:
-            await self.flush_tables()
+            await flush()
         except Exception as exc:
             async with self.lock:
                 for writes in written:
                     self._give_up(writes, exc)
-            if self.on_lost_write is not None:
-                self.on_lost_write(exc)
+            outcome.lost_write = exc
             return False
         return True
 
@@ -305,7 +328,6 @@ class ChangeBook:
         await writes.write_records(tables)
         for sid in writes.sessions():
             self._taken.pop(sid, None)
-        await _mark_folded(writes.batches)
 
     def _give_up(self, writes: PartitionWrites, error: Exception) -> None:
         """Under the lock: the partition's batches taken and since are never marked folded."""

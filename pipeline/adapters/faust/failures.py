@@ -7,16 +7,16 @@ Rules:
   cannot be written).
 - A failed batch is folded again: the folds gave up its partition's batches since their
   last persist, and the partition is read again from its committed offset
-  (:func:`pipeline.adapters.faust.transport.fetch_again`), after a delay that doubles with
-  each failure in a row. The batches after it are not folded meanwhile, so they are never
-  reported as gaps (before this rule they were, and valid records were dead-lettered).
+  (:func:`.transport.fetch_again`), after a delay that doubles with each failure in a
+  row. The batches after it are not folded meanwhile, so they are never reported as gaps
+  (valid records would be dead-lettered).
 - After :data:`FOLD_FAILURES_MAX` failures of a partition in a row the worker stops and
   exits 1, naming the partition and the last error (a poison batch is not retried for
   ever; a supervisor restarts the worker, which folds from the committed offsets).
 - The broker refusing an output (an ACL lost while the worker ran) stops the worker at
-  once, naming its principal (:func:`stop_when_refused`).
+  once, naming its principal (:func:`stop_refused`).
 - A table write that was not acknowledged stops the worker at once
-  (:func:`stop_when_write_lost`): its tables are ahead of their changelogs, and only a
+  (:func:`stop_write_lost`): its tables are ahead of their changelogs, and only a
   restart (tables restored from the changelogs, folds from the committed offsets) makes
   them agree again.
 - A stopping worker exits within :data:`STOP_BUDGET_S` even when faust's stop after the
@@ -30,15 +30,13 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pipeline.adapters.faust.transport import fetch_again
 from pipeline.adapters.kafka.errors import kafka_error
 from pipeline.core.errors import BrokerError
-from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -69,54 +67,50 @@ class WorkerStop:
         _exit_unless_stopped_within(STOP_BUDGET_S)
 
 
-def stop_when_refused(stop: WorkerStop, settings: Settings) -> Callable[[Exception], None]:
-    """What the worker does when the broker refuses an output (its principal lost an ACL
-    while it ran): says why, naming the principal, and stops. Its graceful stop commits only
-    batches whose outputs and tables were written: the refused ones are folded again by the
-    next worker."""
-    def refused(exc: Exception) -> None:
-        if stop.stopping:
-            return
-        error: BrokerError = kafka_error("writing the processors' outputs", exc)
-        log.critical("%s [as principal User:%s]: the worker stops; what it folded since its "
-                     "last commit is folded again after a restart", error,
-                     settings.sasl_username or "ANONYMOUS")
-        stop(error)
-    return refused
+def stop_refused(stop: WorkerStop, principal: str, exc: Exception) -> None:
+    """The broker refused an output (the worker's principal lost an ACL while it ran): say
+    why, naming the principal, and stop. The graceful stop commits only batches whose
+    outputs and tables were written: the refused ones are folded again by the next
+    worker."""
+    if stop.stopping:
+        return
+    error: BrokerError = kafka_error("writing the processors' outputs", exc)
+    log.critical("%s [as principal User:%s]: the worker stops; what it folded since its "
+                 "last commit is folded again after a restart", error, principal)
+    stop(error)
 
 
-def stop_when_write_lost(stop: WorkerStop) -> Callable[[Exception], None]:
-    """What the worker does when a table write was not acknowledged: says so and stops."""
-    def lost(exc: Exception) -> None:
-        if stop.stopping:
-            return
-        log.critical("a table write was not acknowledged (%s: %s): the worker stops; its "
-                     "next start restores the tables from their changelogs",
-                     type(exc).__name__, exc)
-        stop(exc)
-    return lost
+def stop_write_lost(stop: WorkerStop, exc: Exception) -> None:
+    """A table write was not acknowledged: say so and stop."""
+    if stop.stopping:
+        return
+    log.critical("a table write was not acknowledged (%s: %s): the worker stops; its "
+                 "next start restores the tables from their changelogs",
+                 type(exc).__name__, exc)
+    stop(exc)
 
 
-def fold_again(stop: WorkerStop, topic: str) -> Callable[[int, Exception], None]:
-    """What the worker does when ``topic[partition]``'s batches were given up (``error``):
-    reads the partition again, or stops past :data:`FOLD_FAILURES_MAX` failures in a row."""
-    def given_up(partition: int, error: Exception) -> None:
-        failures = fetch_again(stop.app, topic, partition)
-        if failures <= FOLD_FAILURES_MAX or stop.stopping:
-            return
-        log.critical("%s[%d] failed to fold %d times in a row (last: %s: %s): the worker "
-                     "stops; a restart folds it from the committed offset", topic, partition,
-                     failures, type(error).__name__, error)
-        stop(FoldFailed(f"{topic}[{partition}] failed to fold {failures} times in a row"))
-    return given_up
+def fold_again(stop: WorkerStop, topic: str, partition: int, error: Exception) -> None:
+    """``topic[partition]``'s batches were given up (``error``): read the partition again,
+    or stop past :data:`FOLD_FAILURES_MAX` failures in a row."""
+    failures = fetch_again(stop.app, topic, partition)
+    if failures <= FOLD_FAILURES_MAX or stop.stopping:
+        return
+    log.critical("%s[%d] failed to fold %d times in a row (last: %s: %s): the worker "
+                 "stops; a restart folds it from the committed offset", topic, partition,
+                 failures, type(error).__name__, error)
+    stop(FoldFailed(f"{topic}[{partition}] failed to fold {failures} times in a row"))
+
+
+class FailureCount(Protocol):
+    failed_batches: int
 
 
 @asynccontextmanager
-async def folding_again_on_failure(event: Any, counters: DeliveryCounters,
-                                   given_up: Callable[[int, Exception], None]
+async def folding_again_on_failure(event: Any, counters: FailureCount, stop: WorkerStop,
                                    ) -> AsyncIterator[None]:
     """Around the fold of one batch (a faust event): when it raises, the batch is folded
-    again (``given_up``, from :func:`fold_again`).
+    again (:func:`fold_again`).
 
     faust acks the event an agent raised on (and restarts the agent): it is marked acked
     without telling the consumer instead, and never marked folded, so the commit of its
@@ -132,7 +126,7 @@ async def folding_again_on_failure(event: Any, counters: DeliveryCounters,
         log.exception("folding %s[%d] up to offset %d failed; its partition is read again "
                       "from the committed offset", message.topic, message.partition,
                       message.offset)
-        given_up(message.partition, exc)
+        fold_again(stop, message.topic, message.partition, exc)
         raise
 
 

@@ -161,7 +161,7 @@ async def test_a_tenant_flooding_at_ten_times_does_not_starve_the_others() -> No
     """A budget just spent, then one tenant asks ten times what each of nine others asks,
     all of its calls first: while a call of another tenant waits, the flood is granted about
     once per round, where first come, first served would grant all of its calls first."""
-    rpm = 600  # 9.5 grants a second once spent
+    rpm = 600  # 9.5 grants a second
     flood, others, each = 50, [f"t{n}" for n in range(1, 10)], 5
     server = LLMTestServer(answer, keep_requests=False,
                            limits=RateLimits(requests_per_minute=rpm))
@@ -169,7 +169,9 @@ async def test_a_tenant_flooding_at_ten_times_does_not_starve_the_others() -> No
     gate = ProviderGate(ProviderLimits({"deepseek/*": Limit(requests_per_minute=rpm)}))
     budget = gate.budget("deepseek", "deepseek-chat")
     assert budget is not None and budget.requests is not None
-    budget.requests.level = 0.0  # the budget has just been spent
+    # The budget has just been overspent: no grant for 2 s, while every call enqueues
+    # (a loaded machine takes a while to start 95 sessions' steps).
+    budget.requests.level = -20.0
     provider = DeepSeekProvider(Secret("sk-budget"), server.base_url, trust_env=False)
     driver = Driver(provider_factory=lambda _p, _m: provider, tools=builtin_registry(),
                     config=SessionConfig("deepseek", "deepseek-chat"),
@@ -206,4 +208,6 @@ def _waited_ms(events: list[Event]) -> int:
 
 
 def _granted_ms(events: list[Event]) -> int:
-    return next(e.time for e in events if e.type == PROVIDER_GRANTED_TYPE)
+    """When the call was granted: its grant event (the answer's time if it had none)."""
+    return next(e.time for e in events
+                if e.type in (PROVIDER_GRANTED_TYPE, "assistant/message"))

@@ -411,6 +411,39 @@ async def test_kept_sums_follow_what_a_rebalance_recovered_into_the_table() -> N
     assert totals() == {"m": 10, "n": 24}
 
 
+class RefusingTable(dict[str, Any]):
+    """A usage table whose next ``refusals`` writes of a session's record raise (a store
+    write or a changelog send that failed)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key.startswith("contrib/") and self.refusals:
+            self.refusals -= 1
+            raise RuntimeError("the table refused the write")
+        super().__setitem__(key, value)
+
+
+async def test_a_sample_whose_record_was_not_written_is_not_in_the_sums() -> None:
+    """A failed write fails the batch, which is folded again from the committed offset: the
+    sample is then in the model total, its window and its ledger row once."""
+    table = RefusingTable(refusals=2)
+    harness = AggHarness(table)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await harness.agg.handle(0, sample("a", 1, 100, 10))
+    await harness.agg.handle(0, sample("a", 1, 100, 10))   # folded again
+    published = harness.published()
+    assert published["model/p/m"]["dsh.usage.input_tokens"] == 10
+    assert published["window/s/0/p/m"]["dsh.usage.input_tokens"] == 10
+    assert [r["dsh.usage.input_tokens"] for r in harness.agg.ledger_records()] == [10]
+    rebuilt = AggHarness(dict(table)).agg
+    assert harness.agg.model_records() == rebuilt.model_records()
+    assert harness.agg.ledger_records() == rebuilt.ledger_records()
+
+
 async def test_ticks_go_where_a_window_is_due_and_everywhere_at_least_every_idle_tick() -> None:
     harness = AggHarness()   # partitions 0 and 1, windows of 1,000 ms, grace 100 ms
     agg = harness.agg

@@ -226,6 +226,9 @@ class UsageAggregator:
 
     def _sample(self, partition: int, book: WindowBook, sample: UsageSample,
                 pending: dict[str, dict[str, JsonValue]]) -> None:
+        """Fold one sample: its record is written first, then the sums follow it. A write
+        that raises leaves both as they were (the batch is folded again, and the sample
+        counted once); sums updated first kept it twice."""
         sums = self.current_sums()
         key = f"contrib/{sample.model_key}/{sample.session_id}"
         raw = self.table.get(key)
@@ -236,45 +239,46 @@ class UsageAggregator:
         windows = {wkey: window for wkey, window in (raw or {}).get("windows", {}).items()
                    if book.last_tick_ms < int(window["info"][2]) + self.grace_ms}
         for wkey in accepted:
-            info = book.open[wkey]
             mine = TokenCounts.from_json(windows.get(wkey, {}).get("counts", {}))
-            windows[wkey] = {"info": info, "counts": (mine + sample.counts).to_json()}
-            total = sums.add_window(wkey, info, partition, sample.counts)
-            pending[wkey] = window_record(info, total, closed=False)
+            windows[wkey] = {"info": book.open[wkey],
+                             "counts": (mine + sample.counts).to_json()}
         if late:
             self.counters.late_window_samples += 1
             log.warning("late usage sample (session %s seq %d, time %d) for closed windows %s: "
                         "kept in totals, not in the windows", sample.session_id, sample.seq,
                         sample.time, ", ".join(late))
         cost = self.prices.cost(sample.provider, sample.model, sample.time, sample.counts)
+        row = RowId.of(sample)
         mine_total = TokenCounts.from_json((raw or {}).get("totals", {})) + sample.counts
         mine_cost = Cost.from_json((raw or {}).get("cost")) + cost
-        model_total, model_cost = sums.add(sample.model_key, (sample.provider, sample.model),
-                                           sample.counts, cost)
-        pending[f"model/{sample.model_key}"] = model_record(
-            sample.provider, sample.model, model_total, model_cost.record_fields())
-        ledger = self._ledger_share(sums, sample, cost, (raw or {}).get("ledger", {}), pending)
         self.table[key] = {"provider": sample.provider, "model": sample.model,
                            "session": sample.session_id, "partition": partition,
                            "seq": sample.seq, "totals": mine_total.to_json(),
                            "cost": mine_cost.to_json(), "windows": windows,
-                           "ledger": ledger}
+                           "ledger": self._ledger_share(row, sample.counts, cost,
+                                                        (raw or {}).get("ledger", {}))}
+        for wkey in accepted:
+            info = book.open[wkey]
+            total = sums.add_window(wkey, info, partition, sample.counts)
+            pending[wkey] = window_record(info, total, closed=False)
+        model_total, model_cost = sums.add(sample.model_key, (sample.provider, sample.model),
+                                           sample.counts, cost)
+        pending[f"model/{sample.model_key}"] = model_record(
+            sample.provider, sample.model, model_total, model_cost.record_fields())
+        row_counts, row_cost = sums.add_row(row, sample.counts, cost)
+        pending[row.key] = ledger_record(row, row_counts, row_cost)
 
     @staticmethod
-    def _ledger_share(sums: UsageSums, sample: UsageSample, cost: Cost,
-                      held: Mapping[str, Any], pending: dict[str, dict[str, JsonValue]]
+    def _ledger_share(row: RowId, counts: TokenCounts, cost: Cost, held: Mapping[str, Any]
                       ) -> dict[str, Any]:
-        """The session's ledger shares with the sample added (a new dict: the held one is
-        the table's value); its row's new total goes to ``pending``."""
-        row = RowId.of(sample)
+        """The session's ledger shares with a sample of ``row`` added (a new dict: the held
+        one is the table's value)."""
         share_key = f"{row.tenant}/{row.start_ms}"
         share = held.get(share_key, {})
         ledger = dict(held)
         ledger[share_key] = {
-            "counts": (TokenCounts.from_json(share.get("counts", {})) + sample.counts).to_json(),
+            "counts": (TokenCounts.from_json(share.get("counts", {})) + counts).to_json(),
             "cost": (Cost.from_json(share.get("cost")) + cost).to_json()}
-        counts, total = sums.add_row(row, sample.counts, cost)
-        pending[row.key] = ledger_record(row, counts, total)
         return ledger
 
     def model_records(self) -> list[dict[str, JsonValue]]:

@@ -368,9 +368,80 @@ async def test_sums_built_during_recovery_are_not_kept() -> None:
     await harness.agg.handle(0, sample("a", 1, 100, 10))
     recovering = UsageAggregator(harness.table, harness._send, "t.usage", harness.counters,
                                  lambda: [0, 1], grace_ms=100, sizes={"s": 1000},
-                                 settled=lambda: False)
+                                 epoch=lambda: None)
     assert recovering.current_sums().models["p/m"].input_tokens == 10
     assert recovering.sums.partitions is None   # rebuilt again once recovery is over
+
+
+async def test_kept_sums_follow_what_a_rebalance_recovered_into_the_table() -> None:
+    """A takeover on a loaded machine (the RocksDB kill -9 run: a model short by two samples
+    for good): faust's consumer thread shows the new partition before the recovery starts,
+    and a tick built the sums then, from this worker's standby copy of the partition, behind
+    its changelog. The recovery then wrote the newer record, and the sample behind it, not
+    committed by the old owner, came again as a duplicate. The sums are the table's once
+    the rebalance is over, whatever was built meanwhile; and a rebalance that leaves the
+    partitions as they were rebuilds them too (its recovery may have written)."""
+    previous = AggHarness()   # the old owner of partition 1
+    await previous.agg.handle(1, sample("b", 1, 100, 5, model="n"))
+    table = dict(previous.table)   # this worker's standby copy of partition 1
+    await previous.agg.handle(1, sample("b", 2, 150, 7, model="n"))   # uncommitted
+    owned: list[int] = [0]
+    epoch: list[int | None] = [1]
+    counters = DeliveryCounters()
+    agg = UsageAggregator(table, AggHarness()._send, "t.usage", counters, lambda: owned,
+                          grace_ms=100, sizes={"s": 1000}, epoch=lambda: epoch[0])
+    await agg.handle(0, sample("a", 1, 100, 10))
+
+    def totals() -> dict[str, int]:
+        return {r["gen_ai.request.model"]: r["dsh.usage.input_tokens"]
+                for r in agg.model_records()}
+
+    owned.append(1)   # the assignor first: the epoch still says settled
+    assert totals() == {"m": 10, "n": 5}   # the standby copy
+    epoch[0] = None   # the rebalance and its recovery
+    table.update(previous.table)
+    epoch[0] = 2
+    await agg.handle(1, sample("b", 2, 150, 7, model="n"))   # folded again
+    assert counters.usage_duplicates == 1
+    assert totals() == {"m": 10, "n": 12}
+    # The same partitions after the next rebalance, whose recovery wrote a record.
+    table["contrib/p/n/c"] = {**table["contrib/p/n/b"], "session": "c"}
+    assert totals() == {"m": 10, "n": 12}   # not seen before the rebalance is over
+    epoch[0] = 3
+    assert totals() == {"m": 10, "n": 24}
+
+
+class RefusingTable(dict[str, Any]):
+    """A usage table whose next ``refusals`` writes of a session's record raise (a store
+    write or a changelog send that failed)."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key.startswith("contrib/") and self.refusals:
+            self.refusals -= 1
+            raise RuntimeError("the table refused the write")
+        super().__setitem__(key, value)
+
+
+async def test_a_sample_whose_record_was_not_written_is_not_in_the_sums() -> None:
+    """A failed write fails the batch, which is folded again from the committed offset: the
+    sample is then in the model total, its window and its ledger row once."""
+    table = RefusingTable(refusals=2)
+    harness = AggHarness(table)
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await harness.agg.handle(0, sample("a", 1, 100, 10))
+    await harness.agg.handle(0, sample("a", 1, 100, 10))   # folded again
+    published = harness.published()
+    assert published["model/p/m"]["dsh.usage.input_tokens"] == 10
+    assert published["window/s/0/p/m"]["dsh.usage.input_tokens"] == 10
+    assert [r["dsh.usage.input_tokens"] for r in harness.agg.ledger_records()] == [10]
+    rebuilt = AggHarness(dict(table)).agg
+    assert harness.agg.model_records() == rebuilt.model_records()
+    assert harness.agg.ledger_records() == rebuilt.ledger_records()
 
 
 async def test_ticks_go_where_a_window_is_due_and_everywhere_at_least_every_idle_tick() -> None:
@@ -388,7 +459,7 @@ async def test_ticks_go_where_a_window_is_due_and_everywhere_at_least_every_idle
     assert agg.partitions_to_tick([0, 1], 12_100 + IDLE_TICK_MS) == [0]
     recovering = UsageAggregator(harness.table, harness._send, "t.usage", harness.counters,
                                  lambda: [0, 1], grace_ms=100, sizes={"s": 1000},
-                                 settled=lambda: False)
+                                 epoch=lambda: None)
     assert recovering.partitions_to_tick([0, 1], 10_000) == [0, 1]
     assert recovering.partitions_to_tick([0, 1], 10_001) == [0, 1]   # every tick meanwhile
 

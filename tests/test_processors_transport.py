@@ -131,6 +131,31 @@ async def test_batched_partitions_resumed_before_the_recovery_seek_wait_for_it(
     assert active() == {session_tp, other_tp}   # a failed seek never leaves one paused
 
 
+def test_the_usage_sums_are_kept_only_between_rebalances() -> None:
+    """faust's consumer thread marks a rebalance (``app.rebalancing``) before it asks for
+    the new assignment, and its assignor shows the new partitions before faust's
+    ``on_partitions_assigned`` reaches the event loop, so before the recovery starts (none
+    under way, no seek pending): from that start to the end of the recovery the tables are
+    not settled, and the usage sums built meanwhile are not kept (a takeover kept sums then
+    that missed what the recovery wrote, for good). Each rebalance leaves a settled state
+    of its own."""
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    app, aggregator = processors.app, processors.aggregator
+    assert aggregator is not None
+    before = processors.tables_epoch()
+    assert before is not None
+    app.on_rebalance_start()   # faust's consumer thread, first thing in a rebalance
+    assert not processors.recovery()["in_recovery"]   # its recovery not even started
+    assert aggregator.epoch() is None
+    aggregator.current_sums()
+    assert aggregator.sums.partitions is None   # built for the answer, not kept
+    app.on_rebalance_end()   # after the recovery and the seek
+    after = aggregator.epoch()
+    assert after is not None and after != before
+    assert aggregator.current_sums() is aggregator.sums
+    assert aggregator.sums.epoch == after
+
+
 async def test_a_failed_batch_is_read_again_from_the_committed_offset(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rule 10: after a failed batch nothing of its partition is folded until it is read

@@ -14,8 +14,17 @@ each open window, and its share of each row of the cost ledger (``ledger``: per
 ``<tenant>/<hour start>``, counts and exact cost, :mod:`pipeline.core.ledger`). One sample =
 one record write, so a crash can never apply half a sample. Model totals, window totals
 and ledger rows are sums over these records, kept in memory, updated per sample and rebuilt
-from the table whenever the worker's set of partitions changes (after recovery). Per
-partition, ``book/<p>`` keeps the last tick.
+from the table after every rebalance (see *The sums and the table*). Per partition,
+``book/<p>`` keeps the last tick.
+
+**The sums and the table.** Only this stage's writes change the table, except in a
+rebalance: its recovery writes what the changelogs hold (the records of partitions that came
+from another worker, fresher than a standby copy). So the kept sums belong to one set of
+partitions *and* one settled state of the table (``epoch``: a number that changes with every
+rebalance, None from a rebalance's start to the end of its recovery). While it is None, sums
+are built for the answer but never kept: faust's consumer thread shows the new partitions
+before the recovery has started, and sums kept then missed, for good, what the recovery
+wrote afterwards (the re-delivered samples are duplicates by then).
 
 **The ledger.** A sample's cost is priced here, at its event time, with the worker's price
 table (``DSH_PRICES``); the exact cost is kept in the record, so a restart with another
@@ -26,10 +35,10 @@ A session's share of the ledger grows by one entry per hour in which it called t
 **Closing on time.** A timer in each worker sends a *tick* (its clock reading) to the
 partitions of the internal topic it owns that have a window due (its ``end + grace`` passed:
 the tick closes it), and to every partition it owns at least every ``IDLE_TICK_MS`` (all of
-them while its tables recover): a worker with nothing to close is not woken each second by its
-own ticks (:meth:`UsageAggregator.partitions_to_tick`). The tick is folded here like any
-record (faust allows table writes only while processing a record). A window closes once
-``tick >= end + grace``:
+them during a rebalance, until its tables recovered): a worker with nothing to close is not
+woken each second by its own ticks (:meth:`UsageAggregator.partitions_to_tick`). The tick is
+folded here like any record (faust allows table writes only while processing a record). A
+window closes once ``tick >= end + grace``:
 its final record is published and it leaves the in-memory sums; the contributions stay in
 their records until those are next written (a window is "closed" by the book's last tick, so
 a rebuild never reopens it). A sample for a closed window is late: counted in the totals,
@@ -77,6 +86,7 @@ class UsageSums:
     """In-memory totals of the partitions this worker owns, rebuilt from the table."""
 
     partitions: frozenset[int] | None = None
+    epoch: int | None = None   # the settled state of the table they were built from
     models: dict[str, TokenCounts] = field(default_factory=dict)
     model_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     windows: dict[str, tuple[list[JsonValue], TokenCounts]] = field(default_factory=dict)
@@ -110,7 +120,7 @@ class UsageAggregator:
     def __init__(self, table: Table, send: Send, export_topic: str,
                  counters: DeliveryCounters, owned: Callable[[], Iterable[int]], *,
                  grace_ms: int, sizes: Mapping[str, int],
-                 settled: Callable[[], bool] = lambda: True,
+                 epoch: Callable[[], int | None] = lambda: 0,
                  outputs: OutputCodecs | None = None,
                  prices: PriceTable | None = None) -> None:
         self.table = table
@@ -122,31 +132,36 @@ class UsageAggregator:
         self.owned = owned
         self.grace_ms = grace_ms
         self.sizes = sizes
-        self.settled = settled
+        self.epoch = epoch
         self.sums = UsageSums()
         self._ticked_ms: dict[int, int] = {}   # partition -> the clock of its last tick sent
 
     def current_sums(self) -> UsageSums:
-        """The sums for the partitions owned now (rebuilt after a rebalance).
+        """The sums for the partitions owned now, as the table holds them.
 
-        While tables are still recovering (a web request can come in then), the sums are
-        built for the answer but not kept: the table is not complete yet.
+        Kept for one set of partitions and one settled state of the table (``epoch``), and
+        rebuilt when either changed. During a rebalance (``epoch`` None) sums built for the
+        new partitions answer but are not kept (the recovery may still change the table);
+        the kept ones serve as long as the partitions are theirs, and are rebuilt once the
+        rebalance is over. See *The sums and the table*.
         """
         owned = frozenset(self.owned())
-        if self.sums.partitions != owned:
-            if not self.settled():
-                return self._rebuild(owned)
-            self.sums = self._rebuild(owned)
-        return self.sums
+        epoch = self.epoch()
+        if self.sums.partitions == owned and (epoch is None or self.sums.epoch == epoch):
+            return self.sums
+        sums = self._rebuild(owned, epoch)
+        if epoch is not None:
+            self.sums = sums
+        return sums
 
     def partitions_to_tick(self, owned: Iterable[int], now_ms: int) -> list[int]:
         """The partitions of ``owned`` a tick at ``now_ms`` goes to (see *Closing on time*):
         those with a window due, and those not sent a tick for ``IDLE_TICK_MS``; all of
-        them while the tables recover (the sums are not known yet)."""
+        them during a rebalance (``epoch`` None: the sums are not known yet)."""
         owned = set(owned)
         chosen = {p for p in owned if now_ms - self._ticked_ms.get(p, now_ms - IDLE_TICK_MS)
                   >= IDLE_TICK_MS}
-        if chosen != owned and not self.settled():
+        if chosen != owned and self.epoch() is None:
             chosen = owned
         elif chosen != owned:
             sums = self.current_sums()
@@ -155,8 +170,8 @@ class UsageAggregator:
         self._ticked_ms.update(dict.fromkeys(chosen, now_ms))
         return sorted(chosen)
 
-    def _rebuild(self, owned: frozenset[int]) -> UsageSums:
-        sums = UsageSums(partitions=owned)
+    def _rebuild(self, owned: frozenset[int], epoch: int | None) -> UsageSums:
+        sums = UsageSums(partitions=owned, epoch=epoch)
         last_tick = {p: self._book(p).last_tick_ms for p in owned}
         for key, raw in list(self.table.items()):
             if not key.startswith("contrib/") or not raw or raw["partition"] not in owned:
@@ -211,6 +226,9 @@ class UsageAggregator:
 
     def _sample(self, partition: int, book: WindowBook, sample: UsageSample,
                 pending: dict[str, dict[str, JsonValue]]) -> None:
+        """Fold one sample: its record is written first, then the sums follow it. A write
+        that raises leaves both as they were (the batch is folded again, and the sample
+        counted once); sums updated first kept it twice."""
         sums = self.current_sums()
         key = f"contrib/{sample.model_key}/{sample.session_id}"
         raw = self.table.get(key)
@@ -221,45 +239,46 @@ class UsageAggregator:
         windows = {wkey: window for wkey, window in (raw or {}).get("windows", {}).items()
                    if book.last_tick_ms < int(window["info"][2]) + self.grace_ms}
         for wkey in accepted:
-            info = book.open[wkey]
             mine = TokenCounts.from_json(windows.get(wkey, {}).get("counts", {}))
-            windows[wkey] = {"info": info, "counts": (mine + sample.counts).to_json()}
-            total = sums.add_window(wkey, info, partition, sample.counts)
-            pending[wkey] = window_record(info, total, closed=False)
+            windows[wkey] = {"info": book.open[wkey],
+                             "counts": (mine + sample.counts).to_json()}
         if late:
             self.counters.late_window_samples += 1
             log.warning("late usage sample (session %s seq %d, time %d) for closed windows %s: "
                         "kept in totals, not in the windows", sample.session_id, sample.seq,
                         sample.time, ", ".join(late))
         cost = self.prices.cost(sample.provider, sample.model, sample.time, sample.counts)
+        row = RowId.of(sample)
         mine_total = TokenCounts.from_json((raw or {}).get("totals", {})) + sample.counts
         mine_cost = Cost.from_json((raw or {}).get("cost")) + cost
-        model_total, model_cost = sums.add(sample.model_key, (sample.provider, sample.model),
-                                           sample.counts, cost)
-        pending[f"model/{sample.model_key}"] = model_record(
-            sample.provider, sample.model, model_total, model_cost.record_fields())
-        ledger = self._ledger_share(sums, sample, cost, (raw or {}).get("ledger", {}), pending)
         self.table[key] = {"provider": sample.provider, "model": sample.model,
                            "session": sample.session_id, "partition": partition,
                            "seq": sample.seq, "totals": mine_total.to_json(),
                            "cost": mine_cost.to_json(), "windows": windows,
-                           "ledger": ledger}
+                           "ledger": self._ledger_share(row, sample.counts, cost,
+                                                        (raw or {}).get("ledger", {}))}
+        for wkey in accepted:
+            info = book.open[wkey]
+            total = sums.add_window(wkey, info, partition, sample.counts)
+            pending[wkey] = window_record(info, total, closed=False)
+        model_total, model_cost = sums.add(sample.model_key, (sample.provider, sample.model),
+                                           sample.counts, cost)
+        pending[f"model/{sample.model_key}"] = model_record(
+            sample.provider, sample.model, model_total, model_cost.record_fields())
+        row_counts, row_cost = sums.add_row(row, sample.counts, cost)
+        pending[row.key] = ledger_record(row, row_counts, row_cost)
 
     @staticmethod
-    def _ledger_share(sums: UsageSums, sample: UsageSample, cost: Cost,
-                      held: Mapping[str, Any], pending: dict[str, dict[str, JsonValue]]
+    def _ledger_share(row: RowId, counts: TokenCounts, cost: Cost, held: Mapping[str, Any]
                       ) -> dict[str, Any]:
-        """The session's ledger shares with the sample added (a new dict: the held one is
-        the table's value); its row's new total goes to ``pending``."""
-        row = RowId.of(sample)
+        """The session's ledger shares with a sample of ``row`` added (a new dict: the held
+        one is the table's value)."""
         share_key = f"{row.tenant}/{row.start_ms}"
         share = held.get(share_key, {})
         ledger = dict(held)
         ledger[share_key] = {
-            "counts": (TokenCounts.from_json(share.get("counts", {})) + sample.counts).to_json(),
+            "counts": (TokenCounts.from_json(share.get("counts", {})) + counts).to_json(),
             "cost": (Cost.from_json(share.get("cost")) + cost).to_json()}
-        counts, total = sums.add_row(row, sample.counts, cost)
-        pending[row.key] = ledger_record(row, counts, total)
         return ledger
 
     def model_records(self) -> list[dict[str, JsonValue]]:

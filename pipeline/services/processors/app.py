@@ -281,7 +281,7 @@ def _wire_usage(processors: Processors, send: Send, sizes: Mapping[str, int],
     aggregator = UsageAggregator(processors.usage_agg, send, settings.topics.usage,
                                  processors.counters, lambda: processors.active_partitions(name),
                                  grace_ms=options.grace_ms, sizes=sizes,
-                                 settled=lambda: not processors.recovery()["in_recovery"],
+                                 epoch=processors.tables_epoch,
                                  outputs=outputs, prices=prices)
     processors.aggregator = aggregator
 

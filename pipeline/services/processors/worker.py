@@ -63,6 +63,19 @@ class Processors:
                                   steps_per_second=self.step_rate.per_second())
         return counters.to_json()
 
+    def tables_epoch(self) -> int | None:
+        """Which settled state the tables are in: faust's count of rebalances, from the end of
+        one's recovery (and the seek after it) to the start of the next; None in between.
+
+        None from the very start of a rebalance (faust's ``rebalancing``, set in its consumer
+        thread before it asks for the new assignment), not only during the recovery: the
+        assignor shows the new partitions (:meth:`active_partitions`) before faust's
+        ``on_partitions_assigned`` reaches the event loop, and the recovery, the only other
+        writer of the tables, starts only after that."""
+        if self.app.rebalancing or self.recovery()["in_recovery"]:
+            return None
+        return int(self.app.rebalancing_count)
+
     def recovery(self) -> dict[str, Any]:
         """Recovery progress. ``in_recovery`` lasts until the batched partitions are
         consumed again: faust ends its recovery before its seek to the committed offsets,

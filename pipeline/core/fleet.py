@@ -19,7 +19,7 @@ from typing import Final
 
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.rate_budget import PROVIDER_GRANTED_TYPE, PROVIDER_WAIT_TYPE
-from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, folded_tenant
 
 IDLE: Final = "idle"
 IN_TURN: Final = "in-turn"
@@ -131,8 +131,7 @@ def _approval_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None
 
 
 def _tenant(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
-    if status.tenant == DEFAULT_TENANT:  # the first valid tenant event wins
-        status.tenant = tenant_of(data) or DEFAULT_TENANT
+    status.tenant = folded_tenant(status.tenant, data)
 
 
 def _provider_wait(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:

@@ -61,14 +61,20 @@ def tenant_of(data: JsonValue) -> str | None:
     return tenant
 
 
+def folded_tenant(current: str, data: JsonValue) -> str:
+    """The session's tenant after a :data:`TENANT_TYPE` event with ``data``, the tenant
+    being ``current`` before it: the first valid tenant event wins (every fold of the
+    tenant, in the driver, the fleet and the usage, goes through here)."""
+    return current if current != DEFAULT_TENANT else tenant_of(data) or DEFAULT_TENANT
+
+
 def tenant_of_events(events: Iterable[Event]) -> str:
     """The tenant of a session from its events: the first valid tenant event, else ``""``."""
+    tenant = DEFAULT_TENANT
     for event in events:
         if event.type == TENANT_TYPE:
-            tenant = tenant_of(event.data)
-            if tenant is not None:
-                return tenant
-    return DEFAULT_TENANT
+            tenant = folded_tenant(tenant, event.data)
+    return tenant
 
 
 def command_tenant_error(session_tenant: str, command_tenant: str | None,

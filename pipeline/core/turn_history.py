@@ -23,7 +23,7 @@ from pipeline.core.errors import CodecError, EventError
 from pipeline.core.events import Event, JsonValue
 from pipeline.core.inbox import SPLICE_TYPE, InboxLists
 from pipeline.core.provider_routes import ROUTE_TYPE, LoggedRoute, logged_route
-from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, folded_tenant
 from pipeline.core.turn_config import CONFIG_TYPE, configured_header
 
 
@@ -68,8 +68,8 @@ class History:
                 self.configured, self.configured_last = found[1], True
         elif event.type == SPLICE_TYPE:
             self._splice(event)
-        elif event.type == TENANT_TYPE and self.tenant == DEFAULT_TENANT:
-            self.tenant = tenant_of(data) or DEFAULT_TENANT
+        elif event.type == TENANT_TYPE:
+            self.tenant = folded_tenant(self.tenant, data)
         elif event.type == ROUTE_TYPE:
             self.route = logged_route(data)
 

@@ -31,7 +31,7 @@ from typing import Final
 
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event, JsonValue
-from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, tenant_of
+from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, folded_tenant
 
 UNKNOWN: Final = "unknown"
 WINDOW_SIZES_MS: Final = {"minute": 60_000, "hour": 3_600_000}
@@ -173,8 +173,7 @@ class SessionUsage:
     def apply(self, session_id: str, event: Event) -> UsageSample | None:
         """Fold one event; returns the sample it contributes, if any."""
         if event.type == TENANT_TYPE:
-            if self.tenant == DEFAULT_TENANT:
-                self.tenant = tenant_of(event.data) or DEFAULT_TENANT
+            self.tenant = folded_tenant(self.tenant, event.data)
             return None
         from_header = header_model(event)
         if from_header is not None:

@@ -135,7 +135,8 @@ class Ticket:
 
 @dataclass(slots=True)
 class _Buckets:
-    """A tenant's own requests and tokens buckets within one budget."""
+    """A requests bucket and a tokens bucket of one limit at a share: the budget's own,
+    and each tenant's own within it."""
 
     limit: Limit
     requests: TokenBucket | None
@@ -183,16 +184,19 @@ class RateBudget:
         self.limit = limit
         self.share = share
         self.weights = {tenant: max(1, int(w)) for tenant, w in (weights or {}).items()}
-        self.requests = self._bucket(limit.requests_per_minute, now)
-        self.tokens = self._bucket(limit.tokens_per_minute, now)
+        self.buckets = _Buckets.of(limit, share, now)
         self.tenant_buckets = {tenant: _Buckets.of(own, share, now)
                                for tenant, own in (tenant_limits or {}).items()}
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._arrived = 0
 
-    def _bucket(self, per_minute: float | None, now: float) -> TokenBucket | None:
-        return None if per_minute is None else TokenBucket.full(
-            per_minute * self.share * HEADROOM, now)
+    @property
+    def requests(self) -> TokenBucket | None:
+        return self.buckets.requests
+
+    @property
+    def tokens(self) -> TokenBucket | None:
+        return self.buckets.tokens
 
     # --- the queue ---------------------------------------------------------------------
 
@@ -227,7 +231,7 @@ class RateBudget:
         head, tenant_wait = self._head(now)
         if head is None:
             return None, tenant_wait
-        wait = max(self._wait(self.requests, 1, now), self._wait(self.tokens, head.tokens, now))
+        wait = self.buckets.wait_s(head.tokens, now)
         if wait > 0:
             return None, wait
         self._take(head)
@@ -278,17 +282,10 @@ class RateBudget:
         self._tenants.move_to_end(ticket.tenant)
         if not tenant.sessions:
             del self._tenants[ticket.tenant]
-        if self.requests is not None:
-            self.requests.level -= 1
-        if self.tokens is not None:
-            self.tokens.level -= ticket.tokens
+        self.buckets.take(ticket.tokens)
         own = self.tenant_buckets.get(ticket.tenant)
         if own is not None:
             own.take(ticket.tokens)
-
-    @staticmethod
-    def _wait(bucket: TokenBucket | None, amount: int, now: float) -> float:
-        return 0.0 if bucket is None else bucket.wait_s(amount, now)
 
     # --- what the provider said ----------------------------------------------------------
 
@@ -321,14 +318,8 @@ class RateBudget:
         """This process's new part of the fleet's limit (a rebalance moved partitions)."""
         if not 0 < share <= 1:
             raise ConfigError(f"a budget share must be in (0, 1], got {share!r}")
-        for bucket, per_minute in ((self.requests, self.limit.requests_per_minute),
-                                   (self.tokens, self.limit.tokens_per_minute)):
-            if bucket is not None and per_minute is not None:
-                bucket.refill(now)
-                bucket.per_minute = per_minute * share * HEADROOM
-                bucket.level = min(bucket.level * share / self.share, bucket.per_minute)
-        for own in self.tenant_buckets.values():
-            own.reshare(self.share, share, now)
+        for buckets in (self.buckets, *self.tenant_buckets.values()):
+            buckets.reshare(self.share, share, now)
         self.share = share
 
 

@@ -46,18 +46,11 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# pytest exits 5 when it collected no test: that is not a failure of the suite.
-# CPython 3.11.7 (this machine's) can raise "SystemError: AST constructor recursion depth
-# mismatch" while pytest compiles or reports (python/cpython#106905, fixed in 3.11.8): that
-# interpreter bug, and only it, gets one rerun of the failed tests (--last-failed).
+# The whole suite, in two lanes at once (tests/run_lanes.sh says why and how): the tests marked
+# `long` (the short chaos campaign, the quick benchmark suite) beside all the others. To run a
+# part of the suite, call .venv/bin/pytest yourself.
 pytest: setup
-	@mkdir -p test-artifacts
-	$(BIN)/pytest $(PYTEST_ARGS) 2>&1 | tee test-artifacts/pytest.log; code=$${PIPESTATUS[0]}; \
-	if [ $$code -eq 5 ]; then echo "pytest: no tests collected"; exit 0; fi; \
-	if [ $$code -ne 0 ] && grep -q "AST constructor recursion depth mismatch" test-artifacts/pytest.log; then \
-	    echo "pytest: CPython bug #106905 seen; rerunning the failed tests once"; \
-	    $(BIN)/pytest $(PYTEST_ARGS) --last-failed; code=$$?; \
-	fi; exit $$code
+	tests/run_lanes.sh $(BIN)/pytest $(PYTEST_ARGS)
 
 # The unit tier alone: no Java artifacts, no broker (setup's `artifacts` is not needed).
 unit: $(STAMP)

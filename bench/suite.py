@@ -128,7 +128,7 @@ def run_suite(args: argparse.Namespace) -> tuple[dict[str, list[Figure]], dict[s
         lib = tools_lib() if needs_broker else None
         ctx = Context(bootstrap, args.quick, runs, lib, log, pids, args.cluster)
         for name in names:
-            if BENCHMARKS[name][1] and pids:
+            if BENCHMARKS[name][1] and pids and not args.quick:  # quick figures: not judged
                 log(f"{name}: {wait_quiet(pids)}")
             log(f"{name}: start (load average {load_average()})")
             try:

@@ -18,6 +18,7 @@ from pipeline.cli.cmd_bench import BENCHMARK_NAMES, SUITE
 pytestmark = pytest.mark.broker
 
 
+@pytest.mark.long
 def test_quick_suite_gives_every_figure_and_writes_the_report(
         kafka_bootstrap: str, shared_cluster: KafkaLocal, tmp_path: Path) -> None:
     report = tmp_path / "BENCHMARKS.md"

@@ -160,6 +160,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
 
 @pytest.mark.cluster
 @pytest.mark.jars
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_short_campaign_holds_every_invariant(campaign: Campaign) -> None:
     """Every fault kind ran, every invariant held, and the command says so (exit 0)."""

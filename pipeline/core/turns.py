@@ -1,12 +1,13 @@
 """Turn bookkeeping from the log.
 
-:class:`TurnState` is folded from events: the open turn and step, the last ones, the tool calls
-of the open step that have no result yet, and the last end reason. It follows dsh's own
-recovery fold (``interruptedTurnClosers`` of its session package): a ``turn/start`` or
-``turn/end`` forgets pending calls, ``step/end`` too; an ``assistant/message`` advertises each
-``tool-call`` block as pending; ``tool/call`` marks a pending call as recorded (started);
-``tool/result`` settles it (matched by ``message.source.callId``). The closers dsh writes for
-an open turn are :func:`pipeline.core.repair.repair_closers`.
+:class:`TurnState` is the turn lifecycle (:class:`pipeline.core.lifecycle.Lifecycle`: the open
+turn and step, the last ones, the last end reason) plus the tool calls of the open step that
+have no result yet. It follows dsh's own recovery fold (``interruptedTurnClosers`` of its
+session package): a ``turn/start`` or ``turn/end`` forgets pending calls, ``step/end`` too; an
+``assistant/message`` advertises each ``tool-call`` block as pending; ``tool/call`` marks a
+pending call as recorded (started); ``tool/result`` settles it (matched by
+``message.source.callId``). The closers dsh writes for an open turn are
+:func:`pipeline.core.repair.repair_closers`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Final
 
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event, JsonValue
+from pipeline.core.lifecycle import BOUNDARY_TYPES, STEP_END, TURN_END, TURN_START, Lifecycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,31 +37,23 @@ class PendingCall:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnState:
-    """Where the session stands between turns and steps (an immutable value)."""
+class TurnState(Lifecycle):
+    """Where the session stands between turns and steps, and its unanswered tool calls (an
+    immutable value)."""
 
-    turn: int | None = None
-    step: int | None = None
-    last_turn: int = 0
-    last_step: int = 0
     open_calls: tuple[PendingCall, ...] = ()
-    last_end_reason: JsonValue | None = None
-    turns_ended: int = 0
-
-    @property
-    def in_turn(self) -> bool:
-        return self.turn is not None
-
-    @property
-    def in_step(self) -> bool:
-        return self.step is not None
 
     def advance(self, event: Event) -> TurnState:
         """The state after ``event`` (``self`` when the event changes nothing here)."""
-        handler = _HANDLERS.get(event.type)
-        if handler is None or not isinstance(event.data, dict):
-            return self
-        return handler(self, event, event.data)
+        handler = _CALL_HANDLERS.get(event.type)
+        if handler is not None:
+            return handler(self, event, event.data) if isinstance(event.data, dict) else self
+        if event.type not in BOUNDARY_TYPES:
+            return self  # the many chunks, and every other type: nothing to fold here
+        state = Lifecycle.advance(self, event)
+        # A boundary that opens a turn or closes a step forgets the step's calls.
+        forget = state is not self and event.type in _FORGETS_CALLS and state.open_calls
+        return replace(state, open_calls=()) if forget else state
 
     def to_json(self) -> dict[str, JsonValue]:
         """Every field (camelCase); open calls as ``[callId, step, callSeq|null]``."""
@@ -101,27 +95,6 @@ def _pending_call(entry: JsonValue) -> PendingCall:
     if not isinstance(call_id, str):
         raise TypeError(f"call id {call_id!r} is not a string")
     return PendingCall(call_id, _int(step), _int_or_none(call_seq))
-
-
-def _turn_start(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:
-    turn = data.get("turn")
-    number = turn if type(turn) is int else state.last_turn + 1
-    return replace(state, turn=number, step=None, last_turn=number, last_step=0, open_calls=())
-
-
-def _turn_end(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:
-    return replace(state, turn=None, step=None, open_calls=(),
-                   last_end_reason=data.get("reason"), turns_ended=state.turns_ended + 1)
-
-
-def _step_start(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:
-    step = data.get("step")
-    number = step if type(step) is int else state.last_step + 1
-    return replace(state, step=number, last_step=number)
-
-
-def _step_end(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:
-    return replace(state, step=None, open_calls=())
 
 
 def _assistant_message(state: TurnState, event: Event, data: dict[str, Any]) -> TurnState:
@@ -170,11 +143,8 @@ def _tool_result(state: TurnState, event: Event, data: dict[str, Any]) -> TurnSt
     return replace(state, open_calls=remaining)
 
 
-_HANDLERS: Final = {
-    "turn/start": _turn_start,
-    "turn/end": _turn_end,
-    "step/start": _step_start,
-    "step/end": _step_end,
+_FORGETS_CALLS: Final = frozenset({TURN_START, TURN_END, STEP_END})
+_CALL_HANDLERS: Final = {
     "assistant/message": _assistant_message,
     "tool/call": _tool_call,
     "tool/result": _tool_result,

@@ -1,6 +1,8 @@
 """Fleet status: per session, where it is (idle or in a turn, which step), and fleet counters.
 
-Folded from the boundary events (``turn/*``, ``step/*``), errors (``turn/end`` with an error
+Folded from the boundary events (``turn/*``, ``step/*``, read with the lifecycle's own
+:func:`~pipeline.core.lifecycle.declared_number` and
+:func:`~pipeline.core.lifecycle.end_reason_kind`), errors (``turn/end`` with an error
 reason, ``tool/result`` with an error, ``llm/retry``), approvals (``approval/asked`` until its
 ``approval/decided``: the call waiting for a person) and the time of every folded event.
 The session's tenant (its ``dsh-pipeline/tenant`` event) and a step waiting for a provider's
@@ -8,6 +10,12 @@ budget (from ``dsh-pipeline/provider-wait`` until its ``dsh-pipeline/provider-gr
 the step's or turn's end) are folded too. ``assistant/chunk`` events are not folded here
 (the processors skip them by header without decoding), so ``last_activity_ms`` is the time
 of the last non-chunk event.
+
+The row keeps its own view of the lifecycle (``state``, ``turn``, ``step``,
+``last_end_reason``) rather than a :class:`~pipeline.core.lifecycle.Lifecycle`: the row is
+the persisted value (``dsh.FleetStatus``), restored from the table with no fold behind it, and
+it is read by people, so a ``step/start`` whose ``turn/start`` it never saw shows the session
+in that turn, and a turn with no number shows none (the fold would count one on).
 """
 
 from __future__ import annotations
@@ -18,6 +26,14 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Final
 
 from pipeline.core.events import Event, JsonValue
+from pipeline.core.lifecycle import (
+    STEP_END,
+    STEP_START,
+    TURN_END,
+    TURN_START,
+    declared_number,
+    end_reason_kind,
+)
 from pipeline.core.rate_budget import PROVIDER_GRANTED_TYPE, PROVIDER_WAIT_TYPE
 from pipeline.core.tenants import DEFAULT_TENANT, TENANT_TYPE, folded_tenant
 
@@ -74,12 +90,8 @@ CHUNK_TYPE: Final = "assistant/chunk"
 _STATUS_FIELDS: Final = tuple(f.name for f in fields(FleetStatus))
 
 
-def _int_or_none(value: JsonValue) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _turn_start(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
-    status.state, status.turn, status.step = IN_TURN, _int_or_none(data.get("turn")), None
+    status.state, status.turn, status.step = IN_TURN, declared_number(data, "turn"), None
     status.turns += 1
 
 
@@ -87,9 +99,8 @@ def _turn_end(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
     status.state, status.step = IDLE, None
     _approval_closed(status, data)
     reason = data.get("reason")
-    kind = reason.get("kind") if isinstance(reason, Mapping) else None
-    status.last_end_reason = kind if isinstance(kind, str) else None
-    if kind == "error" and isinstance(reason, Mapping):
+    status.last_end_reason = end_reason_kind(reason)
+    if status.last_end_reason == "error" and isinstance(reason, Mapping):
         error = reason.get("error")
         code = error.get("code") if isinstance(error, Mapping) else None
         status.last_error = str(code) if code is not None else "error"
@@ -98,8 +109,8 @@ def _turn_end(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
 
 def _step_start(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
     status.state = IN_TURN
-    status.turn = _int_or_none(data.get("turn")) or status.turn
-    status.step = _int_or_none(data.get("step"))
+    status.turn = declared_number(data, "turn") or status.turn
+    status.step = declared_number(data, "step")
     status.steps += 1
 
 
@@ -155,8 +166,8 @@ def _turn_closed(status: FleetStatus, data: Mapping[str, JsonValue]) -> None:
 
 
 _HANDLERS: Final = {
-    "turn/start": _turn_start, "turn/end": _turn_closed, "step/start": _step_start,
-    "step/end": _step_closed, "tool/result": _tool_result, "llm/retry": _retry,
+    TURN_START: _turn_start, TURN_END: _turn_closed, STEP_START: _step_start,
+    STEP_END: _step_closed, "tool/result": _tool_result, "llm/retry": _retry,
     "approval/asked": _approval_asked, "approval/decided": _approval_closed,
     TENANT_TYPE: _tenant, PROVIDER_WAIT_TYPE: _provider_wait,
     PROVIDER_GRANTED_TYPE: _provider_granted,

@@ -32,6 +32,7 @@ from pipeline.core.events import Event, JsonValue
 from pipeline.core.fleet import IN_TURN
 from pipeline.core.ledger import KIND as LEDGER_KIND
 from pipeline.core.ledger import LedgerLine
+from pipeline.core.lifecycle import end_reason_kind
 from pipeline.core.prices import NANOS
 from pipeline.services.dashboard.samples import RecentSamples
 
@@ -324,9 +325,8 @@ class FleetModel:
             self.metrics.tool_results.labels(error=str(failed).lower()).inc()
 
     def _turn_end(self, timing: LiveTiming, at: int, data: Mapping[str, JsonValue]) -> None:
-        reason = data.get("reason")
-        kind = reason.get("kind") if isinstance(reason, Mapping) else None
-        label = kind if isinstance(kind, str) else "unknown"
+        kind = end_reason_kind(data.get("reason"))
+        label = "unknown" if kind is None else kind  # an empty kind stays a label of its own
         self.end_reasons.add(at, label)
         self.metrics.turns.labels(reason=label).inc()
         if timing.turn_started_ms is not None:

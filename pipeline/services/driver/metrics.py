@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from pipeline.adapters.metrics.genai import GenAiClientMetrics
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event
+from pipeline.core.lifecycle import end_reason_kind
 from pipeline.core.usage import UNKNOWN, TokenCounts, message_model
 
 # provider calls stream a whole step: from a fast scripted echo to minutes of reasoning
@@ -88,5 +89,5 @@ class RunnerMetrics:
 def _end_kind(turn_end: Event) -> str:
     data = turn_end.data
     reason = data.get("reason") if isinstance(data, Mapping) else None
-    kind = reason.get("kind") if isinstance(reason, Mapping) else None
-    return kind if isinstance(kind, str) else "unknown"
+    kind = end_reason_kind(reason)
+    return UNKNOWN if kind is None else kind

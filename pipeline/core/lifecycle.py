@@ -8,10 +8,13 @@ step + 1); a boundary whose data is not an object changes nothing. These are dsh
 (its session package's recovery fold): :class:`pipeline.core.turns.TurnState` is a
 :class:`Lifecycle` plus the open tool calls.
 
-The readers that cannot hold the fold itself still read a boundary with the helpers here,
-so a number or an end reason means the same everywhere: :func:`declared_number` and
+The readers that cannot hold the fold itself read a boundary with the helpers here, so a
+number or an end reason means the same everywhere: :func:`declared_number` and
 :func:`end_reason_kind` (the fleet row, which is persisted and restored without a fold
-behind it; the dashboard's latencies and charts; the driver's metrics).
+behind it; the dashboard's end-reason chart and metric; the driver's metrics). The GenAI
+trace (:mod:`pipeline.core.genai_trace`) keys its spans by the numbers the events carry and
+keeps its own reading of them. ``tests/test_lifecycle_agreement.py`` checks that all of them
+say the same as the fold after every event of the recorded logs.
 """
 
 from __future__ import annotations

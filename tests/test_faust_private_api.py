@@ -140,11 +140,12 @@ def test_the_adapter_s_own_private_names_shadow_nothing_in_faust() -> None:
     import inspect
     import re
 
-    from pipeline.adapters.faust import fetching, flushing, transport
+    from pipeline.adapters.faust import changelog_queue, fetching, flushing, transport
     overridden = {name for _, name, _ in private_api.overridden()}
     for cls in (transport.BatchingConsumer, transport.BatchingTransport,
                 fetching.ShortPollConsumerThread, flushing.FlushingProducer,
-                flushing.DirectTopic):
+                flushing.DirectTopic, changelog_queue.ChangelogQueue,
+                changelog_queue.ChangelogTableManager):
         base = cls.__mro__[1]
         own = {name for name in vars(cls) if name.startswith("_")
                and not name.startswith("__") and name != "_abc_impl"}

@@ -1,4 +1,5 @@
-"""Every private name of faust-streaming and aiokafka the project relies on.
+"""Every private name of faust-streaming and aiokafka the project relies on (and of the queue
+class faust's changelog queue is, mode's ``ThrowableQueue``, an ``asyncio.Queue``).
 
 Rules:
 
@@ -13,8 +14,8 @@ Rules:
   (and on a private name of another library's object used anywhere else in ``pipeline/``),
   so an upgrade of either library fails loudly, here, and not as a silent change of what
   is committed.
-- faust is imported only when a faust name is checked or reached: the driver and the CLI
-  use the aiokafka accessors without loading faust.
+- faust (and mode) is imported only when a faust name is checked or reached: the driver and
+  the CLI use the aiokafka accessors without loading faust.
 - One faust build is supported: with its Cython stream iterator (the two iterators count
   acks differently, see docs/decisions/processors-transport.md). :func:`faust_build_problem`
   says when the other one is in use (``NO_CYTHON`` set, or a build without the extension).
@@ -27,6 +28,7 @@ import functools
 import importlib
 import inspect
 import sys
+from collections import deque
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any, Final
@@ -101,6 +103,11 @@ def overridden() -> tuple[tuple[type, str, tuple[str, ...]], ...]:
         # it in the table's constructor, with JSON keys); no setting passes the serializer.
         (faust_tables.Collection, "_new_changelog_topic", ("retention", "compacting",
                                                            "deleting")),
+        # faust's changelog queue (public names, internal use): faust clears it on every resume
+        # of its flow control, also after the standby reads started; no setting keeps what
+        # they fetched (adapters/faust/changelog_queue.py).
+        (_faust("tables.manager").TableManager, "changelog_queue", ()),
+        (_throwable_queue(), "clear", ()),
         # The partition the producer gives a key (its partitioner with the topic's metadata):
         # a bulk send groups records by partition before sending (adapters/kafka/topic_scan).
         (aiokafka_producer.AIOKafkaProducer, "_partition",
@@ -143,6 +150,11 @@ def attributes() -> tuple[tuple[type, str], ...]:
         (aiokafka_consumer_module.AIOKafkaConsumer, "_client"),
         # Whether a transactional producer is in a fatal state (an abort would raise again).
         (aiokafka_producer.AIOKafkaProducer, "_txn_manager"),
+        # faust's changelog queue (mode's ThrowableQueue, an asyncio.Queue): its records, the
+        # puts waiting for room and the errors thrown into it; no API clears some records only.
+        (_throwable_queue(), "_queue"),
+        (_throwable_queue(), "_putters"),
+        (_throwable_queue(), "_errors"),
     )
 
 @functools.cache
@@ -162,6 +174,11 @@ def members() -> tuple[tuple[type, str], ...]:
 
 def _faust(module: str) -> Any:
     return importlib.import_module(f"faust.{module}")
+
+
+def _throwable_queue() -> Any:
+    """mode's queue class, faust's changelog queue (imported when checked, as faust is)."""
+    return importlib.import_module("mode.utils.queues").ThrowableQueue
 
 
 def private_api_problems() -> list[str]:
@@ -332,6 +349,27 @@ def names() -> Iterable[str]:
 def rebuild_changelog_topic(table: Any) -> Any:
     """The table's changelog topic built again (after its key serializer changed)."""
     return table._new_changelog_topic()
+
+
+def queued_items(queue: Any) -> deque[Any]:
+    """The records in faust's changelog queue, oldest first (mutable in place)."""
+    items: deque[Any] = queue._queue
+    return items
+
+
+def clear_thrown(queue: Any) -> None:
+    """Drop the errors thrown into faust's changelog queue (as its clear does)."""
+    queue._errors.clear()
+
+
+def wake_putters(queue: Any) -> None:
+    """Wake every put waiting for room in the queue: each puts its record if there is room
+    now, or waits again (asyncio's put checks again)."""
+    putters = queue._putters
+    while putters:
+        putter = putters.popleft()
+        if not putter.done():
+            putter.set_result(None)
 
 
 # aiokafka's client and producer (adapters/kafka) --------------------------------------

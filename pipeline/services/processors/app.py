@@ -35,6 +35,7 @@ from typing import Any
 
 import faust
 
+from pipeline.adapters.faust.changelog_queue import ChangelogTableManager
 from pipeline.adapters.faust.executor import BatchExecutor
 from pipeline.adapters.faust.failures import WorkerStop
 from pipeline.adapters.faust.flushing import DirectTopic
@@ -136,6 +137,8 @@ def _new_app(settings: Settings, options: ProcessorsOptions) -> Any:
         consumer_max_fetch_size=settings.max_record_bytes,
         Topic=DirectTopic,   # table writes skip a per-write event-loop detour
         Table=ChangelogTable,   # changelogs with two writers at once (its module doc)
+        # standby reads keep what they fetched when the recovery ends (its module doc)
+        TableManager=ChangelogTableManager,
         # A killed worker's partitions move once its session expires: keep that short.
         broker_session_timeout=options.session_timeout_s,
         broker_heartbeat_interval=min(3.0, options.session_timeout_s / 3),

@@ -42,6 +42,7 @@ from typing import Final
 
 from pipeline.core.errors import EventError
 from pipeline.core.events import Event, JsonValue
+from pipeline.core.lifecycle import declared_number
 from pipeline.core.usage import UNKNOWN, TokenCounts, header_model, message_model
 
 SEMCONV_VERSION: Final = "1.41.0"
@@ -250,6 +251,8 @@ def _on_tool_result(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValu
     block = blocks[0] if isinstance(blocks, list) and blocks else None
     if not isinstance(block, Mapping) or not isinstance(block.get("toolCallId"), str):
         return
+    if _names_another_turn(turn, data):
+        return  # a pruning rewrite of an older turn's result: no tool ran in this turn
     step = turn._step(data, event.time)
     tool = turn._tool(str(block["toolCallId"]), step.number)
     if tool.name == UNKNOWN:
@@ -261,6 +264,11 @@ def _on_tool_result(turn: TurnBuilder, event: Event, data: Mapping[str, JsonValu
         tool.error = str(error.get("code") or error.get("name") or "tool_error")
     elif block.get("isError") is True:
         tool.error = "tool_error"
+
+
+def _names_another_turn(turn: TurnBuilder, data: Mapping[str, JsonValue]) -> bool:
+    number = declared_number(data, "turn")
+    return number is not None and number != turn.turn
 
 
 def _tool_name_of(step: StepState, call_id: str) -> str:

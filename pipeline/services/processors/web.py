@@ -210,6 +210,12 @@ def _register_worker_views(processors: Processors) -> None:
         return web.text(generate_latest(registry).decode("utf-8"),
                         content_type="text/plain; version=0.0.4")
 
+    async def loop_probe(web: Any, request: Any) -> Any:
+        # the benchmarks' probe (DSH_LOOP_PROBE=1): what it saw since the last read
+        probe = processors.loop_probe
+        return web.json(probe.window() if probe is not None else None)
+
     for path, handler in (("/fleet", fleet), ("/usage/models", usage_models),
-                          ("/health", health), ("/metrics", metrics)):
+                          ("/health", health), ("/metrics", metrics),
+                          ("/loop-probe", loop_probe)):
         app.page(path)(handler)

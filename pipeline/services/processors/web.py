@@ -18,6 +18,8 @@ Per-session views are routed by faust to the worker that owns the session's part
     GET /health                              recovery progress (remaining offsets), counters,
                                              projection version and any handover held for
     GET /metrics                             the counters and gauges (prometheus_client)
+    GET /loop-probe                          with DSH_LOOP_PROBE=1 (benchmarks): loop lag, gc pauses
+                                             and batch sizes since the last read, else null
 """
 
 from __future__ import annotations

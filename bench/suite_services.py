@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from suite_ratio import E2E_LABEL, add_run, kafka_e2e, log_ratio, probe_text
 from suite_tools import ToolError, consumer_performance
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.loop_probe import ENV as PROBE_ENV
 from pipeline.settings import Settings
 
 PROCESSOR_PARTITIONS = 3
@@ -93,7 +95,8 @@ def _worker_run(ctx: Context, settings: Settings, state: Path, total: int,
     """One worker over the backlog (throughput), then ``paced`` = (seconds, rounds) of
     latency runs at each rate."""
     worker = bench_processors.Worker(settings, bench_processors.free_port(), state,
-                                     ["--loglevel", "WARNING"], env={"DSH_LOOP_PROBE": "1"})
+                                     ["--loglevel", "WARNING"],
+                                     env={PROBE_ENV: os.environ.get(PROBE_ENV, "1")})
     try:
         worker.wait_ready()
         per_s, _took, per_cpu_s = bench_processors.throughput(worker, total)
@@ -105,7 +108,8 @@ def _worker_run(ctx: Context, settings: Settings, state: Path, total: int,
         for round_ in range(rounds):
             anchor = kafka_e2e(ctx)   # interleaved: each round has its own anchor
             for index, (rate, pair) in enumerate(latency.items()):
-                worker.get("/loop-probe")   # starts the probe's window of this rate
+                worker.get("/loop-probe")   # starts the probe's window of this rate (A/B:
+                # DSH_LOOP_PROBE=0 in the suite's environment runs the worker without it)
                 _latency_round(ctx, settings, 100 + 10 * round_ + index, rate, seconds, pair,
                                anchor)
                 probe = worker.get("/loop-probe")[1]

@@ -156,7 +156,7 @@ def anchor_header(results: dict[str, list[Figure]]) -> list[str]:
         if measured:
             lines.append(f"- {label} ({name}): median {_num(statistics.median(measured))}, "
                          f"min-max {_num(min(measured))}-{_num(max(measured))} over "
-                         f"{len(measured)} runs")
+                         f"{len(measured)} run{'s' if len(measured) != 1 else ''}")
     if not lines:
         return []
     return ["", "## This machine's Kafka (anchors measured in this run)", "",

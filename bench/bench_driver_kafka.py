@@ -25,7 +25,10 @@ read_committed until every turn has ended. Reports:
   ``waited_ms_p50/p99``, how long a transaction's oldest record waited for its transaction
   to begin (the linger, a commit in progress, a busy event loop), and
   ``committing_ms_p50/p99``, how long the transaction took (sends, offsets, EndTxn); the rest
-  of ``visible_ms`` is the reader's fetch after the commit.
+  of ``visible_ms`` is the reader's fetch after the commit;
+* ``probe_*`` (issue 33): what :mod:`pipeline.adapters.loop_probe` saw on the driver's event
+  loop in the timed part: loop lag p50/p99/max, collector pauses count/total/max (ms);
+  ``DSH_LOOP_PROBE=0`` runs without it (all zero).
 
 ``--ramp-s``/``--first-token-ms``/``--chunk-ms`` make the load paced instead of a burst: the
 follow-ups are spread over the ramp, and the scripted model waits before its first chunk and
@@ -42,6 +45,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import os
 import pickle
 import statistics
 import tempfile
@@ -61,6 +65,8 @@ from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.scripted import Script, ScriptedReply, tool_loop_script
 from pipeline.adapters.localstack.artifacts import Artifacts
 from pipeline.adapters.localstack.kafka import KafkaLocal
+from pipeline.adapters.loop_probe import ENV as PROBE_ENV
+from pipeline.adapters.loop_probe import LoopProbe, probing
 from pipeline.cli.cmd_driver import driver_context
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
@@ -295,13 +301,16 @@ async def run(bootstrap: str, sessions: int, partitions: int, linger_ms: float,
         open_reader = reader_on_this_loop if reader_in_process else reader_process
         reader = await stack.enter_async_context(open_reader(
             settings, sessions, decode_live, reader_wait_ms))
+        probe = (await stack.enter_async_context(probing())
+                 if os.environ.get(PROBE_ENV, "1") != "0" else LoopProbe())  # A/B: off
         started, cpu_started = time.time(), time.process_time()
         sent_ms = started * 1000
         await send_paced(settings, records, pacing.ramp_s)
         arrived, finished = await reader()
         cpu_finished = time.process_time()
+        seen = probe.window()
     metrics = service.metrics_snapshot()
-    split = commit_split(service)
+    split = {**commit_split(service), **{f"probe_{k}": v for k, v in seen.items()}}
     metrics["cpu_ms"] = int((cpu_finished - cpu_started) * 1000)
     queued = [o.sink.step_budget.queued for o in service.owned.values()
               if o.sink.step_budget is not None]

@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         for figure in figures:
             print(json.dumps({"benchmark": name, "figure": figure.name, "unit": figure.unit,
                               "ours": figure.ours, "anchor": figure.anchor,
-                              "anchor_values": figure.anchor_values}))
+                              "anchor_values": figure.anchor_values,
+                              "e2e_p99": figure.e2e_p99, "run_ratios": figure.run_ratios,
+                              "met": figure.met}))
     log(f"wrote {args.output} in {time.monotonic() - started:.0f} s; "
         f"failed: {sorted(failures) or 'none'}")
     return 1 if failures else 0

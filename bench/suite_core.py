@@ -54,6 +54,11 @@ class Figure:
     met: bool | None = None  # whether the goal is met, where the benchmark can tell
     # A latency target must hold in every run: such a figure is its worst run, not its median.
     worst_counts: bool = False
+    # Issue 33: Kafka's EndToEndLatency p99 (acks=all) measured next to each run, one per
+    # value of ``ours``; a target as a multiple of it (``judge_ratios``) holds in every run.
+    e2e_p99: list[float] = field(default_factory=list)
+    ratio_limit: float | None = None
+    run_notes: list[str] = field(default_factory=list)  # per run: what its probes saw
 
     @property
     def median(self) -> float:
@@ -85,6 +90,19 @@ class Figure:
         if anchor is None or anchor == 0:
             return None
         return self.headline / anchor
+
+    @property
+    def run_ratios(self) -> list[float]:
+        """ours / EndToEndLatency p99, run by run (a run without its anchor has none)."""
+        return [value / anchor for value, anchor in zip(self.ours, self.e2e_p99, strict=False)
+                if anchor > 0]
+
+    def judge_ratios(self, limit: float) -> None:
+        """Sets ``met``: every run's value at most ``limit`` times that run's EndToEndLatency
+        p99; a run whose anchor is missing fails the target (nothing to compare it with)."""
+        self.ratio_limit = limit
+        ratios = self.run_ratios
+        self.met = bool(ratios) and len(ratios) == len(self.ours) and max(ratios) <= limit
 
     def judge(self, threshold: float) -> None:
         """Sets ``met``: the headline (the worst run where that counts) against the goal's

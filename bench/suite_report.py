@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from suite_core import Figure, machine
@@ -50,6 +51,10 @@ METHOD = """\
   figure runs at least 5 times). *Spread* is min-max over the runs. *Ratio* is ours /
   anchor, the anchor summarised the same way (for latency and cost, lower is better; for
   rates, higher). *met* / *not met* judges that value against the goal.
+- Latency goals (issue 33) are multiples of Kafka's `EndToEndLatency` p99 (acks=all, the
+  mix's mean record size) measured on the same broker next to each run (interleaved, one
+  anchor per run), not absolute times set on another machine: each run has its own ratio,
+  listed in the Goal column ("per run"), and the goal is met only when every run's ratio is.
 - Broker: one local KRaft node (Kafka 4.4.0, started by the suite unless `--bootstrap`),
   replication factor 1; all producers acks=all and idempotent. A benchmark using the broker
   starts once the broker has used under 10% of a core for 2 s (at most 120 s of waiting), so
@@ -98,12 +103,66 @@ def _row(figure: Figure, *, judged: bool = True) -> str:
 
 def _goal(figure: Figure, judged: bool) -> str:
     """The goal, and whether this run met it (the figure's value against it) where that is
-    known; a --quick run's figures are not judged."""
+    known, and each run's ratio where the goal is one; a --quick run's figures are not
+    judged."""
     if not figure.goal:
         return "-"
+    ratios = _ratios(figure)
     if figure.met is None or not judged:
-        return figure.goal
-    return f"{figure.goal}: {'**met**' if figure.met else '**not met**'}"
+        return figure.goal + ratios
+    return f"{figure.goal}: {'**met**' if figure.met else '**not met**'}{ratios}"
+
+
+def _ratios(figure: Figure) -> str:
+    """'; per run: 2.1x, 3.0x, -' (a run without its anchor: '-'), for a ratio goal."""
+    if figure.ratio_limit is None:
+        return ""
+    per_run = [f"{value / anchor:.2f}x" if anchor > 0 else "-"
+               for value, anchor in zip(figure.ours, figure.e2e_p99, strict=False)]
+    return f"; per run: {', '.join(per_run) or 'none'}"
+
+
+def _run_notes(figures: list[Figure]) -> list[str]:
+    """Per run, what its probes saw (loop lag, collector pauses, batches), and its anchor."""
+    lines = []
+    for figure in figures:
+        for run, note in enumerate(figure.run_notes, 1):
+            anchor = (f"EndToEndLatency p99 {figure.e2e_p99[run - 1]:.1f} ms; "
+                      if run <= len(figure.e2e_p99) else "")
+            value = f"{_num(figure.ours[run - 1])} {figure.unit}; " if run <= len(
+                figure.ours) else ""
+            lines.append(f"- {figure.name}, run {run}: {value}{anchor}{note}")
+    return lines
+
+
+ANCHOR_TOOLS = ("ProducerPerformance", "ConsumerPerformance", "EndToEndLatency")
+
+
+def anchor_header(results: dict[str, list[Figure]]) -> list[str]:
+    """This machine's own Kafka figures in the run (Kafka's tools, each with where it was
+    measured): what a reader compares first between two runs on two machines."""
+    seen: dict[tuple[str, str, tuple[float, ...]], None] = {}
+    for name, figures in results.items():
+        for figure in figures:
+            if figure.anchor_values and any(t in figure.anchor for t in ANCHOR_TOOLS):
+                seen[(name, figure.anchor, tuple(figure.anchor_values))] = None
+            if (figure.ratio_limit is not None and any(figure.e2e_p99)
+                    and figure.e2e_p99 != figure.anchor_values):
+                seen[(name, "EndToEndLatency p99 (acks=all), next to each run",
+                      tuple(figure.e2e_p99))] = None
+    lines = []
+    for name, label, values in seen:
+        measured = [v for v in values if v > 0]
+        if measured:
+            lines.append(f"- {label} ({name}): median {_num(statistics.median(measured))}, "
+                         f"min-max {_num(min(measured))}-{_num(max(measured))} over "
+                         f"{len(measured)} run{'s' if len(measured) != 1 else ''}")
+    if not lines:
+        return []
+    return ["", "## This machine's Kafka (anchors measured in this run)", "",
+            "Kafka's own tools on this run's broker, the same machine (ms for latency, "
+            "records/s for throughput): latency goals are multiples of EndToEndLatency p99 "
+            "measured next to each run, so two machines compare by these first.", "", *lines]
 
 
 def render(results: dict[str, list[Figure]], failures: dict[str, str], *, command: str,
@@ -122,6 +181,7 @@ def render(results: dict[str, list[Figure]], failures: dict[str, str], *, comman
         lines.append("- **--quick run**: every benchmark ran briefly with small sizes; these "
                      "figures show the suite works, not how fast anything is (start-up costs "
                      "dominate the small runs).")
+    lines += anchor_header(results)
     lines += ["", "## Method", "", METHOD]
     for name, figures in results.items():
         lines += ["", f"## {TITLES.get(name, name)}", "",
@@ -129,7 +189,7 @@ def render(results: dict[str, list[Figure]], failures: dict[str, str], *, comman
                   "|---|---|---|---|---|---|---|"]
         lines += [_row(figure, judged=not quick) for figure in figures]
         notes = dict.fromkeys(f.note for f in figures if f.note)
-        lines += [""] + [f"- {note}" for note in notes]
+        lines += [""] + [f"- {note}" for note in notes] + _run_notes(figures)
     if failures:
         lines += ["", "## Failed in this run", ""]
         lines += [f"- `{name}`: {reason[:500]}" for name, reason in failures.items()]

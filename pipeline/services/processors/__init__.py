@@ -16,6 +16,8 @@ HTTP (any worker answers; per-session requests are forwarded to the owning worke
     GET /health                              recovery progress (remaining offsets), counters,
                                              projection version and any handover held for
     GET /metrics                             counters, Prometheus text format
+    GET /loop-probe                          with DSH_LOOP_PROBE=1 (benchmarks): loop lag, gc pauses
+                                             and batch sizes since the last read, else null
 
 Compacted output topics, Avro values (:mod:`pipeline.codec.outputs`, ``schemas/``; decoded,
 each is the JSON object shown here, the one the HTTP API serves):

@@ -36,7 +36,7 @@ from typing import Any
 import faust
 
 from pipeline.adapters.faust.changelog_queue import ChangelogTableManager
-from pipeline.adapters.faust.executor import BatchExecutor
+from pipeline.adapters.faust.executor import BatchExecutor, Handle
 from pipeline.adapters.faust.failures import WorkerStop
 from pipeline.adapters.faust.flushing import DirectTopic
 from pipeline.adapters.faust.private_api import rebuild_changelog_topic
@@ -49,6 +49,7 @@ from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_span import session_records_before
 from pipeline.adapters.kafka.topic_scan import ensure_topic
+from pipeline.adapters.loop_probe import LoopProbe, wanted
 from pipeline.codec.outputs import OutputCodecs
 from pipeline.core.errors import ConfigError
 from pipeline.core.prices import PriceTable
@@ -181,6 +182,8 @@ def build_processors(settings: Settings, decode: Decoder,
                              for name in SESSION_TABLES))
     processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts),
                             decode)
+    if wanted():
+        _wire_loop_probe(processors)
 
     async def send(out: OutRecord) -> object:
         return await app.producer.send(out.topic, out.key, out.value, out.partition, None,
@@ -221,6 +224,21 @@ def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
     return follow
 
 
+def _wire_loop_probe(processors: Processors) -> None:
+    """The benchmarks' loop-lag and collector probe (``DSH_LOOP_PROBE=1``), started and
+    stopped with the worker; it also counts the session topic's batch sizes."""
+    probe = processors.loop_probe = LoopProbe()
+
+    class LoopLagProbe(faust.Service):
+        async def on_start(self) -> None:
+            probe.start()
+
+        async def on_stop(self) -> None:
+            await probe.stop()
+
+    processors.app.service(LoopLagProbe)
+
+
 def _wire_sessions(processors: Processors, decode: Decoder, send: Send,
                    route: ProjectionFollow, outputs: OutputCodecs | None,
                    stop: WorkerStop) -> None:
@@ -236,7 +254,10 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Send,
                                              processors.options.heal_span_max),
                            dead_letter_sink=_dead_letter_writer(processors))
     processors.folder = folder
-    executor = BatchExecutor(app, source.get_topic_name(), folder.handle_batch, stop=stop,
+    handle: Handle = folder.handle_batch
+    if processors.loop_probe is not None:
+        handle = processors.loop_probe.counting(handle)
+    executor = BatchExecutor(app, source.get_topic_name(), handle, stop=stop,
                              counters=processors.counters,
                              principal=settings.sasl_username or "ANONYMOUS",
                              pending=folder, on_assignment=partial(_reread_pointer, route),

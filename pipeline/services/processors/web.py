@@ -18,6 +18,8 @@ Per-session views are routed by faust to the worker that owns the session's part
     GET /health                              recovery progress (remaining offsets), counters,
                                              projection version and any handover held for
     GET /metrics                             the counters and gauges (prometheus_client)
+    GET /loop-probe                          with DSH_LOOP_PROBE=1 (benchmarks): loop lag, gc pauses
+                                             and batch sizes since the last read, else null
 """
 
 from __future__ import annotations
@@ -210,6 +212,12 @@ def _register_worker_views(processors: Processors) -> None:
         return web.text(generate_latest(registry).decode("utf-8"),
                         content_type="text/plain; version=0.0.4")
 
+    async def loop_probe(web: Any, request: Any) -> Any:
+        # the benchmarks' probe (DSH_LOOP_PROBE=1): what it saw since the last read
+        probe = processors.loop_probe
+        return web.json(probe.window() if probe is not None else None)
+
     for path, handler in (("/fleet", fleet), ("/usage/models", usage_models),
-                          ("/health", health), ("/metrics", metrics)):
+                          ("/health", health), ("/metrics", metrics),
+                          ("/loop-probe", loop_probe)):
         app.page(path)(handler)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.adapters.faust.transport import awaiting_recovery_seek
+from pipeline.adapters.loop_probe import LoopProbe
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
@@ -34,6 +35,7 @@ class Processors:
     counters: DeliveryCounters = field(default_factory=DeliveryCounters)
     step_rate: StepRate = field(default_factory=StepRate)
     steps_seen: int = 0
+    loop_probe: LoopProbe | None = None   # DSH_LOOP_PROBE=1 (benchmarks): GET /loop-probe
 
     def active_partitions(self, topic: str) -> set[int]:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}

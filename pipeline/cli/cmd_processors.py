@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from pipeline.adapters.kafka.admin import SERVICE_START_RETRY_S, ensure_topics
+from pipeline.adapters.loop_probe import wanted as loop_probe_wanted
 from pipeline.adapters.registry.client import RegistryClient
 from pipeline.adapters.registry.outputs import output_codecs_for_topics
 from pipeline.cli.common import (
@@ -99,7 +100,8 @@ def run_processors(args: argparse.Namespace, settings: Settings) -> int:
         standby_replicas=args.standby_replicas, grace_ms=int(args.grace * 1000),
         tick_interval_s=args.tick, session_timeout_s=args.session_timeout,
         fetch_max_wait_ms=args.fetch_max_wait_ms, fetch_min_bytes=args.fetch_min_bytes,
-        data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}")
+        data_dir=args.data_dir or f"{settings.state_dir}/processors-{port}",
+        loop_probe=loop_probe_wanted())
     sizes = parse_windows(args.windows)
     prices = prices_of(settings)   # a bad table stops the worker before it starts
     asyncio.run(ensure_topics(settings, retry_for_s=SERVICE_START_RETRY_S))

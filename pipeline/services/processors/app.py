@@ -49,7 +49,7 @@ from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_span import session_records_before
 from pipeline.adapters.kafka.topic_scan import ensure_topic
-from pipeline.adapters.loop_probe import LoopProbe, wanted
+from pipeline.adapters.loop_probe import LoopProbe
 from pipeline.codec.outputs import OutputCodecs
 from pipeline.core.errors import ConfigError
 from pipeline.core.prices import PriceTable
@@ -182,7 +182,7 @@ def build_processors(settings: Settings, decode: Decoder,
                              for name in SESSION_TABLES))
     processors = Processors(app, settings, options, tables, _table(app, USAGE_TABLE, parts),
                             decode)
-    if wanted():
+    if options.loop_probe:
         _wire_loop_probe(processors)
 
     async def send(out: OutRecord) -> object:
@@ -259,7 +259,7 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Send,
         handle = processors.loop_probe.counting(handle)
     executor = BatchExecutor(app, source.get_topic_name(), handle, stop=stop,
                              counters=processors.counters,
-                             principal=settings.sasl_username or "ANONYMOUS",
+                             principal=processors.principal,
                              pending=folder, on_assignment=partial(_reread_pointer, route),
                              producer_buffer=processors.options.producer_buffer)
     executor.install()
@@ -315,7 +315,7 @@ def _wire_usage(processors: Processors, send: Send, sizes: Mapping[str, int],
                                       [json.loads(r.value) for r in records])
 
     executor = BatchExecutor(app, name, fold, stop=stop, counters=processors.counters,
-                             principal=settings.sasl_username or "ANONYMOUS")
+                             principal=processors.principal)
     executor.install()
 
     async def tick() -> None:

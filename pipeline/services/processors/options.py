@@ -39,6 +39,8 @@ class ProcessorsOptions:
     ``bench/bench_processors.py``; docs/decisions/benchmark-notes-sessions-5-9.md). A backlog
     is fetched in full-size fetches either way.
     ``freeze_gc`` freezes the surviving objects once a tick (:func:`.app.freeze_survivors`).
+    ``loop_probe``: run :class:`pipeline.adapters.loop_probe.LoopProbe` (the benchmarks turn it
+    on with ``DSH_LOOP_PROBE=1``, which the CLI reads).
     ``heal_span_max``: how far back (in offsets of the session's partition) a worker reads
     the log to heal a session whose state is behind it (:mod:`.folding`); a session whose
     missing records lie further back is reported as a gap instead.
@@ -58,6 +60,7 @@ class ProcessorsOptions:
     fetch_min_bytes: int = 8_192
     freeze_gc: bool = True
     heal_span_max: int = 10_000_000
+    loop_probe: bool = False   # the benchmarks' loop-lag probe, GET /loop-probe (DSH_LOOP_PROBE)
     data_dir: str = ".cache/state/processors"
     app_name: str = PROCESSORS_APP_NAME
 

@@ -37,6 +37,11 @@ class Processors:
     steps_seen: int = 0
     loop_probe: LoopProbe | None = None   # DSH_LOOP_PROBE=1 (benchmarks): GET /loop-probe
 
+    @property
+    def principal(self) -> str:
+        """The worker's Kafka principal, named when the broker refuses one of its writes."""
+        return self.settings.sasl_username or "ANONYMOUS"
+
     def active_partitions(self, topic: str) -> set[int]:
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 

@@ -12,11 +12,14 @@ needed to replay them exactly.
   session the other owner created was missing from the store for good, and its valid
   events were dead-lettered as gaps ("expected seq 0, found 46").
 - A late write older than the value before it was applied as the key's last value.
+- Compaction then kept that late older record, the last by offset, and deleted the newer one
+  before it: every rebuild from an empty store restored the older value (seed 1796662786).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,23 @@ def acknowledge(table: Any, offset: int) -> None:
     future: asyncio.Future[RecordMetadata] = asyncio.get_event_loop().create_future()
     future.set_result(RecordMetadata(CHANGELOG, 0, TP(CHANGELOG, 0), offset, 0.0, 0))
     table._on_changelog_sent(future)
+
+
+def written(table: Any) -> list[tuple[int, str, Any]]:
+    """The changelog records the table sent (partition, key, value), taken from the app's
+    producer buffer (nothing is connected: they would go out at the next flush)."""
+    pending = table.app.producer.buffer.pending
+    sent = []
+    while not pending.empty():
+        message = pending.get_nowait().message
+        sent.append((message.partition, message.key.decode(), json.loads(message.value)))
+    return sent
+
+
+def compacted(log: list[Any]) -> list[Any]:
+    """What Kafka's log cleaner keeps of a changelog: each key's last record by offset."""
+    last = {event.key: event for event in log}
+    return sorted(last.values(), key=lambda event: event.message.offset)
 
 
 def record(next_seq: int) -> dict[str, Any]:
@@ -126,3 +146,53 @@ def test_chunk_marks_compare_as_cursors() -> None:
     assert not chunk_mark_older(12, 13)
     assert session_record_older(record(9), record(8))
     assert not session_record_older(record(9), record(9))
+
+
+async def test_a_skipped_late_record_is_followed_by_the_held_value_so_compaction_keeps_it(
+        table: Any, tmp_path: Path) -> None:
+    """Seed 1796662786: the new owner's record, the old owner's late older one after it, the
+    session quiet from then on. The owner's recovery skips the late record and writes the
+    value it holds again; compaction keeps that; a rebuild from an empty store holds it."""
+    log = [changelog_event(table, 0, "s", record(89)),    # the new owner's
+           changelog_event(table, 1, "s", record(76)),    # the stopped worker's, late
+           changelog_event(table, 2, "t", record(5))]
+    table.apply_changelog_batch(log)
+    await table.on_recovery_completed({TP(CHANGELOG, 0)}, set())
+    assert written(table) == [(0, "s", record(89))]
+    assert table.stale_rewritten == 1
+    log.append(changelog_event(table, 3, "s", record(89)))
+    rebuilt = make_table(tmp_path / "rebuilt", "memory://")
+    rebuilt.apply_changelog_batch(compacted(log))
+    assert rebuilt.data.get("s") == record(89)
+    assert rebuilt.data.get("t") == record(5)
+    # Written once: the next recovery has nothing left to write again.
+    await table.on_recovery_completed({TP(CHANGELOG, 0)}, set())
+    assert written(table) == []
+
+
+async def test_a_standby_writes_the_held_value_again_at_its_promotion_only(
+        tmp_path: Path) -> None:
+    """On RocksDB (a memory store keeps no standby copy: faust drops it when the recovery
+    ends, and a promotion reads the whole changelog again, as in the test above)."""
+    table = make_table(tmp_path, "rocksdb://")
+    table.apply_changelog_batch([changelog_event(table, 0, "s", record(9)),
+                                 changelog_event(table, 1, "s", record(4))])
+    await table.on_recovery_completed(set(), {TP(CHANGELOG, 0)})   # still a standby
+    assert written(table) == []
+    await table.on_recovery_completed({TP(CHANGELOG, 0)}, set())   # promoted
+    assert written(table) == [(0, "s", record(9))]
+
+
+async def test_a_partition_gone_is_forgotten_and_a_deleted_key_not_written(
+        table: Any) -> None:
+    table.apply_changelog_batch([changelog_event(table, 0, "s", record(9)),
+                                 changelog_event(table, 1, "s", record(4)),
+                                 changelog_event(table, 2, "u", record(3)),
+                                 changelog_event(table, 3, "u", record(2)),
+                                 changelog_event(table, 4, "u", None)])
+    await table.on_recovery_completed({TP(CHANGELOG, 0)}, set())
+    assert written(table) == [(0, "s", record(9))]   # "u" was deleted after its late record
+    table.apply_changelog_batch([changelog_event(table, 5, "s", record(8))])
+    await table.on_recovery_completed(set(), set())   # the partition went elsewhere
+    await table.on_recovery_completed({TP(CHANGELOG, 0)}, set())
+    assert written(table) == []

@@ -18,9 +18,18 @@ one's again. faust assumes one writer and draws two wrong conclusions from it:
   it is, and the next recovery reads the other writer's records too, in log order.
 - **The last value of a key.** A late write of the old owner can be older than what the
   new owner wrote before it. A table may name which of two values is the newer
-  (``newer``): a changelog record older than the value the store holds is not applied.
+  (``older``): a changelog record older than the value the store holds is not applied.
+- **The newest value is also the last by offset.** Compaction keeps a key's last record by
+  offset, so once it ran, a late older record skipped by the rule above would be the only
+  one left, and every rebuild from an empty store would restore it (seed 1796662786: two
+  sessions rebuilt with a ``next`` seqs behind their log, and no later event to heal them).
+  So the keys whose records were skipped are remembered per changelog partition, and when
+  a recovery ends with that partition active on this worker (a standby's at its
+  promotion), the value held is written again: after the late record, by the partition's
+  owner, before any batch of it is folded.
 
-Both rules only make a recovery read more, or keep a newer value: never less than faust.
+The rules only make a recovery read more, keep a newer value, or write a held value again:
+never less than faust.
 """
 
 from __future__ import annotations
@@ -55,7 +64,10 @@ class ChangelogTable(faust.Table[Any, Any]):
         super().__init__(*args, **kwargs)
         self.older = older
         self.stale_skipped = 0   # changelog records older than the value held
+        self.stale_rewritten = 0   # held values written again after such a record
         self._held_back: set[Any] = set()   # partitions whose stored offset stays
+        # changelog partition -> keys with a skipped older record after their held value
+        self._stale_keys: dict[int, set[Any]] = {}
 
     def _on_changelog_sent(self, fut: Any) -> None:
         if isinstance(self.data, MemoryStore):   # keeps no offset: recovers everything
@@ -95,7 +107,34 @@ class ChangelogTable(faust.Table[Any, Any]):
                 held = latest[key] if key in latest else self.data.get(key)
                 if held is not None and older(held, event.value):
                     self.stale_skipped += 1
+                    self._stale_keys.setdefault(event.message.partition, set()).add(key)
                     continue
             latest[key] = None if event.message.value is None else event.value
             kept.append(event)
         return kept
+
+    async def on_recovery_completed(self, active_tps: set[Any], standby_tps: set[Any]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        self.rewrite_stale({tp.partition for tp in active_tps},
+                           {tp.partition for tp in standby_tps})
+
+    def rewrite_stale(self, active: set[int], standby: set[int]) -> int:
+        """Write again the held value of each key whose older record was skipped on an
+        ``active`` changelog partition (the module's third rule); keep the keys of
+        ``standby`` partitions for their promotion, forget those of partitions gone.
+        Returns the number of records written."""
+        written = 0
+        for partition in list(self._stale_keys):
+            if partition in active:
+                for key in self._stale_keys.pop(partition):
+                    held = self.data.get(key)
+                    if held is not None:   # deleted since: a tombstone came after it
+                        self.send_changelog(partition, key, held)
+                        written += 1
+            elif partition not in standby:
+                del self._stale_keys[partition]
+        if written:
+            self.stale_rewritten += written
+            log.warning("%s: %d held values written again after older late records, so "
+                        "that compaction keeps them", self.name, written)
+        return written

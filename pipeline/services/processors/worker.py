@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import faust
+from faust.tables.manager import TableManager
 
 from pipeline.adapters.faust.transport import awaiting_recovery_seek
 from pipeline.adapters.loop_probe import LoopProbe
@@ -23,7 +26,7 @@ from pipeline.settings import Settings
 class Processors:
     """The app and the parts its views and timers read."""
 
-    app: Any
+    app: faust.App
     settings: Settings
     options: ProcessorsOptions
     tables: SessionTables
@@ -87,7 +90,8 @@ class Processors:
         """Recovery progress. ``in_recovery`` lasts until the batched partitions are
         consumed again: faust ends its recovery before its seek to the committed offsets,
         and those partitions wait for that seek (:mod:`pipeline.adapters.faust.transport`)."""
-        recovery = self.app.tables.recovery
+        # the app's manager is faust's TableManager (its abstract type lacks ``recovery``)
+        recovery = cast(TableManager, self.app.tables).recovery
         by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
                  for tp, n in recovery.active_remaining().items() if n}
         seeking = awaiting_recovery_seek(self.app)

@@ -2,9 +2,9 @@
 module of ``pipeline`` goes through its translator (``broker_errors``, ``quietly``) and sees only
 BrokerError.
 
-Read from the source with :mod:`ast`, as tests/test_import_cycles.py does: an ``except`` clause
-or a ``suppress(...)`` that names an aiokafka exception anywhere else is a failure naming the
-module and the line.
+Read from the source with :mod:`ast`, as tests/system/test_import_cycles.py does: an
+``except`` clause or a ``suppress(...)`` that names an aiokafka exception anywhere else is a
+failure naming the module and the line.
 """
 
 from __future__ import annotations

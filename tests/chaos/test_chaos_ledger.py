@@ -5,7 +5,7 @@ adapter against the campaign's provider server and generated answers. The usage 
 are stood in for by the reference rows (equal), then changed (a violation naming the row and
 the field); the provider server's count of the usage it sent is checked against the logs,
 answer by answer (:mod:`pipeline.cli.chaos.ledger_check`). The campaign reads the real usage
-topic (``tests/test_chaos_short.py``).
+topic (``tests/chaos/test_chaos_short.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``dsh-pipeline chaos --seeds N``: seeds from the clock, and one report naming each seed.
 
-The campaigns themselves run in ``tests/test_chaos_short.py`` (a cluster); here the report
+The campaigns themselves run in ``tests/chaos/test_chaos_short.py`` (a cluster); here the report
 and the seeds, from outcomes built as the campaign builds them.
 """
 

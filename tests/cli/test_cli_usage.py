@@ -1,5 +1,5 @@
 """``dsh-pipeline usage`` without a broker: its options, errors, filter, totals and table
-(the broker run is in ``tests/test_processors_ledger_kill.py``)."""
+(the broker run is in ``tests/services/processors/test_processors_ledger_kill.py``)."""
 
 from __future__ import annotations
 

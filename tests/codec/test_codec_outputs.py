@@ -4,7 +4,7 @@ committed schema version readable, fastavro's bytes, clear errors.
 ``schemas/history/dsh.<Output>.v<N>.samples.jsonl`` keeps records written with version N
 (framed bytes in hex + the JSON object they hold). To add version N+1 of an output schema:
 change ``schemas/dsh.<Output>.avsc``, copy it to ``history/dsh.<Output>.v<N+1>.avsc`` and
-run ``DSH_WRITE_SCHEMA_SAMPLES=1 .venv/bin/pytest tests/test_codec_outputs.py`` once.
+run ``DSH_WRITE_SCHEMA_SAMPLES=1 .venv/bin/pytest tests/codec/test_codec_outputs.py`` once.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 file ``dsh.SessionEvent.v<N>.samples.jsonl`` of records written with that version (framed
 bytes in hex + the event they hold). To add version N+1: change ``schemas/
 dsh.SessionEvent.avsc``, copy it to ``history/dsh.SessionEvent.v<N+1>.avsc`` and run
-``DSH_WRITE_SCHEMA_SAMPLES=1 .venv/bin/pytest tests/test_schema_evolution.py`` once to write
+``DSH_WRITE_SCHEMA_SAMPLES=1 .venv/bin/pytest tests/codec/test_schema_evolution.py`` once to write
 its samples (older samples are never rewritten).
 """
 

@@ -1,5 +1,6 @@
 """A driver that runs scripted turns and serves its ``/metrics`` over HTTP, for the tests of
-what it exports (tests/test_driver_metrics.py, tests/test_genai_metrics.py)."""
+what it exports (tests/services/driver/test_driver_metrics.py,
+tests/services/otel/test_genai_metrics.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scale-out run (issue 9 item 4): shared by ``tests/test_scale_out.py`` (the small
+"""The scale-out run (issue 9 item 4): shared by ``tests/system/test_scale_out.py`` (the small
 version, with assertions) and ``bench/bench_scale_out.py`` (the full one, with figures).
 
 One run, on a Kafka cluster (the local 3-node one, :func:`local_cluster`, or a given one):

@@ -1,6 +1,7 @@
 """Hypothesis strategies for valid dsh session logs (format 0), replaces included.
 
-Import from a test module (pytest puts ``tests/`` on ``sys.path``)::
+Import from a test module (pytest puts ``tests/support/`` on ``sys.path``: the
+``pythonpath`` option in pyproject.toml)::
 
     from strategies import valid_logs, lossless_json
 

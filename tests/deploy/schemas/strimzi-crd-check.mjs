@@ -1,6 +1,6 @@
 // Validate Strimzi resources with the validators generated from the real Strimzi CRDs
 // (npm @kubernetes-models/strimzi-kafka-operator). Not part of pytest (it needs node and an
-// npm install); see tests/schemas/README.md for how to run it.
+// npm install); see tests/deploy/schemas/README.md for how to run it.
 // Usage: node strimzi-crd-check.mjs resources.json   (a JSON array of resources)
 import fs from "node:fs";
 const docs = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));

@@ -6,7 +6,7 @@ missing records back and folds them, instead of dead-lettering valid events. Onl
 that are themselves invalid, or a log that really has a hole, are dead-lettered.
 
 No broker: the tables are dicts and the log is a list read back as the worker's
-``read_back`` reads the session topic (``tests/test_processors_session_span.py`` runs that
+``read_back`` reads the session topic (``tests/adapters/test_processors_session_span.py`` runs that
 reader against the broker).
 """
 

@@ -2,7 +2,7 @@
 
 :func:`pipeline.services.processors.planning.plan_batch` never awaits and never writes a
 table; what it returns, performed, is what the worker folds (the folder's tests cover the
-performing, ``tests/test_processors_folding.py``).
+performing, ``tests/services/processors/test_processors_folding.py``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ the graceful stop run again with every worker on RocksDB, and a local store that
 its changelog (faust writes the table data and the changelog offset separately, and a kill -9
 can fall between) never yields a wrong table.
 
-The existing tests are reused as they are (tests/test_processors_recovery.py and
-tests/test_processors_offsets.py): the ``rocksdb_workers`` fixture makes every
+The existing tests are reused as they are (tests/services/processors/test_processors_recovery.py and
+tests/services/processors/test_processors_offsets.py): the ``rocksdb_workers`` fixture makes every
 :class:`processors_support.Worker` start with ``--store rocksdb://`` and a data folder of its
 own slot, the lowest one no live worker holds. So a worker restarted after a kill -9 or a stop
 reopens the RocksDB files its predecessor left (what a restart on the same host does), while two

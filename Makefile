@@ -70,7 +70,7 @@ chromium:
 	fi
 
 # Debian's promtool (package prometheus) checks and unit-tests deploy/grafana's alert rules and
-# scrape configs (tests/test_grafana.py). Its service is not started.
+# scrape configs (tests/deploy/test_grafana.py). Its service is not started.
 promtool:
 	@if ! command -v promtool >/dev/null; then \
 	    sudo_=""; [ "$$(id -u)" = 0 ] || sudo_=sudo; \
@@ -119,7 +119,7 @@ chaos: setup toxiproxy
 # (server-everything, server-filesystem) by `npm ci` from the committed lock file, and
 # mcp-server-git (PyPI) in a virtualenv of its own, since its dependencies are not the
 # pipeline's. Installed into the cache ($DSH_CACHE_DIR or .cache/); redone when a pin changes.
-# Needs node and npm; tests/mcp_support.py finds them there.
+# Needs node and npm; tests/support/mcp_support.py finds them there.
 MCP_SERVERS_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/mcp-servers
 MCP_SERVER_GIT_VERSION := 2026.10.19
 mcp-servers: $(MCP_SERVERS_DIR)/.installed

@@ -1,6 +1,6 @@
 """Rewrites the generated blocks of the docs from the code: the settings reference in
 docs/configuration.md and deploy/README.md, and the exit-code table of docs/cli.md
-(``make docs``; tests/test_docs.py fails while they differ)."""
+(``make docs``; tests/system/test_docs.py fails while they differ)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 - ``settings`` (function): ``Settings`` with that prefix, 3 partitions, replication factor 1,
   the fixture broker and the fixture registry.
 - ``topics`` (function): the driver tests' settings, as ``settings`` without the registry,
-  once their topics exist (tests/driver_topics.py).
+  once their topics exist (tests/support/driver_topics.py).
 - ``shared_cluster`` (session): a 3-node cluster for the tests that kill none of its nodes;
   they run one after the other, and it stops after the last of them (``cluster``, module
   scoped, is a cluster of the module's own).
@@ -272,7 +272,8 @@ def shared_cluster(pytestconfig: pytest.Config) -> Iterator[KafkaLocal]:
 
 @pytest.fixture(scope="session")
 def secure_stack() -> Iterator[object]:
-    """A secure Kafka + registry of its own (tests/secure_support.py), started on first use."""
+    """A secure Kafka + registry of its own (tests/support/secure_support.py), started on
+    first use."""
     from secure_support import SecureStack  # only the secure tests pay for its imports
     stack = SecureStack()
     try:
@@ -348,6 +349,6 @@ def decoder_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def mcp_servers() -> object:
-    """The third-party MCP servers (tests/mcp_support.py), installed if missing."""
+    """The third-party MCP servers (tests/support/mcp_support.py), installed if missing."""
     from mcp_support import find_servers
     return find_servers()

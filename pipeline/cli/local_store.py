@@ -5,7 +5,7 @@ afterwards, and stores the changelog offset with a separate put once that record
 acknowledged. A kill -9 in between leaves the store ahead of the changelog: with the offset
 behind the data, recovery rewrites those keys (harmless); with a value whose changelog record
 was never acknowledged, that value would stay in the store for good, a table the changelog
-does not hold (tests/test_processors_rocksdb.py builds both states).
+does not hold (tests/services/processors/test_processors_rocksdb.py builds both states).
 
 So a worker on ``rocksdb://`` removes a marker file from its data folder when it starts and
 writes it back only when it stops cleanly (exit status 0). A data folder without the marker

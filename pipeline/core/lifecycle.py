@@ -13,7 +13,7 @@ number or an end reason means the same everywhere: :func:`declared_number` and
 :func:`end_reason_kind` (the fleet row, which is persisted and restored without a fold
 behind it; the dashboard's end-reason chart and metric; the driver's metrics). The GenAI
 trace (:mod:`pipeline.core.genai_trace`) keys its spans by the numbers the events carry and
-keeps its own reading of them. ``tests/test_lifecycle_agreement.py`` checks that all of them
+keeps its own reading of them. ``tests/core/test_lifecycle_agreement.py`` checks that all of them
 say the same as the fold after every event of the recorded logs.
 """
 

@@ -5,7 +5,7 @@ processors worker folds it into the fleet output; the dashboard (with a token) l
 "Waiting for approval". A person signed in with basic auth types a reason and clicks
 Approve: the approve command, naming them and the reason, is on the session's inbox. Without
 the token's credentials the decision route answers 401, and a dashboard without a token
-refuses decisions (403; ``tests/test_dashboard_web.py``).
+refuses decisions (403; ``tests/services/dashboard/test_dashboard_web.py``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and notices when a client hung up mid-stream.
 
 It runs in the caller's event loop on a free loopback port (aiohttp), so providers are
 exercised through a real socket and a real HTTP stack: nothing is patched. The tests use it
-through ``tests/llm_server.py``.
+through ``tests/support/llm_server.py``.
 """
 
 from __future__ import annotations

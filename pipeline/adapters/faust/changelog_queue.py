@@ -14,8 +14,9 @@ past them with the next record it reads. On ``rocksdb://`` that offset is writte
 store with the next standby batch (``Store.apply_changelog_batch``), and a promotion of the
 standby to active (its owner gone) recovers only what lies past it: a dropped record stays
 missing for good (a session "unknown" on the new owner, whose only ``sessions`` record was
-dropped; tests/test_processors_rocksdb.py failed so under load). ``memory://`` stores no
-offset, so a promotion reads the whole changelog again and hides the loss.
+dropped; tests/services/processors/test_processors_rocksdb.py failed so under load).
+``memory://`` stores no offset, so a promotion reads the whole changelog again and hides the
+loss.
 
 Rule: a clear while the flow is *suspended* (a rebalance: faust suspends, then clears) drops
 every record, as in faust; the recovery then seeks every changelog partition to the offset

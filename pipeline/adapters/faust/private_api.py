@@ -10,7 +10,7 @@ Rules:
   :func:`attributes`.
 - :func:`private_api_problems` checks both lists against the installed libraries and names
   every missing or changed attribute or signature; the worker refuses to start on any
-  (:func:`require_supported_faust`), and ``tests/test_faust_private_api.py`` fails on them
+  (:func:`require_supported_faust`), and ``tests/adapters/test_faust_private_api.py`` fails on them
   (and on a private name of another library's object used anywhere else in ``pipeline/``),
   so an upgrade of either library fails loudly, here, and not as a silent change of what
   is committed.

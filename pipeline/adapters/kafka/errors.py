@@ -1,9 +1,9 @@
 """aiokafka's exceptions translated into the project's error tree: the one place that catches them.
 
 Every other module wraps its broker calls in ``broker_errors(what)`` (or calls ``quietly`` for a
-cleanup that must never raise) and sees only :class:`BrokerError`; tests/test_kafka_errors.py
-checks that no other module of ``pipeline`` names an aiokafka exception in an ``except``
-clause or a ``suppress``.
+cleanup that must never raise) and sees only :class:`BrokerError`;
+tests/adapters/test_kafka_errors.py checks that no other module of ``pipeline`` names an
+aiokafka exception in an ``except`` clause or a ``suppress``.
 
 Rules the translation keeps:
 

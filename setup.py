@@ -72,4 +72,5 @@ def compiled_decoder() -> list[Extension]:
     return modules
 
 
-setup(ext_modules=compiled_decoder(), cmdclass={"build_ext": BuildOptional, "build_py": BuildWithSchemas})
+setup(ext_modules=compiled_decoder(),
+      cmdclass={"build_ext": BuildOptional, "build_py": BuildWithSchemas})

@@ -13,18 +13,20 @@ settings, never the environment's: a bad ``DSH_*`` variable cannot break it. Exi
 
 Other installed distributions add commands through the entry-point group
 ``dsh_pipeline.commands`` (:data:`COMMANDS_GROUP`): the development package (``dev/``,
-``dsh-pipeline-dev``) adds ``broker``, ``demo``, ``chaos`` and ``bench``. Without it those
-commands exit 2 saying how to install it.
+``dsh-pipeline-dev``) adds ``broker``, ``demo``, ``chaos`` and ``bench`` (a checkout run with
+``dev/`` on ``PYTHONPATH`` but not installed finds them too). Without it those commands exit 2
+saying how to install it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Final
 
 from pipeline.cli.common import (
@@ -108,6 +110,21 @@ COMMANDS_GROUP: Final = "dsh_pipeline.commands"
 # Named here only to say how to get them when the development package is not installed.
 DEVELOPMENT_COMMANDS: Final = ("broker", "demo", "chaos", "bench")
 DEVELOPMENT_PACKAGE: Final = "dsh-pipeline-dev"
+# The development package's entry point. A checkout run that puts dev/ on PYTHONPATH without
+# installing it has no entry point: the same table is then read when its package is importable
+# (by name, at run time: the product never imports the development package).
+DEVELOPMENT_TABLE: Final = EntryPoint(name="dev", value="dsh_dev.cli.commands:COMMANDS",
+                                      group=COMMANDS_GROUP)
+
+
+def command_tables() -> list[EntryPoint]:
+    """The entry points of the group, plus the development package's when it is importable
+    but not installed."""
+    found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
+    if (all(entry.value != DEVELOPMENT_TABLE.value for entry in found)
+            and importlib.util.find_spec(DEVELOPMENT_TABLE.module.split(".")[0]) is not None):
+        found.append(DEVELOPMENT_TABLE)
+    return found
 
 
 def installed_commands() -> dict[str, tuple[str, str]]:
@@ -115,7 +132,7 @@ def installed_commands() -> dict[str, tuple[str, str]]:
     A table that fails to load is reported on stderr and skipped: the product's commands
     still work."""
     found: dict[str, tuple[str, str]] = {}
-    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+    for entry in command_tables():
         try:
             table = entry.load()
         except Exception as exc:  # a broken plugin must not break the product's commands

@@ -126,9 +126,9 @@ chaos: setup toxiproxy
 # The third-party MCP servers the tests and benchmarks run (tests/mcp_servers/): the npm ones
 # (server-everything, server-filesystem) by `npm ci` from the committed lock file, and
 # mcp-server-git (PyPI) in a virtualenv of its own, since its dependencies are not the
-# pipeline's. Installed into the cache ($DSH_CACHE_DIR); redone when a pin changes.
+# pipeline's. Installed into the cache ($DSH_CACHE_DIR or .cache/); redone when a pin changes.
 # Needs node and npm; tests/mcp_support.py finds them there.
-MCP_SERVERS_DIR = $(DSH_CACHE_DIR)/mcp-servers
+MCP_SERVERS_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/mcp-servers
 MCP_SERVER_GIT_VERSION := 2026.10.19
 mcp-servers: $(MCP_SERVERS_DIR)/.installed
 $(MCP_SERVERS_DIR)/.installed: tests/mcp_servers/package.json tests/mcp_servers/package-lock.json \

@@ -1,7 +1,9 @@
 # dsh-pipeline: the two commands that matter are `make demo` and `make test`; `make check` is
 # the contributors' quick one (lint and the unit tier: no broker, registry, Java or browser).
-# Everything installs itself when missing: the virtualenv (.venv) and the Java artifacts
-# (Kafka, Apicurio Registry from Maven Central into .cache/, or $DSH_CACHE_DIR).
+# Everything installs itself when missing: the virtualenv (.venv) with the product (pipeline/)
+# and the development package (dev/: the local stack, the chaos campaign, the broker, demo,
+# chaos and bench commands), and the Java artifacts (Kafka, Apicurio Registry from Maven
+# Central into the cache).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -15,6 +17,10 @@ PYTEST_ARGS ?= --durations=15 --timeout=900
 UNIT_MARKERS := not broker and not registry and not cluster and not jars and not browser \
 	and not promtool and not mcp
 UNIT_ARGS ?= --durations=10 --timeout=300
+# The cache of downloaded tools (Java artifacts, Toxiproxy, MCP servers, chaos runs): the
+# checkout's .cache/ for everything make runs, unless DSH_CACHE_DIR is set (without make the
+# commands default to ~/.cache/dsh-pipeline: pipeline.settings.cache_dir).
+export DSH_CACHE_DIR ?= $(CURDIR)/.cache
 
 .PHONY: setup artifacts tools test lint pytest check unit demo broker chromium promtool bench \
 	constraints docs toxiproxy chaos mcp-servers
@@ -24,10 +30,12 @@ setup: $(STAMP) artifacts
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Re-run the (idempotent) editable install when pyproject.toml changes, or the compiled
-# decoder's source (setup.py builds it; pipeline/codec/binary_native.py).
-$(STAMP): pyproject.toml constraints.txt setup.py pipeline/codec/_native_events.pyx | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,rocksdb]'
+# Re-run the (idempotent) editable installs of the product and the development package (dev/)
+# when a pyproject.toml changes, or the compiled decoder's source (setup.py builds it;
+# pipeline/codec/binary_native.py).
+$(STAMP): pyproject.toml dev/pyproject.toml constraints.txt setup.py \
+		pipeline/codec/_native_events.pyx | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,rocksdb]' -e ./dev
 	touch $(STAMP)
 
 # Pins what the virtualenv holds now as the exact versions `make` and CI install.
@@ -101,9 +109,9 @@ docs: $(STAMP)
 	$(BIN)/python bench/regenerate_docs.py
 
 # Toxiproxy for `make chaos` (network faults), pinned: `@latest` resolves to the old v2.5.0.
-# Installed once into the cache ($DSH_CACHE_DIR or .cache/); a present binary is kept.
+# Installed once into the cache ($DSH_CACHE_DIR); a present binary is kept.
 TOXIPROXY_VERSION := 2.12.0
-TOXIPROXY_DIR = $(or $(DSH_CACHE_DIR),$(CURDIR)/.cache)/toxiproxy-$(TOXIPROXY_VERSION)
+TOXIPROXY_DIR = $(DSH_CACHE_DIR)/toxiproxy-$(TOXIPROXY_VERSION)
 toxiproxy:
 	@if [ ! -x "$(TOXIPROXY_DIR)/server" ]; then \
 	    mkdir -p "$(TOXIPROXY_DIR)" && \

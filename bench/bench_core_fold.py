@@ -5,7 +5,7 @@ Usage: .venv/bin/python bench/bench_core_fold.py [--events 100000] [--rounds 3] 
 Goal: the cost of ``SessionLog.append`` (validation + surface fold + turn bookkeeping) per event
 is flat in session length: a 100,000-event session within 1.5x of a 10-event session.
 
-Method. One synthetic session (:mod:`pipeline.testing.synth`, the fixtures' event mix) of
+Method. One synthetic session (:mod:`dsh_dev.synth`, the fixtures' event mix) of
 ``--events`` events. For a session length L, the figure is the CPU time per event of appending
 events to a log that already holds up to L events: windows of the stream re-based to seq 0
 (sources outside the window dropped, replaces turned into appends), each
@@ -21,9 +21,9 @@ import dataclasses
 import random
 import time
 
+from dsh_dev.synth import synth_session
 from pipeline.core.events import APPEND, Event, Replace
 from pipeline.core.log import Mode, SessionLog
-from pipeline.testing.synth import synth_session
 
 
 def rebase(window: list[Event]) -> list[Event]:

@@ -57,14 +57,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
 from pipeline.adapters.cancelling import cancel_until_done
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.llm.scripted import Script, ScriptedReply, tool_loop_script
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.adapters.loop_probe import ENV as PROBE_ENV
 from pipeline.adapters.loop_probe import LoopProbe, probing
 from pipeline.cli.cmd_driver import driver_context

@@ -4,7 +4,7 @@ a rebuilt derived-messages version) on a real local Kafka (not a test; prints fi
     .venv/bin/python bench/bench_fanout.py [--events 1000000 | --quick] [--sessions 100]
         [--bootstrap HOST:PORT]      # default: start a local single-node broker
 
-Sessions are synthetic (``pipeline.testing.synth``: the fixtures' mix, ~87% chunks), written
+Sessions are synthetic (``dsh_dev.synth``: the fixtures' mix, ~87% chunks), written
 as packed ``session.jsonl`` files, shipped with 5000-event transactions, then rebuilt.
 
 What the replay figure measures: one ``Rebuilder`` run in this process, from the ``TopicScan``
@@ -31,15 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
+from dsh_dev.synth import synth_header, synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.services.replay.rebuild import Rebuilder
 from pipeline.services.replay.ship import Shipper
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_header, synth_session
 
 
 def _load() -> float:

@@ -157,8 +157,8 @@ def main() -> None:
     if args.bootstrap:
         run(args.bootstrap, events)
         return
-    from pipeline.adapters.localstack.artifacts import Artifacts
-    from pipeline.adapters.localstack.kafka import KafkaLocal
+    from dsh_dev.localstack.artifacts import Artifacts
+    from dsh_dev.localstack.kafka import KafkaLocal
     with KafkaLocal(Artifacts.default().require_kafka()) as kafka:
         run(kafka.bootstrap, events)
 

@@ -2,7 +2,7 @@
 tenant (issue 30).
 
 Starts a local single-node Kafka (or uses ``--bootstrap``) and, in this process, the local
-protocol server (``pipeline/adapters/chaos/provider_server.py``) enforcing
+protocol server (``dev/dsh_dev/chaos/provider_server.py``) enforcing
 ``--rpm`` requests a minute the way providers do (``429`` + ``Retry-After``, the
 ``x-ratelimit-*`` headers on every answer). Two ``dsh-pipeline driver`` children share one
 budget of the same size (``DSH_PROVIDER_LIMITS``; each holds its partitions' share), with
@@ -45,17 +45,17 @@ from typing import Any
 import httpx
 from bench_driver_kafka import broker
 
-from pipeline.adapters.chaos.provider_server import (
+from dsh_dev.chaos.provider_server import (
     LLMTestServer,
     RateLimits,
     ScriptedResponse,
     chat_chunk,
 )
+from dsh_dev.localstack.process import ChildProcess, free_ports
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_reader import read_session_partition
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.events import Event

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 
 from processors_support import Worker, event_records, free_port, generated_sessions
 
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.cli.local_store import CLEAN_STOP_MARKER
 from pipeline.settings import Settings
 

@@ -37,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "suppo
 
 from processors_support import event_records, free_port, generated_sessions
 
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.stack import LocalStack
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.topic_scan import BulkProducer
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.security import SecureSetup, read_env_file
-from pipeline.adapters.localstack.stack import LocalStack
+from pipeline.adapters.secure.acls import acl_plan
+from pipeline.adapters.secure.security import SecureSetup, read_env_file
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

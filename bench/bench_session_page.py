@@ -44,19 +44,19 @@ from pathlib import Path
 import httpx
 from suite_core import kafka_for
 
+from dsh_dev.cli.demo_fleet import start_processors
+from dsh_dev.localstack.process import ChildProcess, free_ports
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.projection_pointer import write_pointer_records
 from pipeline.adapters.kafka.topic_scan import BulkProducer
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
-from pipeline.cli.demo_fleet import start_processors
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.outputs import default_output_codecs
 from pipeline.codec.records import event_headers
 from pipeline.core.projection import MessageChange, layout_key
 from pipeline.services.dashboard.server import start_dashboard
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 PARTITIONS = 6
 SLOTS = 20          # derived messages per session

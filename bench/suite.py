@@ -93,8 +93,8 @@ def broker(bootstrap: str, needed: bool) -> Iterator[tuple[str, tuple[int, ...]]
     if bootstrap or not needed:
         yield bootstrap, ()
         return
-    from pipeline.adapters.localstack.artifacts import Artifacts
-    from pipeline.adapters.localstack.kafka import KafkaLocal
+    from dsh_dev.localstack.artifacts import Artifacts
+    from dsh_dev.localstack.kafka import KafkaLocal
     kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
     try:
         kafka.start(budget_s=180)  # a loaded 2-core machine can take well over 60 s

@@ -161,8 +161,8 @@ def kafka_for(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from pipeline.adapters.localstack.artifacts import Artifacts
-    from pipeline.adapters.localstack.kafka import KafkaLocal
+    from dsh_dev.localstack.artifacts import Artifacts
+    from dsh_dev.localstack.kafka import KafkaLocal
     kafka = KafkaLocal(Artifacts.default().require_kafka(), heap_mb=1024)
     kafka.start(300)
     try:

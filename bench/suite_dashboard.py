@@ -1,7 +1,7 @@
 """Dashboard ready time against a session topic that already holds history (issue 22).
 
 A fleet of ``FLEET_SESSIONS`` sessions whose history grows: for 100k, 1M and 10M events,
-each session has 100, 1,000 or 10,000 events of :func:`pipeline.testing.synth.synth_session`
+each session has 100, 1,000 or 10,000 events of :func:`dsh_dev.synth.synth_session`
 (turns, steps, tool calls, compactions, ~87% chunks), written interleaved as a live fleet
 writes them (rounds of ``ROUND_EVENTS`` events of every session). A real ``dsh-pipeline
 processors`` worker folds the history and publishes its outputs. Then the production state
@@ -40,6 +40,7 @@ from typing import Any
 import bench_processors
 from suite_core import CHECKOUT, Context, Figure, load_average
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import OUTPUT_MAX_COMPACTION_LAG_MS, ensure_topics
 from pipeline.adapters.kafka.compacted import CompactedFollow
 from pipeline.adapters.kafka.event_stream import partition_for
@@ -47,7 +48,6 @@ from pipeline.adapters.kafka.topic_scan import BulkProducer
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 PARTITIONS = 3
 FLEET_SESSIONS = 1_000

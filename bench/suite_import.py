@@ -1,6 +1,6 @@
 """Import benchmark: ``dsh-pipeline import`` of an archive of dsh session files (issue 22).
 
-100 synthetic sessions of 1,000 events each (:mod:`pipeline.testing.synth`, the fixtures' mix),
+100 synthetic sessions of 1,000 events each (:mod:`dsh_dev.synth`, the fixtures' mix),
 written as dsh writes them (packed rows) once, outside the timed part. Each run imports
 them into fresh topics with :class:`~pipeline.services.replay.transfer.Importer` (what the
 command runs: read and check every file, read what the topic holds, publish in batched
@@ -18,13 +18,13 @@ from pathlib import Path
 from suite_core import Context, Figure
 from suite_kafka import ingest_ours
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.services.replay.prepare import avro_encoder, default_workers
 from pipeline.services.replay.transfer import Importer
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 
 def write_archive(folder: Path, sessions: int, events: int) -> list[Path]:

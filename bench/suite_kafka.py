@@ -1,6 +1,6 @@
 """Broker benchmarks: ingest, consume and decode, replay (with Kafka's tools as anchors).
 
-The events are :mod:`pipeline.testing.synth` sessions (the fixtures' mix: ~87% chunks, record
+The events are :mod:`dsh_dev.synth` sessions (the fixtures' mix: ~87% chunks, record
 sizes as the codec makes them); every run writes to fresh topics, so nothing is read from a
 warm topic that another run or benchmark wrote, except where said (consume reads what its own
 run's ingest wrote, as a consumer of a live topic would: from the broker's page cache).
@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from suite_core import Context, Figure
 from suite_tools import ToolError, consumer_performance, producer_performance
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan, ensure_topic
 from pipeline.codec.avro import EventSerde
@@ -24,7 +25,6 @@ from pipeline.codec.records import event_headers, record_key
 from pipeline.core.events import Event, dumps_json
 from pipeline.services.replay.rebuild import Rebuilder
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 Mix = list[tuple[str, Event]]
 

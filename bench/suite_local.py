@@ -22,6 +22,7 @@ import bench_avro
 import bench_core_fold
 from suite_core import Context, Figure
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.records import event_headers, record_key
@@ -32,7 +33,6 @@ from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import SessionFolder
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import TopicNames
-from pipeline.testing.synth import synth_session
 
 
 def bench_avro_codec(ctx: Context) -> list[Figure]:

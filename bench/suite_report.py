@@ -59,7 +59,7 @@ METHOD = """\
   replication factor 1; all producers acks=all and idempotent. A benchmark using the broker
   starts once the broker has used under 10% of a core for 2 s (at most 120 s of waiting), so
   that an earlier benchmark's aftermath (log cleaning, segment deletion) is not its load.
-- The realistic mix: `pipeline.testing.synth` sessions, whose proportions follow the recorded
+- The realistic mix: `dsh_dev.synth` sessions, whose proportions follow the recorded
   fixtures in `../shared/fixtures` (per turn: claim, 1-4 steps, reasoning runs of 10-30
   deltas, tool-call argument runs of 15-35 pieces, text runs of 1-30 deltas, tool results of
   60-600 chars, a few percent of retries, cancels and compactions: ~87% `assistant/chunk`).

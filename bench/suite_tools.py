@@ -1,6 +1,6 @@
 """Kafka's own performance tools as anchors: ProducerPerformance, ConsumerPerformance,
 EndToEndLatency (``org.apache.kafka:kafka-tools``, resolved into its own folder by
-:mod:`pipeline.adapters.localstack.artifacts`, off the broker's classpath).
+:mod:`dsh_dev.localstack.artifacts`, off the broker's classpath).
 
 Each call starts one JVM; its start-up is outside the figure because every tool times itself
 from its first record (ProducerPerformance, EndToEndLatency) or reports the fetch rate
@@ -15,14 +15,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from pipeline.adapters.localstack.artifacts import (
+from dsh_dev.localstack.artifacts import (
     DEPENDENCY_PLUGIN,
     DEPLOY_DIR,
     MARKER,
     Artifacts,
     ensure_artifacts,
 )
-from pipeline.adapters.localstack.process import find_java
+from dsh_dev.localstack.process import find_java
 from pipeline.core.errors import DshError
 
 TOOL_TIMEOUT_S = 600
@@ -54,8 +54,9 @@ def tools_lib() -> Path | None:
 
 
 def _resolve_with_clean_pom(artifacts: Artifacts) -> None:
-    """Work-around: deploy/local/kafka-tools.pom.xml has ``--`` inside an XML comment, which
-    Maven refuses; resolve from a copy without comments, into the same folder and marker."""
+    """Work-around: the development package's ``localstack/files/kafka-tools.pom.xml`` has ``--``
+    inside an XML comment, which Maven refuses; resolve from a copy without comments, into the
+    same folder and marker."""
     pom = DEPLOY_DIR / "kafka-tools.pom.xml"
     with tempfile.TemporaryDirectory() as folder:
         clean = Path(folder) / "pom.xml"

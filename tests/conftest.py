@@ -40,9 +40,9 @@ from typing import Any
 import hypothesis.internal.observability  # noqa: F401  (imported at the summary otherwise)
 import pytest
 
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
-from pipeline.adapters.localstack.registry import RegistryLocal
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
+from dsh_dev.localstack.registry import RegistryLocal
 from pipeline.cli.main import COMMANDS
 from pipeline.settings import Settings
 

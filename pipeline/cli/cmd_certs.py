@@ -1,6 +1,6 @@
 """``dsh-pipeline certs DIR``: a secure deployment's CA, certificates and credentials.
 
-Writes what ``deploy/compose/secure.yml`` mounts (:mod:`pipeline.adapters.localstack.compose`):
+Writes what ``deploy/compose/secure.yml`` mounts (:mod:`pipeline.adapters.secure.compose`):
 a new CA and a server certificate valid for the hosts of ``DSH_BOOTSTRAP_SERVERS`` and
 ``DSH_REGISTRY_URL`` (plus ``localhost``, ``127.0.0.1`` and every ``--host``), one password per
 principal, the broker's security properties, its SCRAM users and ACL commands, the registry's
@@ -44,7 +44,7 @@ def certificate_hosts(settings: Settings, extra: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.adapters.localstack.compose import write_compose_secrets
+    from pipeline.adapters.secure.compose import write_compose_secrets
 
     configure_logging(args)
     hosts = certificate_hosts(settings, args.host)

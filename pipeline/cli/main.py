@@ -10,15 +10,24 @@ commands never load Kafka, faust or aiohttp. A command missing from ``COMMANDS``
 every module is then imported. A command that sets ``uses_settings=False`` gets the default
 settings, never the environment's: a bad ``DSH_*`` variable cannot break it. Exit codes:
 :mod:`pipeline.cli.common`.
+
+Other installed distributions add commands through the entry-point group
+``dsh_pipeline.commands`` (:data:`COMMANDS_GROUP`): the development package (``dev/``,
+``dsh-pipeline-dev``) adds ``broker``, ``demo``, ``chaos`` and ``bench`` (a checkout run with
+``dev/`` on ``PYTHONPATH`` but not installed finds them too). Without it those commands exit 2
+saying how to install it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
+from typing import Final
 
 from pipeline.cli.common import (
     EXIT_BROKEN_PIPE,
@@ -31,15 +40,13 @@ from pipeline.core.errors import ConfigError, DshError
 from pipeline.settings import Settings
 
 # One module per command or command group, registered in this order (the order of --help).
-COMMAND_MODULES: tuple[str, ...] = (
+PRODUCT_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_derive",
     "pipeline.cli.cmd_validate",
     "pipeline.cli.cmd_encode",
     "pipeline.cli.cmd_decode",
-    "pipeline.cli.cmd_broker",
     "pipeline.cli.cmd_certs",
     "pipeline.cli.cmd_topics",
-    "pipeline.cli.cmd_demo",
     "pipeline.cli.cmd_config",
     "pipeline.cli.cmd_driver",
     "pipeline.cli.cmd_send",
@@ -55,26 +62,21 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pipeline.cli.cmd_schemas",
     "pipeline.cli.cmd_sessions",
     "pipeline.cli.cmd_usage",
-    "pipeline.cli.cmd_bench",
     "pipeline.cli.cmd_completion",
-    "pipeline.cli.cmd_chaos",
 )
 
 # command -> (its module, its summary in the top-level --help). A test keeps the summaries
 # equal to each parser's help; a command missing here makes every module load (slower).
-COMMANDS: dict[str, tuple[str, str]] = {
+PRODUCT_COMMANDS: dict[str, tuple[str, str]] = {
     "derive": ("pipeline.cli.cmd_derive",
                "show a session file's turns and the messages the model sees"),
     "validate": ("pipeline.cli.cmd_validate", "check session files against the session-log rules"),
     "encode": ("pipeline.cli.cmd_encode", "write a session file as an Avro container file"),
     "decode": ("pipeline.cli.cmd_decode", "print the events of an Avro container file as JSONL"),
-    "broker": ("pipeline.cli.cmd_broker", "run a local Kafka and schema registry in the "
-                                          "foreground"),
     "certs": ("pipeline.cli.cmd_certs", "write a secure deployment's CA, certificates and "
                                         "per-role credentials"),
     "topics": ("pipeline.cli.cmd_topics", "create and check the project's topics (and register "
                                           "schemas)"),
-    "demo": ("pipeline.cli.cmd_demo", "run the whole pipeline on a local stack and check it"),
     "config": ("pipeline.cli.cmd_config", "print every setting: env variable, default, current "
                                           "value (secrets masked)"),
     "driver": ("pipeline.cli.cmd_driver", "run agent turns from the inbox topic"),
@@ -97,12 +99,66 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "otel": ("pipeline.cli.cmd_otel", "export turns as OpenTelemetry GenAI traces over "
                                       "OTLP/HTTP"),
     "schemas": ("pipeline.cli.cmd_schemas", "list, show and check the Avro schemas offline"),
-    "chaos": ("pipeline.cli.cmd_chaos", "run the pipeline under randomized faults and check "
-                                        "nothing was lost"),
-    "bench": ("pipeline.cli.cmd_bench", "run the benchmarks against their anchors and write "
-                                        "BENCHMARKS.md"),
     "completion": ("pipeline.cli.cmd_completion", "print a shell completion script (bash, zsh)"),
 }
+
+
+# Commands of other installed distributions: each registers, in this entry-point group, a
+# table like PRODUCT_COMMANDS (command -> (module, summary)). The development package (dev/,
+# dsh-pipeline-dev: the local stack, the chaos campaign, the benchmarks) registers its own.
+COMMANDS_GROUP: Final = "dsh_pipeline.commands"
+# Named here only to say how to get them when the development package is not installed.
+DEVELOPMENT_COMMANDS: Final = ("broker", "demo", "chaos", "bench")
+DEVELOPMENT_PACKAGE: Final = "dsh-pipeline-dev"
+# The development package's entry point. A checkout run that puts dev/ on PYTHONPATH without
+# installing it has no entry point: the same table is then read when its package is importable
+# (by name, at run time: the product never imports the development package).
+DEVELOPMENT_TABLE: Final = EntryPoint(name="dev", value="dsh_dev.cli.commands:COMMANDS",
+                                      group=COMMANDS_GROUP)
+
+
+def command_tables() -> list[EntryPoint]:
+    """The entry points of the group, plus the development package's when it is importable
+    but not installed."""
+    found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
+    if (all(entry.value != DEVELOPMENT_TABLE.value for entry in found)
+            and importlib.util.find_spec(DEVELOPMENT_TABLE.module.split(".")[0]) is not None):
+        found.append(DEVELOPMENT_TABLE)
+    return found
+
+
+def installed_commands() -> dict[str, tuple[str, str]]:
+    """The commands other installed distributions add (none may replace a product command).
+    A table that fails to load is reported on stderr and skipped: the product's commands
+    still work."""
+    found: dict[str, tuple[str, str]] = {}
+    for entry in command_tables():
+        try:
+            table = entry.load()
+        except Exception as exc:  # a broken plugin must not break the product's commands
+            print(f"dsh-pipeline: the commands of {entry.value} are left out: {exc}",
+                  file=sys.stderr)
+            continue
+        found.update({name: (str(module), str(summary))
+                      for name, (module, summary) in dict(table).items()
+                      if name not in PRODUCT_COMMANDS})
+    return found
+
+
+COMMANDS: Final[dict[str, tuple[str, str]]] = {**PRODUCT_COMMANDS, **installed_commands()}
+COMMAND_MODULES: Final[tuple[str, ...]] = (
+    *PRODUCT_MODULES,
+    *dict.fromkeys(module for name, (module, _) in COMMANDS.items()
+                   if name not in PRODUCT_COMMANDS))
+
+
+def missing_development_command(command: str | None) -> str | None:
+    """What to say when ``command`` is one of the development package's and it is missing."""
+    if command not in DEVELOPMENT_COMMANDS or command in COMMANDS:
+        return None
+    return (f"dsh-pipeline {command}: error: `{command}` is a development command, in the "
+            f"development package {DEVELOPMENT_PACKAGE}, which is not installed. From a "
+            "checkout of the repository: `pip install -e ./dev` (`make setup` does it).")
 
 
 def version() -> str:
@@ -121,7 +177,7 @@ def build_parser(command: str | None = "") -> argparse.ArgumentParser:
         description="Run and observe fleets of AI agents on Kafka (dsh session logs).",
         epilog="Settings come from DSH_* environment variables (dsh-pipeline config). Exit "
                "codes: 0 ok, 1 invalid input or failed check, 2 usage error, 130 interrupted. "
-               "Docs: docs/cli.md.")
+               "Docs: docs/cli.md." + _development_note())
     parser.add_argument("--version", action="version", version=f"dsh-pipeline {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if command is None:
@@ -140,6 +196,14 @@ def build_parser(command: str | None = "") -> argparse.ArgumentParser:
     return parser
 
 
+def _development_note() -> str:
+    missing = [name for name in DEVELOPMENT_COMMANDS if name not in COMMANDS]
+    if not missing:
+        return ""
+    return (f" Development commands ({', '.join(missing)}): install the development package "
+            f"{DEVELOPMENT_PACKAGE} (`pip install -e ./dev` in a checkout).")
+
+
 def command_in(argv: Sequence[str]) -> str | None:
     """The command named in ``argv`` (its first word that is no option), or None."""
     for word in argv:
@@ -151,6 +215,10 @@ def command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     command = command_in(words)
+    missing = missing_development_command(command)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_USAGE
     try:
         parser = build_parser(None if command is None else command)
         args = parser.parse_args(words)

@@ -30,12 +30,13 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from pipeline.codec.binary import CompiledSchema
+from pipeline.codec.schema_files import schema_dir
 from pipeline.codec.schemas import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 from pipeline.core.errors import CodecError, EventError, SchemaError
 from pipeline.core.events import JsonValue, dumps_json
 from pipeline.core.inbox import InboxCommand, command_from_json, command_to_json
 
-SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR: Final = schema_dir()
 SCHEMA_FILE: Final = "dsh.InboxCommand.avsc"
 HISTORY_GLOB: Final = "dsh.InboxCommand.v*.avsc"
 _JSON_FIELDS: Final = ("content", "source")

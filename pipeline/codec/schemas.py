@@ -23,9 +23,10 @@ from fastavro.schema import to_parsing_canonical_form as _canonical_form
 from pipeline.codec.binary import CompiledSchema
 from pipeline.codec.envelope import EventRecordBuilder
 from pipeline.codec.payload import RecordPlan, payload_plans
+from pipeline.codec.schema_files import schema_dir
 from pipeline.core.errors import CodecError, DshError, SchemaError
 
-SCHEMA_DIR: Final = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR: Final = schema_dir()
 HISTORY_DIR: Final = SCHEMA_DIR / "history"
 EVENT_SCHEMA_FILE: Final = "dsh.SessionEvent.avsc"
 EVENT_HISTORY_GLOB: Final = "dsh.SessionEvent.v*.avsc"

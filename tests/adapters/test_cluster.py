@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from pipeline.adapters.localstack.kafka import KafkaLocal
+from dsh_dev.localstack.kafka import KafkaLocal
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

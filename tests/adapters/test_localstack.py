@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.kafka.admin import plan_topics
-from pipeline.adapters.localstack.artifacts import (
+from dsh_dev.localstack.artifacts import (
     MARKER,
     Artifacts,
     _log4j_core_version,
     ensure_artifacts,
 )
-from pipeline.adapters.localstack.kafka import KafkaLocal, new_cluster_id
-from pipeline.adapters.localstack.process import ChildProcess, find_java, free_ports
-from pipeline.adapters.localstack.registry import RegistryLocal
+from dsh_dev.localstack.kafka import KafkaLocal, new_cluster_id
+from dsh_dev.localstack.process import ChildProcess, find_java, free_ports
+from dsh_dev.localstack.registry import RegistryLocal
+from pipeline.adapters.kafka.admin import plan_topics
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import BrokerError, ConfigError, RegistryError
 from pipeline.settings import Settings
@@ -156,7 +156,7 @@ def test_children_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
     parent_code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from pipeline.adapters.localstack.process import ChildProcess
+        from dsh_dev.localstack.process import ChildProcess
         child = ChildProcess("sleeper", ["sleep", "300"], Path({str(tmp_path / 'log')!r}),
                              Path({str(tmp_path)!r}))
         print(child.pid, flush=True)

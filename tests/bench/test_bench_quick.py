@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.localstack.kafka import KafkaLocal
-from pipeline.cli.cmd_bench import BENCHMARK_NAMES, SUITE
+from dsh_dev.cli.cmd_bench import BENCHMARK_NAMES, SUITE
+from dsh_dev.localstack.kafka import KafkaLocal
 
 pytestmark = pytest.mark.broker
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 from faust.types import TP
 
+from dsh_dev.synth import synth_header, synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.dlq import ERROR_MESSAGE, ORIGINAL_OFFSET
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
@@ -35,7 +36,6 @@ from pipeline.services.processors.session_state import SessionTables
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.topic import read_sessions
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_header, synth_session
 
 WAIT_S = 60.0
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from dsh_dev.chaos.invariants import wait_lag_zero
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
-from pipeline.cli.chaos.invariants import wait_lag_zero
 from pipeline.settings import Settings
 
 

@@ -17,18 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.chaos.answers import GeneratedAnswers, answer_id_of
-from pipeline.adapters.chaos.provider_server import LLMTestServer, ReportedUsage
-from pipeline.adapters.llm.http_provider import OpenAICompatibleProvider
-from pipeline.cli.chaos.campaign import CampaignOptions, Outcome
-from pipeline.cli.chaos.ledger_check import (
+from dsh_dev.chaos.answers import GeneratedAnswers, answer_id_of
+from dsh_dev.chaos.campaign import CampaignOptions, Outcome
+from dsh_dev.chaos.ledger_check import (
     Reference,
     chaos_prices,
     check_ledger,
     reference_ledger,
 )
-from pipeline.cli.chaos.load import PROVIDER, TENANTS, session_tenants
-from pipeline.cli.chaos.report import render
+from dsh_dev.chaos.load import PROVIDER, TENANTS, session_tenants
+from dsh_dev.chaos.provider_server import LLMTestServer, ReportedUsage
+from dsh_dev.chaos.report import render
+from pipeline.adapters.llm.http_provider import OpenAICompatibleProvider
 from pipeline.core.events import Event
 from pipeline.core.inbox import Configure, FollowUp
 from pipeline.core.model import RetryPolicy

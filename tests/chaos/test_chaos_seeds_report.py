@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.chaos.campaign import CampaignOptions, Outcome
-from pipeline.cli.chaos.invariants import Result
-from pipeline.cli.chaos.report import render_seeds
-from pipeline.cli.cmd_chaos import clock_seed, run
+from dsh_dev.chaos.campaign import CampaignOptions, Outcome
+from dsh_dev.chaos.invariants import Result
+from dsh_dev.chaos.report import render_seeds
+from dsh_dev.cli.cmd_chaos import clock_seed, run
 from pipeline.core.errors import ConfigError
 from pipeline.settings import Settings
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.adapters.chaos.answers import FAULT_KINDS, GeneratedAnswers, answer_id_of
-from pipeline.adapters.chaos.provider_server import LLMTestServer
-from pipeline.adapters.chaos.toxiproxy import toxiproxy_binary
+from dsh_dev.chaos.answers import FAULT_KINDS, GeneratedAnswers, answer_id_of
+from dsh_dev.chaos.faults import GARBAGE, TOXICS, FaultPlan
+from dsh_dev.chaos.provider_server import LLMTestServer
+from dsh_dev.chaos.toxiproxy import toxiproxy_binary
 from pipeline.adapters.llm.http_provider import OpenAICompatibleProvider
-from pipeline.cli.chaos.faults import GARBAGE, TOXICS, FaultPlan
 from pipeline.core.errors import ProviderError
 from pipeline.core.model import ModelRequest, StreamAccumulator
 

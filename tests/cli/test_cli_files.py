@@ -19,7 +19,7 @@ import pytest
 import zstandard
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from pipeline.adapters.localstack.process import port_is_free
+from dsh_dev.localstack.process import port_is_free
 from pipeline.codec.inbox import InboxCodec
 from pipeline.core.inbox import FollowUp
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters.localstack.process import free_ports
-from pipeline.adapters.localstack.security import ROLES, read_env_file
+from dsh_dev.localstack.process import free_ports
+from pipeline.adapters.secure.security import ROLES, read_env_file
 from pipeline.cli.main import build_parser
 
 pytestmark = [pytest.mark.broker, pytest.mark.registry]

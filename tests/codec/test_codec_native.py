@@ -12,6 +12,7 @@ from fastavro import parse_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsh_dev.synth import synth_session
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.binary import CompiledSchema, use_compiled_decoders
 from pipeline.codec.binary_native import (
@@ -25,7 +26,6 @@ from pipeline.codec.binary_native import (
 from pipeline.codec.schemas import current_event_schema
 from pipeline.core.errors import CodecError
 from pipeline.core.events import APPEND, Event, Replace
-from pipeline.testing.synth import synth_session
 
 BUILT = importlib.util.find_spec(MODULE) is not None
 needs_build = pytest.mark.skipif(not BUILT, reason="the compiled decoder is not built (no "

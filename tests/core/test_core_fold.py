@@ -129,7 +129,7 @@ def test_messages_at_with_checkpoints_in_any_query_order(monkeypatch: Any) -> No
     import random
 
     import pipeline.core.log as log_module
-    from pipeline.testing.synth import synth_session
+    from dsh_dev.synth import synth_session
     monkeypatch.setattr(log_module, "CHECKPOINT_EVERY", 4)
     events = synth_session(21, 3000)
     log = SessionLog("s")

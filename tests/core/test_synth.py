@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dsh_dev.synth import iter_synth_events, synth_header, synth_session
 from pipeline.codec.sessionfile import read_session_file, write_session_file
 from pipeline.core.log import SessionLog
 from pipeline.core.repair import repair_closers
-from pipeline.testing.synth import iter_synth_events, synth_header, synth_session
 
 
 def test_same_seed_same_events_other_seed_other_events() -> None:

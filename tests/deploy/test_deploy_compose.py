@@ -397,7 +397,7 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
 def test_the_stack_runs_the_versions_the_tests_run() -> None:
     """The Kafka and Apicurio of the stack are the releases the local test stack uses (the
     same Maven Central releases the tests start), not merely some 4.x and 3.x."""
-    from pipeline.adapters.localstack.artifacts import APICURIO_VERSION, KAFKA_VERSION
+    from dsh_dev.localstack.artifacts import APICURIO_VERSION, KAFKA_VERSION
 
     services = load_compose({})["services"]
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"

@@ -21,9 +21,9 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from dsh_dev.localstack.artifacts import DEPLOY_DIR, Artifacts
+from dsh_dev.localstack.process import ChildProcess, find_java, free_ports
 from pipeline.adapters.kafka.admin import ensure_topics, plan_topics
-from pipeline.adapters.localstack.artifacts import DEPLOY_DIR, Artifacts
-from pipeline.adapters.localstack.process import ChildProcess, find_java, free_ports
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

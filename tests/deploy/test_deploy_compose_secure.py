@@ -31,21 +31,21 @@ from test_deploy_compose import (
     service_env,
 )
 
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.compose import (
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
+from pipeline.adapters.secure.acls import acl_plan
+from pipeline.adapters.secure.compose import (
     KAFKA_MOUNT,
     SECRETS_MOUNT,
     write_compose_secrets,
     write_consumer_folders,
 )
-from pipeline.adapters.localstack.kafka import KafkaLocal
-from pipeline.adapters.localstack.registry import (
+from pipeline.adapters.secure.registry_auth import (
     quarkus_env_name,
     registry_role,
     secure_registry_properties,
 )
-from pipeline.adapters.localstack.security import ROLES, SecureSetup, read_env_file
+from pipeline.adapters.secure.security import ROLES, SecureSetup, read_env_file
 from pipeline.cli.cmd_certs import certificate_hosts
 from pipeline.settings import Settings
 

@@ -37,13 +37,13 @@ from aiokafka.errors import TopicAuthorizationFailedError
 from test_deploy_compose import service_env
 from test_deploy_compose_secure import ROLE_OF_SERVICE, merged_config
 
+from dsh_dev.localstack.artifacts import DEPLOY_DIR, Artifacts
+from dsh_dev.localstack.process import ChildProcess, find_java, free_ports
+from dsh_dev.localstack.registry import APICURIO_MIN_JAVA, CCOMPAT_PATH
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.localstack.artifacts import DEPLOY_DIR, Artifacts
-from pipeline.adapters.localstack.compose import KAFKA_MOUNT, SECRETS_MOUNT, write_compose_secrets
-from pipeline.adapters.localstack.process import ChildProcess, find_java, free_ports
-from pipeline.adapters.localstack.registry import APICURIO_MIN_JAVA, CCOMPAT_PATH
-from pipeline.adapters.localstack.security import read_env_file
+from pipeline.adapters.secure.compose import KAFKA_MOUNT, SECRETS_MOUNT, write_compose_secrets
+from pipeline.adapters.secure.security import read_env_file
 from pipeline.cli.cmd_certs import certificate_hosts
 from pipeline.settings import Secret, Settings
 

@@ -18,15 +18,15 @@ import pytest
 import yaml
 
 from pipeline.adapters.kafka.admin import plan_topics
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.registry import (
+from pipeline.adapters.secure.acls import acl_plan
+from pipeline.adapters.secure.registry_auth import (
     EMBEDDED_ROLES_ENV,
     EMBEDDED_USERS_ENV,
     quarkus_env_name,
     registry_role,
     secure_registry_properties,
 )
-from pipeline.adapters.localstack.security import ROLES
+from pipeline.adapters.secure.security import ROLES
 from pipeline.cli.main import build_parser
 from pipeline.services.processors.options import ProcessorsOptions
 from pipeline.settings import Secret, Settings, TopicNames

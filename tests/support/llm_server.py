@@ -5,7 +5,7 @@ scripted per test (see that module). Kept as a module of its own so tests import
 ``from llm_server import ...``.
 """
 
-from pipeline.adapters.chaos.provider_server import (
+from dsh_dev.chaos.provider_server import (
     LLMTestServer,
     RateLimits,
     RecordedRequest,

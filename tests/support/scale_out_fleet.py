@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
-from pipeline.cli.demo_fleet import start_processors
+from dsh_dev.cli.demo_fleet import start_processors
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
+from dsh_dev.localstack.process import ChildProcess, free_ports
 from pipeline.settings import Settings
 
 Log = Callable[[str], None]

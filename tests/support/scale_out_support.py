@@ -53,12 +53,12 @@ from scale_out_fleet import (
 )
 from scale_out_verify import verify_run
 
+from dsh_dev.cli.demo_fleet import turn_text
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
-from pipeline.cli.demo_fleet import turn_text
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.inbox import InboxCodec
 from pipeline.codec.records import HEADER_TYPE, session_id_of_key

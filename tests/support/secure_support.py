@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.security import ROLES, SecureSetup, read_env_file
-from pipeline.adapters.localstack.stack import LocalStack
-from pipeline.cli.cmd_broker import prepare_stack, role_settings
+from dsh_dev.cli.cmd_broker import prepare_stack, role_settings
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.stack import LocalStack
+from pipeline.adapters.secure.acls import acl_plan
+from pipeline.adapters.secure.security import ROLES, SecureSetup, read_env_file
 from pipeline.settings import Settings
 
 READY_BUDGET_S: Final = 300.0

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from scale_out_support import ScaleOutPlan, run_scale_out
 
-from pipeline.adapters.localstack.kafka import KafkaLocal
+from dsh_dev.localstack.kafka import KafkaLocal
 
 pytestmark = [pytest.mark.broker, pytest.mark.cluster, pytest.mark.jars,
               pytest.mark.timeout(900)]

@@ -18,10 +18,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from secure_support import SecureStack
 
+from dsh_dev.localstack.process import ChildProcess, free_ports
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
 
 pytestmark = [pytest.mark.broker, pytest.mark.registry]
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,13 +20,13 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from secure_support import SecureStack
 
+from dsh_dev.localstack.process import free_ports
 from pipeline.adapters.kafka.options import client_options
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.transactional import PartitionProducer
-from pipeline.adapters.localstack.process import free_ports
-from pipeline.adapters.localstack.tls import make_pki
 from pipeline.adapters.registry.client import RegistryClient
+from pipeline.adapters.secure.tls import make_pki
 from pipeline.core.errors import BrokerError, RegistryError
 from pipeline.settings import Secret
 

@@ -12,10 +12,10 @@ import pytest
 from aiokafka.errors import for_code
 from dashboard_support import LiveSession, prometheus_samples
 
+from dsh_dev.localstack.process import free_ports
 from pipeline.adapters.faust.fetching import worker_consumer_options
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord
-from pipeline.adapters.localstack.process import free_ports
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import (

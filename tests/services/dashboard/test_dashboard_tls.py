@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.adapters.localstack.tls import make_pki
+from pipeline.adapters.secure.tls import make_pki
 from pipeline.codec.avro import EventSerde
 from pipeline.core.errors import ConfigError
 from pipeline.services.dashboard.server import start_dashboard

@@ -20,6 +20,7 @@ import pytest
 from driver_topics import driver_topics
 from wait_support import driver_owning, until
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.event_stream import partition_for
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -39,7 +40,6 @@ from pipeline.services.driver.memory import Driver, MemorySink
 from pipeline.services.driver.partition import PartitionContext
 from pipeline.services.driver.tools import builtin_registry
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(420)]
 PARTITIONS = 2

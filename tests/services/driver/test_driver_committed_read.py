@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from dsh_dev.localstack.kafka import KafkaLocal
 from pipeline.adapters.kafka.inbox_consumer import read_committed
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.core.errors import BrokerError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

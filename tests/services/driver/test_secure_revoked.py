@@ -16,9 +16,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from secure_support import SecureStack
 
+from dsh_dev.localstack.process import ChildProcess, free_ports
 from pipeline.adapters.kafka.options import client_options
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.process import ChildProcess, free_ports
+from pipeline.adapters.secure.acls import acl_plan
 from pipeline.codec.records import HEADER_TYPE
 
 pytestmark = [pytest.mark.broker, pytest.mark.registry]

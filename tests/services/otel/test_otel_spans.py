@@ -11,6 +11,7 @@ import pytest
 from otlp_receiver import OtlpReceiver, attributes
 from shared_paths import SHARED_DIR
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.otlp.client import (
     OtlpFailed,
     OtlpHttpExporter,
@@ -25,7 +26,6 @@ from pipeline.core.events import Event
 from pipeline.core.genai_spans import SessionTraces, build_spans
 from pipeline.core.genai_trace import Span, TraceParent
 from pipeline.core.usage import UsageScan
-from pipeline.testing.synth import synth_session
 
 FIXTURES = SHARED_DIR / "fixtures" / "dsh-format0"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.jsonl"))

@@ -26,11 +26,11 @@ from processors_support import (
 )
 from secure_support import SecureStack
 
+from dsh_dev.cli.cmd_broker import role_settings
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
-from pipeline.adapters.localstack.acls import acl_plan
-from pipeline.adapters.localstack.security import read_env_file
-from pipeline.cli.cmd_broker import role_settings
+from pipeline.adapters.secure.acls import acl_plan
+from pipeline.adapters.secure.security import read_env_file
 from pipeline.services.processors.verify import verify_processors
 from pipeline.settings import Settings
 

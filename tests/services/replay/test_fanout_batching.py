@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from fanout_support import SERDE, fanout_settings
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.topic_scan import TopicScan, last_seqs
 from pipeline.codec.sessionfile import write_session_file
@@ -26,7 +27,6 @@ from pipeline.services.replay.prepare import avro_encoder
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.transfer import Importer, read_session
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[3]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
+from dsh_dev.synth import synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.plain_producer import send_records
 from pipeline.adapters.kafka.records import OutRecord
@@ -31,7 +32,6 @@ from pipeline.sdk import (
 )
 from pipeline.services.replay.rebuild import Rebuilder, read_conversations
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_session
 
 NAMES = ("text-turn", "tool-call-turn", "agent-instructions")
 

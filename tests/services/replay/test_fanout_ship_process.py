@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from fanout_support import SERDE, fanout_settings
 
+from dsh_dev.synth import synth_header, synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.topic_scan import TopicScan, last_seqs
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_header, synth_session
 
 EVENTS_PER_SESSION = 20_000  # big enough that the kill lands mid-way on a fast machine
 HANG_GUARD_S = 120.0

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from dsh_dev.localstack.artifacts import Artifacts
+from dsh_dev.localstack.kafka import KafkaLocal
+from dsh_dev.synth import synth_header, synth_session
 from pipeline.adapters.kafka.admin import ensure_topics
-from pipeline.adapters.localstack.artifacts import Artifacts
-from pipeline.adapters.localstack.kafka import KafkaLocal
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.sessionfile import write_session_file
 from pipeline.services.replay.ship import Shipper
 from pipeline.services.replay.topic import read_sessions
 from pipeline.settings import Settings
-from pipeline.testing.synth import synth_header, synth_session
 
 pytestmark = [pytest.mark.cluster,  # a broker of its own, killed and restarted
               pytest.mark.jars]

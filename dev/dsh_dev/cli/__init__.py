@@ -1,0 +1,1 @@
+"""The commands this package adds to ``dsh-pipeline`` (:mod:`.commands` lists them)."""

@@ -1,9 +1,0 @@
-"""Adapters of the chaos campaign (``dsh-pipeline chaos``).
-
-- :mod:`.provider_server`: a local server speaking the OpenAI-compatible streaming protocol
-  (also the tests' provider server);
-- :mod:`.answers`: its generated answers with realistic timing and provider faults;
-- :mod:`.toxiproxy`: the Toxiproxy server and its API (network faults);
-- :mod:`.cluster`: the 3-node local Kafka with each broker behind its own proxy;
-- :mod:`.sender`: a producer that returns where each record landed (load and garbage).
-"""

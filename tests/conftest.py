@@ -1,7 +1,7 @@
 """Shared fixtures: one real local Kafka and one real Apicurio registry per pytest session.
 
 - ``kafka_bootstrap`` (session): "127.0.0.1:PORT" of a single-node KRaft broker started by
-  :mod:`pipeline.adapters.localstack`, or ``$DSH_TEST_BOOTSTRAP`` when set.
+  :mod:`dsh_dev.localstack`, or ``$DSH_TEST_BOOTSTRAP`` when set.
 - ``registry_url`` (session): the registry's ccompat v7 base URL
   ("http://127.0.0.1:PORT/apis/ccompat/v7", global compatibility BACKWARD_TRANSITIVE), or
   ``$DSH_TEST_REGISTRY_URL`` when set.

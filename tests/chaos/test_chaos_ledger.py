@@ -4,7 +4,7 @@ Real logs: the in-memory driver runs sessions in tenants through the real OpenAI
 adapter against the campaign's provider server and generated answers. The usage topic's rows
 are stood in for by the reference rows (equal), then changed (a violation naming the row and
 the field); the provider server's count of the usage it sent is checked against the logs,
-answer by answer (:mod:`pipeline.cli.chaos.ledger_check`). The campaign reads the real usage
+answer by answer (:mod:`dsh_dev.chaos.ledger_check`). The campaign reads the real usage
 topic (``tests/chaos/test_chaos_short.py``).
 """
 

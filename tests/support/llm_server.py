@@ -1,4 +1,4 @@
-"""The tests' provider server: the product's :mod:`pipeline.adapters.chaos.provider_server`.
+"""The tests' provider server: the development package's :mod:`dsh_dev.chaos.provider_server`.
 
 A local HTTP server speaking the OpenAI/DeepSeek streaming ``/chat/completions`` protocol,
 scripted per test (see that module). Kept as a module of its own so tests import it as

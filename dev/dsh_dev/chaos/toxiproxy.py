@@ -43,8 +43,12 @@ class Toxiproxy:
 
     def start(self) -> None:
         if not self.binary.is_file():
-            raise ConfigError(f"no Toxiproxy server at {self.binary}: run `make toxiproxy` "
-                              f"(go install .../toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION})")
+            # make installs it into its own cache (the checkout's .cache/): outside make, the
+            # command looks there only when DSH_CACHE_DIR says so
+            raise ConfigError(f"no Toxiproxy server at {self.binary}: run `make chaos` (or "
+                              f"`make toxiproxy`, then set DSH_CACHE_DIR to the checkout's "
+                              f".cache/ as make does; it runs go install "
+                              f".../toxiproxy/v2/cmd/server@v{TOXIPROXY_VERSION})")
         self._process = ChildProcess(
             "toxiproxy", [str(self.binary), "-host", "127.0.0.1", "-port", str(self.port)],
             self.workdir / "toxiproxy.log", self.workdir)

@@ -43,14 +43,14 @@ import pytest
 from dsh_dev.localstack.artifacts import Artifacts
 from dsh_dev.localstack.kafka import KafkaLocal
 from dsh_dev.localstack.registry import RegistryLocal
-from pipeline.cli.main import COMMANDS
+from pipeline.cli.main import commands
 from pipeline.settings import Settings
 
 # CPython 3.11.7 (this machine's) races when two threads compile at once
 # (python/cpython#106905: "AST constructor recursion depth mismatch"). The CLI imports its
 # command's module lazily, and tests run it in threads (asyncio.to_thread), so every command
 # module is imported here, once, before any test runs.
-for _module in sorted({module for module, _summary in COMMANDS.values()}):
+for _module in sorted({module for module, _summary in commands().values()}):
     importlib.import_module(_module)
 
 TEST_PARTITIONS = 3

@@ -4,9 +4,10 @@ Each command lives in its own module under :mod:`pipeline.cli` with a ``register
 function that adds its parser and sets ``func`` (a callable taking the parsed namespace and the
 settings, returning the exit code). Only this package picks adapters.
 
-Start-up stays fast: only the module of the command being run is imported (``COMMANDS`` maps
-each command to its module and its one-line summary for the top-level ``--help``), so the file
-commands never load Kafka, faust or aiohttp. A command missing from ``COMMANDS`` still works:
+Start-up stays fast: only the module of the command being run is imported
+(``PRODUCT_COMMANDS`` and :func:`commands` map each command to its module and its one-line
+summary for the top-level ``--help``), so the file commands never load Kafka, faust or
+aiohttp, and a product command reads no entry point. A command missing from them still works:
 every module is then imported. A command that sets ``uses_settings=False`` gets the default
 settings, never the environment's: a bad ``DSH_*`` variable cannot break it. Exit codes:
 :mod:`pipeline.cli.common`.
@@ -21,13 +22,13 @@ saying how to install it.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import EntryPoint, entry_points
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from pipeline.cli.common import (
     EXIT_BROKEN_PIPE,
@@ -38,6 +39,9 @@ from pipeline.cli.common import (
 )
 from pipeline.core.errors import ConfigError, DshError
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 # One module per command or command group, registered in this order (the order of --help).
 PRODUCT_MODULES: tuple[str, ...] = (
@@ -110,20 +114,21 @@ COMMANDS_GROUP: Final = "dsh_pipeline.commands"
 # Named here only to say how to get them when the development package is not installed.
 DEVELOPMENT_COMMANDS: Final = ("broker", "demo", "chaos", "bench")
 DEVELOPMENT_PACKAGE: Final = "dsh-pipeline-dev"
-# The development package's entry point. A checkout run that puts dev/ on PYTHONPATH without
-# installing it has no entry point: the same table is then read when its package is importable
-# (by name, at run time: the product never imports the development package).
-DEVELOPMENT_TABLE: Final = EntryPoint(name="dev", value="dsh_dev.cli.commands:COMMANDS",
-                                      group=COMMANDS_GROUP)
+# The development package's entry point (group:value). A checkout run that puts dev/ on
+# PYTHONPATH without installing it has no entry point: the same table is then read when its
+# package is importable (by name, at run time: the product never imports the development
+# package).
+DEVELOPMENT_TABLE: Final = "dsh_dev.cli.commands:COMMANDS"
 
 
 def command_tables() -> list[EntryPoint]:
     """The entry points of the group, plus the development package's when it is importable
     but not installed."""
+    from importlib.metadata import EntryPoint, entry_points  # scans every installed package
     found = sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)
-    if (all(entry.value != DEVELOPMENT_TABLE.value for entry in found)
-            and importlib.util.find_spec(DEVELOPMENT_TABLE.module.split(".")[0]) is not None):
-        found.append(DEVELOPMENT_TABLE)
+    if (all(entry.value != DEVELOPMENT_TABLE for entry in found)
+            and importlib.util.find_spec(DEVELOPMENT_TABLE.split(".")[0]) is not None):
+        found.append(EntryPoint(name="dev", value=DEVELOPMENT_TABLE, group=COMMANDS_GROUP))
     return found
 
 
@@ -145,16 +150,23 @@ def installed_commands() -> dict[str, tuple[str, str]]:
     return found
 
 
-COMMANDS: Final[dict[str, tuple[str, str]]] = {**PRODUCT_COMMANDS, **installed_commands()}
-COMMAND_MODULES: Final[tuple[str, ...]] = (
-    *PRODUCT_MODULES,
-    *dict.fromkeys(module for name, (module, _) in COMMANDS.items()
-                   if name not in PRODUCT_COMMANDS))
+@functools.cache
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: the product's, then the installed distributions' (their entry points
+    are read on the first call, not at import: a product command never reads them)."""
+    return {**PRODUCT_COMMANDS, **installed_commands()}
+
+
+def command_modules() -> tuple[str, ...]:
+    """Every command's module, in --help order."""
+    return (*PRODUCT_MODULES,
+            *dict.fromkeys(module for name, (module, _) in commands().items()
+                           if name not in PRODUCT_COMMANDS))
 
 
 def missing_development_command(command: str | None) -> str | None:
     """What to say when ``command`` is one of the development package's and it is missing."""
-    if command not in DEVELOPMENT_COMMANDS or command in COMMANDS:
+    if command not in DEVELOPMENT_COMMANDS or command in commands():
         return None
     return (f"dsh-pipeline {command}: error: `{command}` is a development command, in the "
             f"development package {DEVELOPMENT_PACKAGE}, which is not installed. From a "
@@ -181,11 +193,14 @@ def build_parser(command: str | None = "") -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dsh-pipeline {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if command is None:
-        for name, (_, summary) in COMMANDS.items():
+        for name, (_, summary) in commands().items():
             sub.add_parser(name, help=summary)
         return parser
-    wanted = COMMANDS.get(command, ("", ""))[0] if command else ""
-    for module_name in [wanted] if wanted else COMMAND_MODULES:
+    known = PRODUCT_COMMANDS.get(command) if command else None  # no entry point read
+    if command and known is None:
+        known = commands().get(command)
+    wanted = known[0] if known is not None else ""
+    for module_name in [wanted] if wanted else command_modules():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -197,7 +212,7 @@ def build_parser(command: str | None = "") -> argparse.ArgumentParser:
 
 
 def _development_note() -> str:
-    missing = [name for name in DEVELOPMENT_COMMANDS if name not in COMMANDS]
+    missing = [name for name in DEVELOPMENT_COMMANDS if name not in commands()]
     if not missing:
         return ""
     return (f" Development commands ({', '.join(missing)}): install the development package "

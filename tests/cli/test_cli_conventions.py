@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.cli import main as cli_main
 from pipeline.cli.common import parse_duration, parse_duration_ms
-from pipeline.cli.main import COMMANDS, build_parser
+from pipeline.cli.main import build_parser, commands
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "sessions" / "text-turns.jsonl"
@@ -35,9 +35,9 @@ def subcommands(parser: argparse.ArgumentParser, path: str = ""
 
 
 def test_every_command_and_argument_is_described() -> None:
-    commands = subcommands(build_parser())
-    assert len(commands) >= len(COMMANDS)
-    for name, parser, summary in commands:
+    found = subcommands(build_parser())
+    assert len(found) >= len(commands())
+    for name, parser, summary in found:
         assert summary, f"{name}: no help in the command list"
         assert parser.description, f"{name}: no description"
         for action in parser._actions:
@@ -55,8 +55,9 @@ def test_defaults_show_in_help() -> None:
 def test_the_top_level_list_is_every_command_with_its_own_summary() -> None:
     full = {name: summary for name, _, summary in subcommands(build_parser())
             if " " not in name}
-    assert set(full) == set(COMMANDS), "add new commands to COMMANDS in pipeline/cli/main.py"
-    for name, (module, summary) in COMMANDS.items():
+    assert set(full) == set(commands()), \
+        "add new commands to PRODUCT_COMMANDS in pipeline/cli/main.py"
+    for name, (module, summary) in commands().items():
         assert full[name] == summary, name
         alone = {n for n, _, _ in subcommands(build_parser(name)) if " " not in n}
         assert name in alone, f"{module} does not register {name}"
@@ -70,7 +71,7 @@ def test_version_and_help_need_no_settings() -> None:
     assert version.stdout.startswith("dsh-pipeline ") and version.stdout.split()[1][0].isdigit()
     top = subprocess.run([sys.executable, "-m", "pipeline.cli.main", "--help"],
                          capture_output=True, text=True, cwd=ROOT, env=env)
-    assert top.returncode == 0 and all(name in top.stdout for name in COMMANDS)
+    assert top.returncode == 0 and all(name in top.stdout for name in commands())
 
 
 @pytest.mark.parametrize("argv", [

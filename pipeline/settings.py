@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Final
 
 from pipeline.core.errors import ConfigError
@@ -176,21 +175,6 @@ class Settings:
 
 
 MIN_RECORD_BYTES: Final = 1024 * 1024
-CACHE_DIR_ENV: Final = "DSH_CACHE_DIR"
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where downloaded and built tools are cached (the development package's Kafka and
-    registry artifacts, Toxiproxy, chaos runs): ``$DSH_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/dsh-pipeline``, else ``~/.cache/dsh-pipeline``. Not a :class:`Settings`
-    field: no service reads it. ``make`` sets ``DSH_CACHE_DIR`` to the checkout's ``.cache/``."""
-    source = os.environ if env is None else env
-    configured = source.get(CACHE_DIR_ENV, "").strip()
-    if configured:
-        return Path(configured).expanduser().resolve()
-    xdg = source.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return (base / "dsh-pipeline").resolve()
 
 
 def _check_sizes(settings: Settings) -> None:

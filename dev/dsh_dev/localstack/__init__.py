@@ -1,7 +1,7 @@
 """The local stack: Apache Kafka and Apicurio Registry from Maven Central, run with ``java``.
 
 - :mod:`.artifacts`: resolve the jars into the cache (``ensure_artifacts``; the cache is
-  :func:`pipeline.settings.cache_dir`).
+  :func:`dsh_dev.localstack.artifacts.default_cache_dir`).
 - :mod:`.kafka`: ``KafkaLocal``, one combined KRaft node or a 3-node cluster.
 - :mod:`.registry`: ``RegistryLocal``, Apicurio with in-memory storage.
 - :mod:`.stack`: ``LocalStack``, both together (the ``broker`` and ``demo`` commands).

@@ -1,6 +1,6 @@
 """The local stack's Java artifacts, resolved from Maven Central into an ignored cache folder.
 
-Folders under the cache (:func:`pipeline.settings.cache_dir`: ``$DSH_CACHE_DIR``, else
+Folders under the cache (:func:`default_cache_dir`: ``$DSH_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/dsh-pipeline`` or ``~/.cache/dsh-pipeline``; ``make`` sets ``DSH_CACHE_DIR`` to
 the checkout's ``.cache/``):
 
@@ -20,17 +20,17 @@ The Maven plugin is called by its full coordinates because Maven 3.8's default i
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from pipeline.core.errors import ConfigError, TransportError
-from pipeline.settings import cache_dir
 
 KAFKA_VERSION: Final = "4.4.0"
 APICURIO_VERSION: Final = "3.3.3"
@@ -42,11 +42,20 @@ Progress = Callable[[str], None]
 
 # The local stack's Maven POMs and configs: package data of this package (``files/``).
 DEPLOY_DIR: Final = Path(__file__).resolve().with_name("files")
+CACHE_DIR_ENV: Final = "DSH_CACHE_DIR"
 
 
-def default_cache_dir() -> Path:
-    """The cache folder of the settings (:func:`pipeline.settings.cache_dir`)."""
-    return cache_dir()
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where downloaded and built tools are cached (the Kafka and registry artifacts,
+    Toxiproxy, chaos runs): ``$DSH_CACHE_DIR``, else ``$XDG_CACHE_HOME/dsh-pipeline``, else
+    ``~/.cache/dsh-pipeline``. ``make`` sets ``DSH_CACHE_DIR`` to the checkout's ``.cache/``."""
+    source = os.environ if env is None else env
+    configured = source.get(CACHE_DIR_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser().resolve()
+    xdg = source.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return (base / "dsh-pipeline").resolve()
 
 
 @dataclass(frozen=True, slots=True)

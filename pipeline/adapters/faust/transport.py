@@ -169,6 +169,12 @@ def awaiting_recovery_seek(app: Any) -> bool:
     return isinstance(consumer, BatchingConsumer) and consumer.seek_pending
 
 
+def table_recovery(app: Any) -> Any:
+    """faust's table recovery of ``app`` (its progress counts): the app's table manager is
+    faust's ``TableManager``, whose abstract type lacks ``recovery``."""
+    return app.tables.recovery
+
+
 def records_of(message: Any) -> Sequence[Any]:
     """The aiokafka records behind a faust message (one, unless it is a batch)."""
     records: Sequence[Any] | None = getattr(message, "records", None)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import faust
-from faust.tables.manager import TableManager
 
-from pipeline.adapters.faust.transport import awaiting_recovery_seek
+from pipeline.adapters.faust.transport import awaiting_recovery_seek, table_recovery
 from pipeline.adapters.loop_probe import LoopProbe
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.services.processors.aggregation import UsageAggregator
@@ -90,8 +89,7 @@ class Processors:
         """Recovery progress. ``in_recovery`` lasts until the batched partitions are
         consumed again: faust ends its recovery before its seek to the committed offsets,
         and those partitions wait for that seek (:mod:`pipeline.adapters.faust.transport`)."""
-        # the app's manager is faust's TableManager (its abstract type lacks ``recovery``)
-        recovery = cast(TableManager, self.app.tables).recovery
+        recovery = table_recovery(self.app)
         by_tp = {f"{tp.topic}[{tp.partition}]": int(n)
                  for tp, n in recovery.active_remaining().items() if n}
         seeking = awaiting_recovery_seek(self.app)

@@ -21,6 +21,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from pipeline.adapters.faust import private_api
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.settled_ends import settled_ends
 from pipeline.settings import Settings
 
 StartAt = Literal["beginning", "end"]
@@ -40,27 +41,35 @@ async def start_assigned(settings: Settings, topics: Sequence[str], *, what: str
                          start_at: StartAt = "beginning",
                          resume: Mapping[tuple[str, int], int] | None = None,
                          only_key: bytes | None = None,
+                         settle_s: float | None = None,
                          **options: Any) -> AssignedTopics:
     """A consumer on every partition of ``topics`` (or, with ``only_key``, on the one the
     default partitioner gives that key in each topic), positioned at each partition's first
     offset (``start_at="beginning"``) or end, or where ``resume`` says ((topic, partition)
     -> offset). ``options`` go to the client (fetch sizes and waits). Nothing is left open
-    when it fails or is cancelled. ``what`` names the read in errors."""
+    when it fails or is cancelled. ``what`` names the read in errors. ``settle_s``: the end
+    offsets are taken once the transactions open below the high watermarks have ended
+    (:func:`.settled_ends.settled_ends`, waiting at most that long); None: as they are."""
     consumer = AIOKafkaConsumer(enable_auto_commit=False, isolation_level="read_committed",
                                 auto_offset_reset="earliest", **client_options(settings),
                                 **options)
     try:
         with broker_errors(what):
             await consumer.start()
-            return await _assign(consumer, topics, start_at, resume or {}, only_key)
+            found = await _listed(consumer, topics, only_key)
+        if settle_s is not None and found.ends:
+            found.ends = await settled_ends(settings, consumer, found.ends, what=what,
+                                            budget_s=settle_s)
+        _position(found, start_at, resume or {})
+        return found
     except BaseException:
         await consumer.stop()
         raise
 
 
-async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: StartAt,
-                  resume: Mapping[tuple[str, int], int], only_key: bytes | None
+async def _listed(consumer: AIOKafkaConsumer, topics: Sequence[str], only_key: bytes | None
                   ) -> AssignedTopics:
+    """The partitions to read and their first and last stable offsets (not yet assigned)."""
     found = AssignedTopics(consumer)
     known = await topic_partitions(consumer, topics)
     parts: list[TopicPartition] = []
@@ -75,11 +84,19 @@ async def _assign(consumer: AIOKafkaConsumer, topics: Sequence[str], start_at: S
         return found
     found.starts = await consumer.beginning_offsets(parts)
     found.ends = await consumer.end_offsets(parts)
-    consumer.assign(parts)
-    for tp in parts:
+    return found
+
+
+def _position(found: AssignedTopics, start_at: StartAt,
+              resume: Mapping[tuple[str, int], int]) -> None:
+    """Assign the partitions and seek each (after every offset lookup: see the module doc)."""
+    if not found.starts:
+        return
+    consumer = found.consumer
+    consumer.assign(list(found.starts))
+    for tp in found.starts:
         default = found.starts[tp] if start_at == "beginning" else found.ends[tp]
         consumer.seek(tp, resume.get((tp.topic, tp.partition), default))
-    return found
 
 
 async def fetch_until(consumer: AIOKafkaConsumer, ends: Mapping[TopicPartition, int], *,

@@ -1,7 +1,8 @@
 """Whole-topic reads and bulk writes for replay, check, import and the shipper.
 
 - :class:`TopicScan` reads every partition of a topic from the beginning up to the end offsets
-  taken when it starts (read committed: the last stable offsets), in batches of
+  taken when it starts (read committed: the last stable offsets, once the transactions open
+  then have ended: :mod:`.settled_ends`), in batches of
   :class:`~pipeline.adapters.kafka.records.InboxRecord`; ``total`` is known up front, so callers
   can show progress and an ETA. :meth:`TopicScan.client_batches` yields the client's own
   records instead (no copy: about 40% of a scan's CPU), typed by :class:`ScanRecord`.
@@ -35,6 +36,7 @@ from pipeline.adapters.kafka.options import (
     producer_size_options,
 )
 from pipeline.adapters.kafka.records import InboxRecord, inbox_record_of
+from pipeline.adapters.kafka.settled_ends import SETTLE_BUDGET_S
 from pipeline.codec.records import ConsumedRecord, read_headers
 from pipeline.core.errors import BrokerError, CodecError
 from pipeline.settings import Settings
@@ -69,8 +71,12 @@ class ScanRecord(ConsumedRecord, Protocol):
 class TopicScan:
     """Every committed record of ``topic`` up to the end offsets seen at :meth:`start`."""
 
-    def __init__(self, settings: Settings, topic: str, *, batch: int = 5000) -> None:
+    def __init__(self, settings: Settings, topic: str, *, batch: int = 5000,
+                 settle_s: float = SETTLE_BUDGET_S) -> None:
+        """``settle_s``: how long :meth:`start` waits for the transactions open below the
+        high watermarks to end (:mod:`.settled_ends`) before it takes the end offsets."""
         self.topic = topic
+        self._settle_s = settle_s
         self._settings = settings
         self._batch = batch
         self._consumer: AIOKafkaConsumer | None = None
@@ -88,6 +94,7 @@ class TopicScan:
 
     async def start(self) -> None:
         started = await start_assigned(self._settings, [self.topic], what=f"scan {self.topic!r}",
+                                       settle_s=self._settle_s,
                                        **scan_fetch_options(self._settings))
         self._consumer = started.consumer
         if started.missing:
@@ -141,16 +148,21 @@ def _before(raws: list[Any], end: int | None) -> Sequence[ScanRecord]:
 
 
 
-async def last_seqs(settings: Settings, topic: str) -> dict[str, int]:
+async def last_seqs(settings: Settings, topic: str, *,
+                    settle_s: float = SETTLE_BUDGET_S) -> dict[str, int]:
     """Session id -> the highest seq on ``topic`` (from the ``dsh.seq`` headers only).
 
     A record without a key or a ``dsh.seq`` header is no session event (every writer of
     events sets both): garbage written straight into the topic, which the processors
     dead-letter. It is passed over, else one such record would stop every later shipper
     and import at start.
+
+    Read to the end offsets once every transaction open below the high watermarks has ended
+    (:mod:`.settled_ends`, at most ``settle_s``): a commit whose markers are not written yet
+    would else look absent, and be written again.
     """
     found: dict[str, int] = {}
-    async with TopicScan(settings, topic) as scan:
+    async with TopicScan(settings, topic, settle_s=settle_s) as scan:
         async for run in scan.client_batches():  # headers read, records not kept
             for record in run:
                 try:

@@ -2,7 +2,8 @@
 
 The topic is the checkpoint. On start the shipper's transactional producer fences any earlier
 shipper of the same directory (aborting its open transaction), then the highest seq of every
-session on the topic is read from the record headers (read committed): the next event to
+session on the topic is read from the record headers (read committed, once every transaction
+open on the topic has ended: :mod:`pipeline.adapters.kafka.settled_ends`): the next event to
 publish for a session is that seq + 1. Each pass re-reads the files whose size or mtime
 changed (``session.jsonl`` or ``session.jsonl.zstd``, packed rows expanded, a torn last line
 or zstd frame left for a later pass) and publishes the new events of many files together, in
@@ -172,6 +173,8 @@ class Shipper:
         await self.producer.close()
         self.producer = self._new_producer()
         await self._start()
+        self.progress(f"started over: the topic holds {len(self.next_seq)} sessions "
+                      f"({sum(self.next_seq.values()):,} events)")
 
     async def pass_once(self) -> int:
         """Publish what is new in every changed file; returns the number of events shipped.

@@ -14,6 +14,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.session_reader import committed_end, read_committed
 from pipeline.adapters.kafka.topic_scan import ensure_topic, last_seqs
 from pipeline.core.errors import BrokerError
 from pipeline.settings import Settings
@@ -75,3 +76,24 @@ async def test_a_transaction_open_past_the_budget_is_a_clear_error_then_aborted_
     assert f"abort --topic {topic} --partition 0 --start-offset 4" in said
     await writer.abort_transaction()
     assert await last_seqs(settings, topic) == {"s-0": 2}  # the aborted events are not there
+
+
+async def test_a_new_owners_partition_read_waits_for_an_open_transaction_too(
+        settings: Settings, topic: str, writer: AIOKafkaProducer) -> None:
+    """The driver's takeover reads (``read_committed`` with ``settle_s``): the tail and the
+    checkpoint scan after fencing."""
+    await _committed(writer, topic, "s-0", range(3))
+    assert await committed_end(settings, topic, 0, settle_s=1.0) == 4  # 3 records, a marker
+    await writer.begin_transaction()
+    await _send(writer, topic, "s-1", range(5))
+    with pytest.raises(BrokerError, match=r"transaction open from offset 4 \(high watermark 9\)"):
+        await committed_end(settings, topic, 0, what="end of session partition 0",
+                            settle_s=1.0)
+    seen: list[int] = []
+    reading = asyncio.ensure_future(read_committed(
+        settings, topic, 0, lambda record: seen.append(record.offset) is None, settle_s=30.0))
+    await asyncio.sleep(1.0)
+    assert not reading.done(), f"read past an open transaction, to {reading.result()}"
+    await writer.commit_transaction()
+    assert await asyncio.wait_for(reading, 30) == 10
+    assert seen == [0, 1, 2, 4, 5, 6, 7, 8]

@@ -117,11 +117,13 @@ def entry_of(headers: Sequence[tuple[str, bytes | None]], offset: int
 
 async def scan_checkpoints(settings: Settings, partition: int, *,
                            keep: Callable[[str, CheckpointEntry], bool],
-                           timeout_s: float = 120.0) -> CheckpointScan:
+                           timeout_s: float = 120.0,
+                           settle_s: float | None = None) -> CheckpointScan:
     """Read checkpoint partition ``partition`` up to its LSO; keep the values ``keep`` wants
     (``keep(session_id, entry)``).
 
     A tombstone removes its session; a later record of a key replaces the earlier one.
+    ``settle_s``: see :func:`.session_reader.read_committed` (a takeover's scan).
     """
     scan = CheckpointScan(partition)
 
@@ -147,7 +149,7 @@ async def scan_checkpoints(settings: Settings, partition: int, *,
     scan.end_offset = await read_committed(
         settings, settings.topics.driver_checkpoints, partition, visit, timeout_s=timeout_s,
         what=f"read the driver checkpoints of partition {partition}", batch=SCAN_BATCH,
-        fetch_bytes=SCAN_FETCH_BYTES)
+        fetch_bytes=SCAN_FETCH_BYTES, settle_s=settle_s)
     return scan
 
 

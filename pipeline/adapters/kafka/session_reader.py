@@ -4,7 +4,9 @@ Used by the driver on assignment of inbox partition p: sessions are co-partition
 partition p of the session topic holds every event of every session the driver now owns.
 "End" is the last stable offset at the time of the call (``end_offsets`` answers with the
 LSO under read_committed), taken *after* the new owner fenced the old one, so no open
-transaction of a previous owner can still commit below it.
+transaction of a previous owner can still commit below it: Kafka's contract, which a broker
+restarted uncleanly has been seen to break (a transaction left hanging), so a new owner's
+reads also wait for the transactions open below the high watermark (``settle_s``).
 
 The writer mark of each session's seq-0 record is read too (``dsh.writer``, see
 ``codec/records.py``): a session published from a dsh file is not the driver's to write.
@@ -23,6 +25,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.adapters.kafka.records import header_value
+from pipeline.adapters.kafka.settled_ends import settled_ends
 from pipeline.codec.records import HEADER_WRITER
 from pipeline.core.errors import CodecError
 from pipeline.core.events import Event
@@ -67,7 +70,7 @@ async def read_committed(settings: Settings, topic: str, partition: int,
                          visit: Callable[[Any], bool], *, start_offset: int | None = None,
                          what: str = "", timeout_s: float = 120.0,
                          batch: int = 5000, fetch_bytes: int | None = None,
-                         read: bool = True) -> int:
+                         read: bool = True, settle_s: float | None = None) -> int:
     """Hand ``visit`` each committed record of ``topic``/``partition`` in offset order, from
     ``start_offset`` (the beginning when None) up to the LSO taken when the read starts, until
     ``visit`` returns False. Returns that end offset.
@@ -76,7 +79,10 @@ async def read_committed(settings: Settings, topic: str, partition: int,
     or a timeout is a :class:`BrokerError` naming ``what`` (the partition by default).
     ``fetch_bytes``: a smaller fetch than the record limit's, for a read of large records
     that should not hold many at once (a broker still returns a larger record whole).
-    ``read`` False: only the end offset (no record is fetched).
+    ``read`` False: only the end offset (no record is fetched). ``settle_s``: the end is
+    taken once the transactions open below the high watermark have ended
+    (:mod:`.settled_ends`, waiting at most that long): a new owner's read after fencing,
+    which a transaction left hanging by the broker must not cut short.
     """
     sizes = consumer_size_options(settings)
     if fetch_bytes is not None:
@@ -86,11 +92,16 @@ async def read_committed(settings: Settings, topic: str, partition: int,
                                 enable_auto_commit=False, isolation_level="read_committed",
                                 auto_offset_reset="earliest")
     tp = TopicPartition(topic, partition)
+    what = what or f"read {topic}[{partition}]"
     try:
-        with broker_errors(what or f"read {topic}[{partition}]", timeout_s=timeout_s):
+        with broker_errors(what, timeout_s=timeout_s):
             await asyncio.wait_for(consumer.start(), timeout_s)
             consumer.assign([tp])
             end: int = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout_s))[tp]
+        if settle_s is not None:
+            end = (await settled_ends(settings, consumer, {tp: end}, what=what,
+                                      budget_s=settle_s))[tp]
+        with broker_errors(what, timeout_s=timeout_s):
             if read and end > (start_offset or 0):
                 if start_offset is None:
                     await consumer.seek_to_beginning(tp)
@@ -103,11 +114,11 @@ async def read_committed(settings: Settings, topic: str, partition: int,
 
 
 async def committed_end(settings: Settings, topic: str, partition: int, *,
-                        what: str = "") -> int:
+                        what: str = "", settle_s: float | None = None) -> int:
     """The LSO of ``topic``/``partition`` (one past its last committed offset); no record
-    is read."""
+    is read. ``settle_s``: see :func:`read_committed`."""
     return await read_committed(settings, topic, partition, lambda _record: False, what=what,
-                                read=False)
+                                read=False, settle_s=settle_s)
 
 
 async def _read_to(consumer: Any, tp: Any, end: int, visit: Callable[[Any], bool],

@@ -34,6 +34,7 @@ from pipeline.adapters.kafka.session_reader import (
     committed_end,
     read_committed,
 )
+from pipeline.adapters.kafka.settled_ends import SETTLE_BUDGET_S
 from pipeline.adapters.kafka.transactional import PartitionProducer
 from pipeline.codec.records import HEADER_WRITER
 from pipeline.core.checkpoint import SessionCheckpoint
@@ -110,7 +111,8 @@ class CheckpointStore:
         def keep(session_id: str, entry: CheckpointEntry) -> bool:
             return entry.busy or (tail is not None and tail.newer(session_id, entry))
 
-        scan = await scan_checkpoints(self._settings, partition, keep=keep)
+        scan = await scan_checkpoints(self._settings, partition, keep=keep,
+                                      settle_s=SETTLE_BUDGET_S)
         self.checkpoint_records_read += scan.records
         return scan
 
@@ -119,11 +121,13 @@ class CheckpointStore:
         read, only where the partition ends (the first transactions' tail mark starts there)."""
         topic, what = self._settings.topics.session_events, f"session partition {partition}"
         if start is None:
-            end = await committed_end(self._settings, topic, partition, what=f"end of {what}")
+            end = await committed_end(self._settings, topic, partition, what=f"end of {what}",
+                                      settle_s=SETTLE_BUDGET_S)
             return SessionTail(self._decode_event, end)
         tail = SessionTail(self._decode_event, start)
         tail.end = await read_committed(self._settings, topic, partition, tail.visit,
-                                        start_offset=start, what=f"read the tail of {what}")
+                                        start_offset=start, what=f"read the tail of {what}",
+                                        settle_s=SETTLE_BUDGET_S)
         self.tail_records_read += tail.records
         return tail
 
@@ -160,7 +164,8 @@ class CheckpointStore:
         settings = self._settings
         fold = MigrationFold(self._decode_event, self._mode)
         end = await read_committed(settings, settings.topics.session_events, partition,
-                                   fold.visit, what=f"migrate session partition {partition}")
+                                   fold.visit, what=f"migrate session partition {partition}",
+                                   settle_s=SETTLE_BUDGET_S)
         self.session_records_read += fold.records
         checkpoints = list(fold.checkpoints.values())
         scan = CheckpointScan(partition, migrated=True, records=fold.records)

@@ -4,7 +4,10 @@
 partition of a topic written by older code (the migration, ``checkpointing.py``):
 
 1. start the partition's transactional producer: this fences the older owner (its open
-   transaction is aborted), so what is read next is final;
+   transaction is aborted), so what is read next is final. The reads below also wait for
+   any transaction still open below the high watermark (``settled_ends``): a broker
+   restarted uncleanly can leave one hanging, and reading short of it would reuse seqs its
+   records hold (this producer's next commit marker would commit them too);
 2. read the committed inbox offset and its metadata (after fencing: the older owner could
    still commit a transaction that moves it before);
 3. when that metadata holds a tail mark (``checkpoint_plan.py``: sessions are checkpointed at

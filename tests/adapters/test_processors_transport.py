@@ -212,3 +212,31 @@ async def test_a_failed_batch_is_read_again_from_the_committed_offset(
     app.consumer_generation_id += 1                             # a rebalance came
     await asyncio.gather(*consumer._seeks)
     assert len(seeks) == 3
+
+
+async def test_a_commit_the_broker_refused_leaves_the_batched_offsets_as_they_were(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 3: faust records the offsets of a commit as committed whether or not the broker
+    took them (a commit refused because the group rebalanced meanwhile), and would never
+    commit a batched partition again up to there. A refused commit changes nothing of the
+    batched partitions; the others keep faust's behaviour."""
+    processors = build_processors(Settings.from_env({}), EventSerde().decode)
+    consumer = processors.app.consumer
+    session_tp = TP(processors.settings.topics.session_events, 1)
+    other_tp = TP("some-changelog", 1)
+    broker_takes: list[bool] = [False]
+
+    async def faust_commit(self: Any, offsets: Any) -> bool:
+        return broker_takes[0]
+
+    monkeypatch.setattr(AIOKafkaConsumer, "_commit", faust_commit)
+    monkeypatch.setattr(consumer, "assignment", lambda: {session_tp, other_tp})
+    consumer._committed_offset[session_tp] = 604
+    consumer._committed_offset[other_tp] = 10
+    assert not await consumer._commit_offsets({session_tp: 700, other_tp: 20})
+    assert consumer._committed_offset[session_tp] == 604
+    assert consumer._committed_offset[other_tp] == 20   # faust's own bookkeeping
+    broker_takes[0] = True
+    assert await consumer._commit_offsets({session_tp: 700, other_tp: 30})
+    assert consumer._committed_offset[session_tp] == 700
+    assert consumer._committed_offset[other_tp] == 30

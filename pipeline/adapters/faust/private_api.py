@@ -71,7 +71,6 @@ def overridden() -> tuple[tuple[type, str, tuple[str, ...]], ...]:
         # What faust commits per partition: no public policy for it.
         (faust_consumer.Consumer, "_new_offset", ("tp",)),
         # Whether the broker took a commit: faust's public commit() hides it.
-        (faust_aiokafka.Consumer, "_commit", ("offsets",)),
         (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
         # How a record becomes a faust message: no factory setting.
         (faust_consumer.Consumer, "_to_message", ("tp", "record")),

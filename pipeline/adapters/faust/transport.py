@@ -192,7 +192,6 @@ class BatchingConsumer(AIOKafkaConsumer):
         self._spans: dict[Any, set[Span]] = {}   # per batched partition, see commit_rule
         self._ledger = DeliveryLedger()
         self._seeks: set[asyncio.Future[Any]] = set()
-        self._refused: dict[Any, int | None] = {}   # see _commit_offsets
         self._failures: dict[Any, int] = {}   # failed batches in a row, per partition (rule 10)
         self.seek_pending = False   # see rule 5 in the module doc
         self._resume_after_seek: set[Any] = set()
@@ -419,21 +418,16 @@ class BatchingConsumer(AIOKafkaConsumer):
             spans.difference_update({span for span in spans if span.end <= committed})
         return commit_offset(spans, committed)
 
-    async def _commit(self, offsets: Any) -> bool:
-        did_commit: bool = await super()._commit(offsets)
-        if not did_commit:   # what faust is about to overwrite (see _commit_offsets)
-            committed = private_api.committed_offsets(self)
-            self._refused = {tp: committed[tp] for tp in offsets if tp.topic in self._batched}
-        return did_commit
-
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
         """faust's commit, except that a commit the broker refused leaves the committed
         offsets of batched partitions as they were (rule 3: faust records them as committed
         whether or not the broker took them)."""
-        self._refused = {}
+        committed = private_api.committed_offsets(self)
+        before = {tp: committed[tp] for tp in offsets if tp.topic in self._batched}
         did_commit: bool = await super()._commit_offsets(
             offsets, start_new_transaction=start_new_transaction)
-        private_api.committed_offsets(self).update(self._refused)
+        if not did_commit:
+            committed.update(before)
         return did_commit
 
     def _to_message(self, tp: Any, record: Any) -> Any:

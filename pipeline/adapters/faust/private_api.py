@@ -56,8 +56,6 @@ def overridden() -> tuple[tuple[type, str, tuple[str, ...]], ...]:
         (faust_aiokafka.Consumer, "_new_consumer_thread", ()),
         # Where fetched records become messages: no hook regroups a fetch into batches.
         (faust_consumer.Consumer, "_wait_next_records", ("timeout",)),
-        # faust's hand-over loop (public name, internal use): clears the read offset per batch.
-        (faust_consumer.Consumer, "getmany", ("timeout",)),
         # faust's recovery seek (public name, internal use): no hook runs after it.
         (faust_consumer.Consumer, "perform_seek", ()),
         # faust's gap bookkeeping has no switch; batches would rebuild its tree per batch.
@@ -72,7 +70,8 @@ def overridden() -> tuple[tuple[type, str, tuple[str, ...]], ...]:
         (faust_consumer.Consumer, "_new_offset", ("tp",)),
         # Whether the broker took a commit: faust's public commit() hides it.
         (faust_consumer.Consumer, "_commit_offsets", ("offsets", "start_new_transaction")),
-        # How a record becomes a faust message: no factory setting.
+        # How a record becomes a faust message: no factory setting (and the read offset,
+        # cleared there for a batch).
         (faust_consumer.Consumer, "_to_message", ("tp", "record")),
         # faust's fetch, run on its consumer thread: no hook around aiokafka's getmany.
         (faust_aiokafka.AIOKafkaConsumerThread, "_fetch_records",

@@ -238,12 +238,6 @@ class BatchingConsumer(AIOKafkaConsumer):
                 self._spans.setdefault(tp, set()).add(Span.without_records(start, end))
         return spans
 
-    async def getmany(self, timeout: float) -> Any:
-        async for tp, message in super().getmany(timeout):
-            if tp.topic in self._batched:
-                private_api.clear_read_offset(self, tp)   # rule 8
-            yield tp, message
-
     async def perform_seek(self) -> None:
         """Seek to the committed offsets, and a batched partition without one to its
         beginning; then resume the batched partitions held back meanwhile (rule 5)."""
@@ -431,8 +425,11 @@ class BatchingConsumer(AIOKafkaConsumer):
         return did_commit
 
     def _to_message(self, tp: Any, record: Any) -> Any:
+        """A batch's one faust message (rule 8: faust checks its read offset after this,
+        and every offset is accepted)."""
         if not isinstance(record, RecordBatch):
             return super()._to_message(tp, record)
+        private_api.clear_read_offset(self, tp)
         last = record.records[-1]
         timestamp = last.timestamp / 1000.0 if last.timestamp is not None else None
         message = BatchMessage(last.topic, last.partition, last.offset, timestamp,

@@ -202,17 +202,19 @@ class UsageAggregator:
         once per batch, with its last value (the export topic is compacted)."""
         pending: dict[str, dict[str, JsonValue]] = {}
         book = self._book(partition)
+        # The batch's records are folded without an await, so the owned partitions and the
+        # table's epoch cannot change in between: the sums are looked up once per batch.
+        sums = self.current_sums()
         for value in values:
             if TICK in value:
-                await self._tick(partition, book, int(value[TICK]), pending)
+                self._tick(sums, partition, book, int(value[TICK]), pending)
             else:
-                self._sample(partition, book, UsageSample.from_json(value), pending)
+                self._sample(sums, partition, book, UsageSample.from_json(value), pending)
         for key, record in pending.items():
             await self._publish(key, record)
 
-    async def _tick(self, partition: int, book: WindowBook, now_ms: int,
-                    pending: dict[str, dict[str, JsonValue]]) -> None:
-        sums = self.current_sums()
+    def _tick(self, sums: UsageSums, partition: int, book: WindowBook, now_ms: int,
+              pending: dict[str, dict[str, JsonValue]]) -> None:
         book.last_tick_ms = max(book.last_tick_ms, now_ms)
         due = [key for key, (info, _c) in sums.windows.items()
                if sums.window_partition[key] == partition
@@ -224,12 +226,11 @@ class UsageAggregator:
             self.counters.windows_closed += 1
         self.table[f"book/{partition}"] = {"lastTickMs": book.last_tick_ms, "open": {}}
 
-    def _sample(self, partition: int, book: WindowBook, sample: UsageSample,
+    def _sample(self, sums: UsageSums, partition: int, book: WindowBook, sample: UsageSample,
                 pending: dict[str, dict[str, JsonValue]]) -> None:
         """Fold one sample: its record is written first, then the sums follow it. A write
         that raises leaves both as they were (the batch is folded again, and the sample
         counted once); sums updated first kept it twice."""
-        sums = self.current_sums()
         key = f"contrib/{sample.model_key}/{sample.session_id}"
         raw = self.table.get(key)
         if raw is not None and int(raw["seq"]) >= sample.seq:

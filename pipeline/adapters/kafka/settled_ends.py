@@ -51,6 +51,9 @@ async def high_watermarks(settings: Settings, parts: Sequence[TopicPartition], *
     try:
         with broker_errors(what):
             await consumer.start()
+            # Assigned first, so the client fetches their metadata at once: asked cold, the
+            # lookup took 112 ms (median of 15) against 16 ms (docs/decisions/settled-reads.md).
+            consumer.assign(list(parts))
             ends: dict[TopicPartition, int] = await consumer.end_offsets(list(parts))
             return ends
     finally:

@@ -1,15 +1,22 @@
 """The one executor of the processors' batch plans: what a batch and a commit do, in order.
 
-An agent hands its stream to :meth:`BatchExecutor.run`; each batch is planned and performed
-by the service's ``handle`` (outputs sent, dead letters written, table writes kept
-pending). The consumer runs :meth:`BatchExecutor.persist` before every commit and before
+The walk of a batch of the session topic, one pass down (docs/decisions/processors-transport.md,
+*The batch walk*): the consumer (:mod:`.transport`) hands the batch to its agent,
+:meth:`BatchExecutor.run`; :meth:`PlanExecutor.fold` has it planned by the pure batch step
+(a :class:`Planner`: ``pipeline.services.processors.planning`` over core's folds), reads the
+log back when the plan wants it and has the plan go on (as the driver's runner loops
+``TurnMachine.next_effect``), then performs the plan here: outputs sent, dead letters
+written (:class:`pipeline.adapters.kafka.dlq_book.DeadLetterBook`), table writes kept
+pending (:class:`.pending.PendingWrites`). Nothing it calls climbs back to the service.
+
+The consumer runs :meth:`BatchExecutor.persist` before every commit and before
 partitions are revoked, and the forgetting and the assignment step on every rebalance
 (:class:`.transport.BatchingConsumer`, rule 6). Executors are installed when the app is
 built (:meth:`BatchExecutor.install`), never from an agent's body.
 
 The order of a commit, the order a kill -9 recovery equal to a replay needs
 (docs/decisions/processors-transport.md, *Durable before committed*; the persist's rules in
-``pipeline.services.processors.persisting``):
+:mod:`.pending`):
 
 1. every output the pending batches sent is acknowledged (a partition with an output that
    failed is given up and read again from its committed offset; a refused output stops
@@ -21,17 +28,18 @@ The order of a commit, the order a kill -9 recovery equal to a replay needs
 5. the producer is flushed (every write above acknowledged) and the spans with it;
 6. :func:`.commit_rule.commit_offset` moves the committed offset over the done spans.
 
-Steps 1-4 are the pending writes' (:meth:`Pending.persist`, handed the flush of step 2 and
-reporting what failed as a :class:`PersistOutcome`); 5 and 6 are the consumer's.
+Steps 1-4 are the pending writes' (:meth:`PlanExecutor.persist`, handed the flush of step
+2 and reporting what failed as a :class:`.pending.PersistOutcome`); 5 and 6 are the
+consumer's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from pipeline.adapters.faust.failures import (
     FailureCount,
@@ -41,6 +49,14 @@ from pipeline.adapters.faust.failures import (
     stop_refused,
     stop_write_lost,
 )
+from pipeline.adapters.faust.pending import (
+    Caches,
+    Flush,
+    PendingTables,
+    PendingWrites,
+    PersistOutcome,
+    Recordable,
+)
 from pipeline.adapters.faust.transport import (
     BatchingTransport,
     mark_folded,
@@ -48,31 +64,173 @@ from pipeline.adapters.faust.transport import (
     records_of,
     release_records,
 )
+from pipeline.adapters.kafka.dlq_book import DeadLetterBook
+from pipeline.adapters.kafka.records import OutRecord
 
 log = logging.getLogger(__name__)
 
-Flush = Callable[[], Awaitable[None]]
+__all__ = ["BatchExecutor", "Flush", "Handle", "PersistOutcome", "PlanExecutor", "Planner"]
+
 # Plans and performs one batch of one partition (its records in offset order, and the
 # batch itself, which a later persist reports folded when the executor has pending
 # writes; without, the batch is folded when this returns).
 Handle = Callable[[Sequence[Any], Any], Awaitable[None]]
 Hook = Callable[[], Awaitable[None]]
+# Returns, when the sender has one, the record's delivery (awaitable until the broker
+# acknowledged it): see *Outputs before state* in :mod:`.pending`.
+Send = Callable[[OutRecord], Awaitable[object]]
+# (partition, session, first seq wanted, below offset) -> the session's records from that
+# seq on below that offset, one per seq in seq order (the heal's read of the log:
+# :func:`pipeline.adapters.kafka.session_span.session_records_before` in the worker).
+ReadBack = Callable[[int, str, int, int], Awaitable[Sequence[Any]]]
+# (partition, offset of a batch's first record) -> once the batch may be folded (the
+# projection handover's gate: :class:`pipeline.adapters.kafka.projection_follow.ProjectionFollow`)
+Gate = Callable[[int, int], Awaitable[object]]
 # Batches marked folded between two yields to the event loop: a mark holds its batch's
 # event and message, and a commit's worth (~1,400 batches at 5,000 events/s) freed in one
 # go held the event loop for ~10 ms (measured after a persist).
 MARK_SLICE: Final = 128
 
 
-@dataclass(slots=True)
-class PersistOutcome:
-    """What failed in a persist: partitions given up to be read again (an output
-    unacknowledged), an output the broker refused, a table write lost (the partitions of
-    the last two are given up too, and the worker stops: they are not read again)."""
+class Wanted(Protocol):
+    """Records a plan wants read back before it goes on (see :data:`ReadBack`)."""
 
-    given_up: list[tuple[int, Exception]] = field(default_factory=list)
-    refused: Exception | None = None
-    lost_write: Exception | None = None
-    folded: list[Any] = field(default_factory=list)   # the batches written, fold order
+    @property
+    def partition(self) -> int: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def from_seq(self) -> int: ...
+    @property
+    def before_offset(self) -> int: ...
+
+
+class Plan(Protocol):
+    """What one batch changes, in the order the executor performs it."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def span(self) -> tuple[int, int]: ...   # its records' offsets: first, last + 1
+    @property
+    def wants(self) -> Wanted | None: ...
+    @property
+    def outputs(self) -> list[OutRecord]: ...
+    @property
+    def letters(self) -> list[tuple[Any, Exception]]: ...
+    @property
+    def node_writes(self) -> list[tuple[str, Any]]: ...   # fold order; None: delete
+    @property
+    def to_write(self) -> Mapping[str, Recordable]: ...   # by session: the record to write
+    @property
+    def marks(self) -> Mapping[str, int]: ...             # cursors moved by chunks only
+
+    def sessions(self) -> set[str]: ...                   # every session it touched
+
+
+PlanT = TypeVar("PlanT", bound=Plan)
+
+
+class Planner(Caches, Protocol[PlanT]):
+    """The pure batch step: plans never await and do no I/O; their tables are read only."""
+
+    @property
+    def tables(self) -> PendingTables: ...
+
+    def start(self, records: Sequence[Any]) -> PlanT: ...
+    # Folds ``found`` (what ``plan.wants`` asked for; None at the start), then the rest.
+    def go_on(self, plan: PlanT, found: Sequence[Any] | None = None) -> PlanT: ...
+
+
+class PlanExecutor(Generic[PlanT]):
+    """Plans each batch of the session topic with ``planner`` and performs the plan; keeps
+    its table writes until the next persist (:class:`.pending.PendingWrites`)."""
+
+    def __init__(self, planner: Planner[PlanT], send: Send, letters: DeadLetterBook,
+                 pending: PendingWrites, *, read_back: ReadBack | None = None,
+                 gate: Gate | None = None) -> None:
+        self.planner = planner
+        self.send = send
+        self.letters = letters
+        self.pending = pending
+        self.read_back = read_back   # None: a plan never wants a read (gaps reported)
+        self.gate = gate             # passed once per batch, before it is planned
+        self._deliveries: list[Awaitable[object]] = []   # the batch's outputs sent
+        # Without a sink (unit tests) the letters go out as outputs of the batch.
+        letters.send = self._send_one
+
+    async def fold(self, records: Sequence[Any], batch: Any = None) -> None:
+        """Plan the records of one partition (in order) and perform the plan. What they
+        change is written to the tables by the next :meth:`persist`, whose outcome reports
+        ``batch`` folded then (None: nobody waits for it)."""
+        if not records:
+            return
+        first = records[0]
+        self.letters.folding(first.partition, first.offset)
+        if self.gate is not None:
+            await self.gate(first.partition, first.offset)
+        async with self.pending.lock:
+            plan = self.planner.start(records)
+            try:
+                self.planner.go_on(plan)
+                while plan.wants is not None:
+                    await self._read_back(plan, plan.wants)
+                await self._perform(plan, batch)
+            except BaseException:
+                # The cached states of the partition may hold changes half made: the
+                # partition's unpersisted batches are given up with this one.
+                self.letters.drop_batch()
+                self.pending.give_up_partition(first.partition, plan.sessions())
+                raise
+
+    async def _read_back(self, plan: PlanT, wanted: Wanted) -> None:
+        """The records the plan wants, read from the log, and the plan gone on with them;
+        its node writes so far join the pending ones first (views read them meanwhile)."""
+        if self.read_back is None:
+            raise RuntimeError("a plan wants records read back and there is no reader")
+        self.pending.add_nodes(plan.partition, plan.node_writes, self.planner.tables)
+        found = await self.read_back(wanted.partition, wanted.session_id, wanted.from_seq,
+                                     wanted.before_offset)
+        self.planner.go_on(plan, found)
+
+    async def _perform(self, plan: PlanT, batch: Any) -> None:
+        """Outputs sent, dead letters written, then the plan's table writes join its
+        partition's pending ones."""
+        self.pending.add_nodes(plan.partition, plan.node_writes, self.planner.tables)
+        self._deliveries = []
+        for out in plan.outputs:
+            await self._send_one(out)
+        for record, error in plan.letters:
+            await self.letters.letter(record, error)
+        await self.letters.write_batch(plan.partition)
+        self.pending.add(plan.partition, plan.to_write, plan.marks, self._deliveries, batch)
+        self._deliveries = []
+        self.pending.folded_to[plan.partition] = plan.span[1] - 1
+
+    async def _send_one(self, out: OutRecord) -> None:
+        """An output of the batch (or a dead letter without a sink: the unit tests); its
+        delivery is awaited before the batch's state is written."""
+        delivery = await self.send(out)
+        if inspect.isawaitable(delivery):
+            self._deliveries.append(delivery)
+
+    async def persist(self, flush: Flush | None = None) -> PersistOutcome:
+        """Steps 1-4 of a commit: what the plans changed, written to the tables (see
+        :mod:`.pending`); ``flush``: until every table write made before it is
+        acknowledged (the producer's), nothing to wait for with plain dicts."""
+        if flush is None:
+            return await self.pending.persist(self.planner.tables)
+        return await self.pending.persist(self.planner.tables, flush)
+
+    async def forget(self) -> None:
+        """Drop what is cached in memory and not persisted (partitions moved: others fold
+        them from the committed offset)."""
+        async with self.pending.lock:
+            dropped = self.pending.give_up_all()
+            self.letters.forget()
+        if dropped:
+            log.info("%d folded batches not persisted before the rebalance: their "
+                     "partitions' owners fold them again from the committed offset", dropped)
 
 
 class Pending(Protocol):

@@ -29,7 +29,7 @@ each is the JSON object shown here, the one the HTTP API serves):
   the live slots of the session in key order, ``message`` of each (null: nothing to show).
   Once ``replay`` switched the projection to a rebuilt version, the workers publish there
   instead (each follows the pointer topic ``<prefix>projection-versions`` and holds while a
-  handover is pending: :mod:`.projection_follow`).
+  handover is pending: :mod:`pipeline.adapters.kafka.projection_follow`).
 * ``<prefix>usage`` (``dsh.UsageRecord``): keys ``session/<id>``, ``model/<provider>/<model>``,
   ``window/<granularity>/<startMs>/<provider>/<model>`` (``closed: true`` once final);
   OpenTelemetry GenAI names beside dsh's disjoint counts (see :mod:`pipeline.core.usage`;
@@ -45,12 +45,14 @@ and ``dsh.original.*`` headers (the bytes omitted when the dead letter would not
 :mod:`pipeline.adapters.kafka.dlq`).
 
 Modules: :mod:`.app` (the faust app, built by :func:`.app.build_processors`), :mod:`.folding`
-(session stage), :mod:`.persisting` (its table writes, once per commit), :mod:`.aggregation`
-(per-model stage), :mod:`.web` and :mod:`.session_page` (both reading through
-:mod:`.folded_session`), and the batching transport in :mod:`pipeline.adapters.faust` (the
-session and per-model topics delivered one fetched batch per faust event), :mod:`.runner`,
-:mod:`.verify` (the checks ``demo`` runs), :mod:`.projection_follow` (which derived-messages
-version to publish to), :mod:`.options`, :mod:`.counters`.
+(session stage: :mod:`.planning`, the pure batch step, and the executor of its plans,
+:mod:`pipeline.adapters.faust.executor`, with their table writes once per commit in
+:mod:`pipeline.adapters.faust.pending`), :mod:`.aggregation` (per-model stage), :mod:`.web`
+and :mod:`.session_page` (both reading through :mod:`.folded_session`), and the batching
+transport in :mod:`pipeline.adapters.faust` (the session and per-model topics delivered one
+fetched batch per faust event), :mod:`.runner`, :mod:`.verify` (the checks ``demo`` runs),
+:mod:`pipeline.adapters.kafka.projection_follow` (which derived-messages version to publish
+to), :mod:`.options`, :mod:`.counters`.
 
 Speed (``bench/bench_processors.py``): chunks are skipped by header inside each batch, so
 faust's per-record cost is paid per batch, and a session's table record is written once per

@@ -14,8 +14,10 @@ with their source topic, and ``options.standby_replicas`` standby copies):
 
 ``══``: the session topic and the usage-by-model topic reach their agents one fetched batch
 per partition at a time (one faust event per batch, :mod:`pipeline.adapters.faust.transport`),
-so faust's per-record cost is paid per batch. The session tables are written once per commit, right
-before it (:mod:`.persisting`); the outputs are sent as each batch is folded.
+so faust's per-record cost is paid per batch. Each batch is planned by the pure batch step
+and its plan performed by the one executor (:mod:`pipeline.adapters.faust.executor`); the
+session tables are written once per commit, right before it
+(:mod:`pipeline.adapters.faust.pending`); the outputs are sent as each batch is folded.
 
 Delivery is at-least-once; every fold is idempotent by (session, seq), so redelivery after a
 crash or rebalance changes nothing (faust's ``exactly_once`` is not used: see the notes on its
@@ -46,6 +48,7 @@ from pipeline.adapters.kafka.admin import retrying_transient
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.dlq_writer import DeadLetterWriter
 from pipeline.adapters.kafka.options import client_options
+from pipeline.adapters.kafka.projection_follow import ProjectionFollow
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_span import session_records_before
 from pipeline.adapters.kafka.topic_scan import ensure_topic
@@ -57,7 +60,6 @@ from pipeline.core.usage import WINDOW_SIZES_MS
 from pipeline.services.processors.aggregation import UsageAggregator, tick_value
 from pipeline.services.processors.folding import Decoder, Send, SessionFolder
 from pipeline.services.processors.options import ProcessorsOptions
-from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import (
     SessionTables,
     chunk_mark_older,
@@ -204,7 +206,7 @@ def worker_id(options: ProcessorsOptions) -> str:
 
 def _wire_projection_follow(processors: Processors) -> ProjectionFollow:
     """The worker's follower of the derived-messages versions, started and stopped with it
-    (see :mod:`.projection_follow`)."""
+    (see :mod:`pipeline.adapters.kafka.projection_follow`)."""
     topic = processors.settings.topics.session_events
     follow = ProjectionFollow(processors.settings, worker_id(processors.options),
                               owned=lambda: processors.active_partitions(topic))
@@ -254,13 +256,13 @@ def _wire_sessions(processors: Processors, decode: Decoder, send: Send,
                                              processors.options.heal_span_max),
                            dead_letter_sink=_dead_letter_writer(processors))
     processors.folder = folder
-    handle: Handle = folder.handle_batch
+    handle: Handle = folder.executor.fold   # the batch walk: pipeline.adapters.faust.executor
     if processors.loop_probe is not None:
         handle = processors.loop_probe.counting(handle)
     executor = BatchExecutor(app, source.get_topic_name(), handle, stop=stop,
                              counters=processors.counters,
                              principal=processors.principal,
-                             pending=folder, on_assignment=partial(_reread_pointer, route),
+                             pending=folder.executor, on_assignment=partial(_reread_pointer, route),
                              producer_buffer=processors.options.producer_buffer)
     executor.install()
     app.agent(source, name="fold-sessions")(executor.run)

@@ -28,9 +28,11 @@ def current_state(tables: SessionTables, folder: SessionFolder | None, session_i
     return None if raw is None else SessionState.from_json(session_id, raw)
 
 
-def expected_seq(tables: SessionTables, session_id: str, state: SessionState | None) -> int:
+def expected_seq(tables: SessionTables, folder: SessionFolder | None, session_id: str,
+                 state: SessionState | None) -> int:
     """The seq the session expects next: its state's, or later chunks' (0: unknown)."""
-    return max(next_expected(tables, session_id), state.next_seq if state else 0)
+    folded = next_expected(tables, session_id) if folder is None else folder.cursor(session_id)
+    return max(folded, state.next_seq if state else 0)
 
 
 def surface_nodes(tables: SessionTables, folder: SessionFolder | None, state: SessionState,

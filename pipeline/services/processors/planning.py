@@ -4,9 +4,12 @@
 :class:`BatchPlan`: the outputs to send, the records to dead-letter, the node writes, the
 session records and cursors to write, and the batch's offsets. It never awaits and does no
 I/O; its tables are plain mappings (faust tables in the worker, dicts in tests) that it only
-reads. What it does change is in memory: the decoded session states it folds (the fold
-cache, :attr:`FoldState.states`) and the counters. Performing a plan is the executor's
-(:mod:`.folding`, :mod:`.persisting`).
+reads, and so are the records a persist holds and has not written yet
+(:attr:`FoldState.pending`). What it does change is in memory: the decoded session states it
+folds and the cursors (the fold's caches, :attr:`FoldState.states` and
+:attr:`FoldState.cursors`, ahead of the tables until the next persist) and the counters.
+Performing a plan is the executor's (:class:`pipeline.adapters.faust.executor.PlanExecutor`,
+which calls :meth:`FoldState.start` and :meth:`FoldState.go_on`; :mod:`.folding` wires it).
 
 The rules it keeps (DESIGN.md section 2, :mod:`.folding` for the crash rules):
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pipeline.adapters.kafka.records import OutRecord
 from pipeline.adapters.kafka.session_span import record_seq
@@ -61,6 +64,8 @@ from pipeline.settings import TopicNames
 
 log = logging.getLogger(__name__)
 
+STATE_CACHE_MAX: Final = 50_000  # decoded session states kept (beyond the unpersisted ones)
+
 
 class Decoder(Protocol):
     def __call__(self, data: bytes, /) -> tuple[str, Event]: ...
@@ -68,7 +73,8 @@ class Decoder(Protocol):
 
 class DerivedTopics(Protocol):
     """Which version of the derived messages a record's changes go to, read in memory
-    (a :class:`.projection_follow.ProjectionFollow` in the worker); None: publish nothing."""
+    (a :class:`pipeline.adapters.kafka.projection_follow.ProjectionFollow` in the
+    worker); None: publish nothing."""
 
     def topic_for(self, partition: int, offset: int) -> str | None: ...
     # The partition of a change of an event in ``partition`` of the session topic, in the
@@ -78,7 +84,8 @@ class DerivedTopics(Protocol):
 
 @dataclass(slots=True)
 class FoldState:
-    """What the planner reads (tables, cursors) and the in-memory fold it moves on."""
+    """What the planner reads (tables, cursors) and the in-memory fold it moves on: the
+    planner of :class:`pipeline.adapters.faust.executor.PlanExecutor`."""
 
     tables: SessionTables
     decode: Decoder
@@ -90,6 +97,25 @@ class FoldState:
     route: DerivedTopics | None = None   # None: the derived-messages topic of ``topics``
     can_heal: bool = False                # whether a gap may be read back from the log
     states: dict[str, SessionState] = field(default_factory=dict)  # decoded, folded so far
+    # The seq each session expects next, as folded so far (ahead of the tables).
+    cursors: dict[str, int] = field(default_factory=dict)
+    pending: PendingView | None = None    # the records a persist holds (None: no persists)
+
+    def start(self, records: Sequence[ConsumedRecord]) -> BatchPlan:
+        """The plan of a (non-empty) batch, nothing folded yet: :meth:`go_on` folds it."""
+        self.counters.records += len(records)
+        return BatchPlan.of(records)
+
+    def go_on(self, plan: BatchPlan,
+              found: Sequence[ConsumedRecord] | None = None) -> BatchPlan:
+        return continue_plan(self, plan, found)
+
+
+class PendingView(Protocol):
+    """What a persist holds and has not written yet (newer than the tables)."""
+
+    def taken(self, session_id: str) -> tuple[Any, int | None]: ...
+    def unwritten(self) -> set[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +143,10 @@ class BatchPlan:
     # ``nodes`` writes in fold order (None: delete); drained as they join the pending writes
     node_writes: list[tuple[str, Any]] = field(default_factory=list)
     states: dict[str, SessionState] = field(default_factory=dict)  # every session touched
+    # Set when the plan is done: the session records to write and the cursors moved by
+    # chunks only (:meth:`pipeline.adapters.faust.pending.PendingWrites.add`).
+    to_write: dict[str, SessionState] = field(default_factory=dict)
+    marks: dict[str, int] = field(default_factory=dict)
     dirty: set[str] = field(default_factory=set)            # whose record to write
     started: dict[str, int] = field(default_factory=dict)   # cursor before the batch
     cursors: dict[str, int] = field(default_factory=dict)   # cursor after it
@@ -136,19 +166,23 @@ class BatchPlan:
     def done(self) -> bool:
         return self.wants is None and self.position >= len(self.records)
 
+    def sessions(self) -> set[str]:
+        """Every session the plan touched."""
+        return set(self.started)
+
 
 def plan_batch(state: FoldState, records: Sequence[ConsumedRecord]) -> BatchPlan:
     """The plan of a (non-empty) batch of one partition, in offset order; see the module
     doc. When ``wants`` is set, the plan is not done: :func:`continue_plan` it with the
     records read back."""
-    state.counters.records += len(records)
-    return continue_plan(state, BatchPlan.of(records))
+    return state.go_on(state.start(records))
 
 
 def continue_plan(state: FoldState, plan: BatchPlan,
                   read_back: Sequence[ConsumedRecord] | None = None) -> BatchPlan:
     """Go on with ``plan``: fold ``read_back`` (what ``plan.wants`` asked for) first, then
-    the rest of its records; at the end, its sessions' last values join the outputs."""
+    the rest of its records; at the end, its sessions' last values join the outputs and
+    its writes are settled (:func:`_settle`)."""
     if plan.wants is not None:
         wanted, plan.wants = plan.wants, None
         _heal(state, plan, wanted, read_back or ())
@@ -158,27 +192,71 @@ def continue_plan(state: FoldState, plan: BatchPlan,
             return plan   # the record at ``position`` is folded again after the read
         plan.position += 1
     _last_values(state, plan)
+    _settle(state, plan)
     return plan
+
+
+def _settle(state: FoldState, plan: BatchPlan) -> None:
+    """The done plan's writes: a record for each session an event changed, a cursor for
+    each that only chunks moved; its cursors join the fold's, and the cached states stay
+    bounded (:data:`STATE_CACHE_MAX`)."""
+    for session_id, started in plan.started.items():
+        cursor = plan.cursors[session_id]
+        session = plan.states.get(session_id) or state.states.get(session_id)
+        if session is not None:   # a record pending (or written later) holds the cursor
+            session.next_seq = max(session.next_seq, cursor)
+        if session_id in plan.dirty:
+            plan.to_write[session_id] = plan.states[session_id]
+        elif cursor > started:
+            plan.marks[session_id] = cursor
+    state.cursors.update(plan.cursors)
+    if len(state.states) > STATE_CACHE_MAX:
+        keep = (plan.states.keys() | plan.marks.keys()
+                | (state.pending.unwritten() if state.pending else set()))
+        kept = {sid: state.states[sid] for sid in keep if sid in state.states}
+        state.states.clear()
+        state.states.update(kept)
 
 
 def _cursor(state: FoldState, plan: BatchPlan, session_id: str) -> int:
     """The seq the session expects next (moved in the batch)."""
     cursor = plan.cursors.get(session_id)
     if cursor is None:
-        cursor = state.tables.chunks.get(session_id)
-        if cursor is None:
-            cursor = next_expected(state.tables, session_id)
-        plan.cursors[session_id] = plan.started[session_id] = cursor
+        cursor = plan.cursors[session_id] = plan.started[session_id] = folded_cursor(
+            state, session_id)
     return cursor
+
+
+def folded_cursor(state: FoldState, session_id: str) -> int:
+    """The seq the session expects next as folded so far: the fold's cursor, else the
+    newest of the tables and what a persist holds and has not written (0: unknown)."""
+    cursor = state.cursors.get(session_id)
+    if cursor is not None:
+        return cursor
+    taken = 0
+    if state.pending is not None:
+        record, mark = state.pending.taken(session_id)
+        taken = max(int(record["next"]) if record is not None else 0, mark or 0)
+    return max(next_expected(state.tables, session_id), taken)
 
 
 def _session(state: FoldState, plan: BatchPlan, session_id: str) -> SessionState:
     found = plan.states.get(session_id) or state.states.get(session_id)
     if found is None:
-        found = SessionState.from_json(session_id, state.tables.sessions.get(session_id))
+        found = SessionState.from_json(session_id, stored_record(state, session_id))
         state.states[session_id] = found
     plan.states[session_id] = found
     return found
+
+
+def stored_record(state: FoldState, session_id: str) -> Any:
+    """The session's newest record outside the fold's cache: the one a persist holds and
+    has not written yet, else the table's (None: none)."""
+    if state.pending is not None:
+        record, _ = state.pending.taken(session_id)
+        if record is not None:
+            return record
+    return state.tables.sessions.get(session_id)
 
 
 def _fold_record(state: FoldState, plan: BatchPlan, record: ConsumedRecord) -> None:

@@ -73,7 +73,7 @@ def page_answer(tables: SessionTables, folder: SessionFolder | None, session_id:
         return None
     nodes = state.surface.slots() if state is not None else []
     messages: list[JsonValue] = [node.get("message") for _seq, node in found]
-    next_seq = expected_seq(tables, session_id, state)
+    next_seq = expected_seq(tables, folder, session_id, state)
     first = state.first_offset if state is not None else 0
     folded = folder.folded_to.get(partition, -1) if folder is not None else -1
     return {"session": session_id, "nextSeq": next_seq, "nodes": list(nodes),

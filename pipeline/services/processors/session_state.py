@@ -1,7 +1,8 @@
 """The state the session folds keep per session, and the fold of one event into it.
 
 :class:`SessionState` is the value of the ``sessions`` table (one record per session, see
-:mod:`.folding` and :mod:`.persisting`); :func:`plan_event` applies core's pure folds to it.
+:mod:`.folding` and :mod:`pipeline.adapters.faust.pending`); :func:`plan_event` applies core's
+pure folds to it.
 """
 
 from __future__ import annotations
@@ -38,13 +39,11 @@ Table = MutableMapping[str, Any]
 @dataclass(frozen=True, slots=True)
 class SessionTables:
     """Co-partitioned tables (``sessions`` and ``chunk_marks`` by session, ``nodes`` by
-    ``<session>/<seq>``) and the in-memory cursors (ahead of the tables until the next
-    persist; cleared on every rebalance)."""
+    ``<session>/<seq>``)."""
 
     sessions: Table
     nodes: Table
     chunk_marks: Table
-    chunks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -130,8 +129,7 @@ def chunk_mark_older(held: Any, incoming: Any) -> bool:
 def next_expected(tables: SessionTables, session_id: str) -> int:
     """The seq the session's next record must carry (0 for an unknown session)."""
     state = tables.sessions.get(session_id)
-    return max(int(state["next"]) if state else 0, int(tables.chunk_marks.get(session_id) or 0),
-               tables.chunks.get(session_id, 0))
+    return max(int(state["next"]) if state else 0, int(tables.chunk_marks.get(session_id) or 0))
 
 
 @dataclass(slots=True)

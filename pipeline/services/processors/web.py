@@ -59,7 +59,7 @@ def _folded_messages(processors: Processors, session_id: str
     """:func:`session_messages`, and the surface seqs whose node the table lacks."""
     tables, folder = processors.tables, processors.folder
     state = current_state(tables, folder, session_id)
-    next_seq = expected_seq(tables, session_id, state)
+    next_seq = expected_seq(tables, folder, session_id, state)
     if state is None and next_seq == 0:
         return None, []
     messages, missing = [], []

@@ -10,13 +10,13 @@ from typing import Any
 import faust
 
 from pipeline.adapters.faust.transport import awaiting_recovery_seek, table_recovery
+from pipeline.adapters.kafka.projection_follow import ProjectionFollow
 from pipeline.adapters.loop_probe import LoopProbe
 from pipeline.core.fleet import FleetStatus, StepRate, fleet_counters
 from pipeline.services.processors.aggregation import UsageAggregator
 from pipeline.services.processors.counters import DeliveryCounters
 from pipeline.services.processors.folding import Decoder, SessionFolder
 from pipeline.services.processors.options import ProcessorsOptions
-from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.processors.session_state import SessionTables
 from pipeline.settings import Settings
 

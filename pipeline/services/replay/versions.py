@@ -4,7 +4,7 @@ Version 0 is the processors' topic ``<prefix>derived-messages``; version N (N >=
 ``<prefix>derived-messages.vN``, rebuilt by ``replay`` from offset 0. The compacted control
 topic ``<prefix>projection-versions`` says which version is active (the record formats and
 the pure rules are in :mod:`pipeline.core.projection`; the processors' side is
-``pipeline.services.processors.projection_follow``).
+``pipeline.adapters.kafka.projection_follow``).
 
 **The problem.** A rebuilt version is a snapshot of the log up to the offsets the rebuild
 read. If readers switched to it while the processors kept publishing their live changes to

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from folding_support import Harness, batches, sessions
 
+from pipeline.adapters.faust import pending
 from pipeline.adapters.kafka.records import InboxRecord, OutRecord
 from pipeline.core.log import derive_messages
-from pipeline.services.processors import folding, persisting
+from pipeline.services.processors import planning
 
 
 class Acks:
@@ -148,7 +149,7 @@ async def test_a_failing_fold_gives_up_its_partitions_unpersisted_batches() -> N
 
 async def test_the_state_cache_never_evicts_a_state_the_tables_do_not_have(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(folding, "STATE_CACHE_MAX", 2)
+    monkeypatch.setattr(planning, "STATE_CACHE_MAX", 2)
     harness = Harness()
     logs = sessions(25, 6)
     records = [harness.record(sid, e) for sid, events in logs.items() for e in events]
@@ -216,10 +217,10 @@ async def test_a_commits_worth_of_batches_is_marked_in_order_or_not_at_all(
     records = [harness.record(sid, e) for sid, events in sessions(24, 8).items()
                for e in events]
     parts = batches(records, 1)
-    assert len(parts) > 2 * persisting.SLICE
+    assert len(parts) > 2 * pending.SLICE
     for number, part in enumerate(parts):
         await harness.folder.handle_batch(part, number)
-    assert len(acks.pending) > 2 * persisting.SLICE
+    assert len(acks.pending) > 2 * pending.SLICE
     if last_output_fails:
         acks.pending[-1][1].set_exception(RuntimeError("broker said no"))
     acks.ack_all()

@@ -21,6 +21,7 @@ from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
 from pipeline.adapters.kafka.admin import ensure_topics
 from pipeline.adapters.kafka.event_stream import EventStream, Start, partition_for
+from pipeline.adapters.kafka.projection_follow import ProjectionFollow
 from pipeline.adapters.kafka.topic_scan import BulkProducer, TopicScan
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
@@ -42,7 +43,6 @@ from pipeline.core.projection import (
 )
 from pipeline.core.surface import SurfaceFold
 from pipeline.sdk import active_version, derived_conversations
-from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.replay.rebuild import read_conversations, replay_projection
 from pipeline.services.replay.versions import read_pointer, write_pointer
 from pipeline.settings import Settings

@@ -12,14 +12,14 @@ import logging
 import pytest
 from fanout_support import FIXTURES, SERDE, fanout_settings, publish
 
+from pipeline.adapters.kafka import projection_follow
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.projection_follow import ProjectionFollow
 from pipeline.adapters.kafka.topic_scan import ensure_topic, topic_exists
 from pipeline.cli.main import main
 from pipeline.codec.sessionfile import read_session_file
 from pipeline.core.errors import BrokerError
 from pipeline.core.projection import HandoverRequest, handover_key, writer_key
-from pipeline.services.processors import projection_follow
-from pipeline.services.processors.projection_follow import ProjectionFollow
 from pipeline.services.replay.rebuild import replay_projection
 from pipeline.services.replay.versions import (
     ActiveVersion,

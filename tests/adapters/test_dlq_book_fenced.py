@@ -15,13 +15,13 @@ import pytest
 from processors_support import fresh_settings
 
 from pipeline.adapters.kafka.admin import ensure_topics
+from pipeline.adapters.kafka.dlq_book import DeadLetterBook
 from pipeline.adapters.kafka.dlq_reader import dead_lettered_offsets
 from pipeline.adapters.kafka.dlq_writer import DeadLetterWriter
 from pipeline.adapters.kafka.records import InboxRecord, OutRecord
 from pipeline.adapters.kafka.transactional import FencedError
 from pipeline.core.errors import CodecError
 from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.dead_letters import DeadLetterBook
 from pipeline.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -14,6 +14,7 @@ import json
 import pytest
 from fanout_support import fanout_settings
 
+from pipeline.adapters.kafka.projection_follow import ProjectionFollow
 from pipeline.adapters.kafka.projection_pointer import (
     PointerReader,
     read_pointer_state,
@@ -27,7 +28,6 @@ from pipeline.core.projection import (
     handover_key,
     writer_key,
 )
-from pipeline.services.processors.projection_follow import ProjectionFollow
 
 P = "derived-messages"
 pytestmark = pytest.mark.broker

@@ -1,13 +1,18 @@
-"""What the session folds changed, written to the tables right before each commit.
+"""The table writes of performed batch plans, kept until the next commit and written then.
 
 A table value only has to be durable once an offset that claims it is committed, so the
-folds keep, per partition, what they changed since the last commit (:class:`ChangeBook`) and
-write it when the commit begins (the worker's consumer calls :meth:`ChangeBook.persist`
-first, and before partitions are revoked). One session's record is then written once per
-commit, not once per fetched batch, and no batch waits for a broker round trip before the
-next one is folded. Measured at 5,000 events/s (``bench/bench_processors.py``): per-batch
-writes were ~3,000 changelog records/s and each batch waited ~4 ms for its outputs'
-acknowledgements, which kept the agent busy 55% of the time and queued the batches behind it.
+executor (:mod:`.executor`) keeps, per partition, what the performed plans changed since the
+last commit (:class:`PendingWrites`) and writes it when the commit begins (the consumer runs
+the executor's persist first, and before partitions are revoked). One session's record is
+then written once per commit, not once per fetched batch, and no batch waits for a broker
+round trip before the next one is folded. Measured at 5,000 events/s
+(``bench/bench_processors.py``): per-batch writes were ~3,000 changelog records/s and each
+batch waited ~4 ms for its outputs' acknowledgements, which kept the agent busy 55% of the
+time and queued the batches behind it.
+
+What is kept is plain data: per key (a session) one record to write (any value with a
+``to_json()``, taken as JSON by the persist) or one cursor (``chunk_marks``), node records
+(``nodes``; None: delete), the outputs' deliveries and the batches to report folded.
 
 Rules (each one keeps a kill -9 equal to a replay):
 
@@ -36,20 +41,19 @@ Rules (each one keeps a kill -9 equal to a replay):
   offset skips what it holds.
 - *A partition fails alone.* When an output of a partition was not acknowledged, that
   partition's batches since its last persist are given up: never marked folded (so not
-  committed), their sessions' cached states dropped (the tables are the truth again), and
+  committed), their sessions' cached states dropped from the planner's caches (the tables,
+  or a record a persist still holds, are the truth again: :meth:`PendingWrites.taken`), and
   the outcome names it in ``given_up``: the worker reads the partition again from its
   committed offset and folds them again (:mod:`pipeline.adapters.faust.failures`).
 - *A refusal stops the worker.* When the broker refused an output (the principal lost an
   ACL), the partition is given up as above and the outcome says ``refused``: no later
   batch could be written either, so the worker stops (nothing given up is ever committed).
 
-The worker performs the outcome (:class:`pipeline.adapters.faust.executor.BatchExecutor`,
-which runs each persist before the commit, in the order its module states).
-
-Persists run one at a time; each takes the changes under the folder's lock (no batch is
-half folded then) as JSON copies, so the folds go on while it waits for acknowledgements.
-faust's tables take a write's changelog partition from the current event, so each
-partition's records are written in a context copied while one of its batches was folded.
+Persists run one at a time; each takes the changes under :attr:`PendingWrites.lock` (held
+while a batch is planned and performed: no batch is half folded then) as JSON copies, so
+the folds go on while it waits for acknowledgements. faust's tables take a write's
+changelog partition from the current event, so each partition's records are written in a
+context copied while one of its batches was performed.
 """
 
 from __future__ import annotations
@@ -57,15 +61,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
-from pipeline.adapters.faust.executor import Flush, PersistOutcome
 from pipeline.adapters.kafka.errors import is_refusal
-from pipeline.services.processors.counters import DeliveryCounters
-from pipeline.services.processors.planning import BatchPlan
-from pipeline.services.processors.session_state import SessionState, SessionTables, Table
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +75,59 @@ WRITE_SLICE: Final = 32
 SLICE: Final = 128
 _Item = TypeVar("_Item")
 
+Flush = Callable[[], Awaitable[None]]
+Table = MutableMapping[str, Any]
+
+
+class Recordable(Protocol):
+    """A record to write: its table value is its JSON, taken when a persist begins."""
+
+    def to_json(self) -> Any: ...
+
+
+class PendingTables(Protocol):
+    """The tables the writes go to (``sessions`` and ``chunk_marks`` by key, ``nodes``)."""
+
+    @property
+    def sessions(self) -> Table: ...
+    @property
+    def nodes(self) -> Table: ...
+    @property
+    def chunk_marks(self) -> Table: ...
+
+
+class Caches(Protocol):
+    """The planner's in-memory state that runs ahead of the tables: what it cached of a
+    session given up is dropped (it continues from :meth:`PendingWrites.taken` or the
+    tables)."""
+
+    @property
+    def states(self) -> MutableMapping[str, Any]: ...
+    @property
+    def cursors(self) -> MutableMapping[str, int]: ...
+
+
+class WriteCounts(Protocol):
+    failed_batches: int
+
+
+@dataclass(slots=True)
+class PersistOutcome:
+    """What failed in a persist: partitions given up to be read again (an output
+    unacknowledged), an output the broker refused, a table write lost (the partitions of
+    the last two are given up too, and the worker stops: they are not read again)."""
+
+    given_up: list[tuple[int, Exception]] = field(default_factory=list)
+    refused: Exception | None = None
+    lost_write: Exception | None = None
+    folded: list[Any] = field(default_factory=list)   # the batches written, fold order
+
 
 @dataclass(slots=True)
 class PartitionChanges:
-    """What the folds of one partition changed since its last persist."""
+    """What the plans of one partition changed since its last persist."""
 
-    states: dict[str, SessionState] = field(default_factory=dict)   # records to write
+    records: dict[str, Recordable] = field(default_factory=dict)   # records to write
     marks: dict[str, int] = field(default_factory=dict)      # cursors moved by chunks only
     nodes: dict[str, Any] = field(default_factory=dict)      # node records; None: delete
     deliveries: list[Awaitable[object]] = field(default_factory=list)   # outputs sent
@@ -89,7 +136,7 @@ class PartitionChanges:
     context: contextvars.Context | None = None
 
     def sessions(self) -> set[str]:
-        return set(self.states) | set(self.marks)
+        return set(self.records) | set(self.marks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,22 +153,22 @@ class PartitionWrites:
 
     @classmethod
     def of(cls, partition: int, changes: PartitionChanges) -> PartitionWrites:
-        return cls(partition, {sid: state.to_json() for sid, state in changes.states.items()},
+        return cls(partition, {key: value.to_json() for key, value in changes.records.items()},
                    dict(changes.marks), changes.deliveries, changes.batches,
                    changes.context, changes.nodes)
 
     def sessions(self) -> set[str]:
         return set(self.records) | set(self.marks)
 
-    async def write_nodes(self, tables: SessionTables) -> None:
+    async def write_nodes(self, tables: PendingTables) -> None:
         """Write the node records (acknowledged before :meth:`write_records`)."""
         await self._write([(tables.nodes, key, node) for key, node in self.nodes.items()])
 
-    async def write_records(self, tables: SessionTables) -> None:
+    async def write_records(self, tables: PendingTables) -> None:
         """Write the session records and chunk cursors."""
         await self._write([
-            *((tables.sessions, sid, record) for sid, record in self.records.items()),
-            *((tables.chunk_marks, sid, cursor) for sid, cursor in self.marks.items())])
+            *((tables.sessions, key, record) for key, record in self.records.items()),
+            *((tables.chunk_marks, key, cursor) for key, cursor in self.marks.items())])
 
     async def _write(self, items: list[tuple[Table, str, Any]]) -> None:
         """Write ``items``, a slice at a time (a commit writes every session a few seconds
@@ -180,15 +227,19 @@ def _write(items: list[tuple[Table, str, Any]]) -> None:
             table[key] = value
 
 
-class ChangeBook:
-    """The folds' changes not yet in the tables, by partition, and their persist."""
+class PendingWrites:
+    """The performed plans' changes not yet in the tables, by partition, and their persist.
 
-    def __init__(self, counters: DeliveryCounters,
-                 drop_sessions: Callable[[Iterable[str]], None]) -> None:
+    ``caches``: the planner's (its cached states and cursors), from which a session given
+    up is dropped; ``folded_to``: partition -> the last offset of its last batch performed
+    whole (every record up to it is in the caches or the tables; cleared on any drop)."""
+
+    def __init__(self, counters: WriteCounts, caches: Caches) -> None:
         self.counters = counters
-        self.drop_sessions = drop_sessions   # the folder's cached states of these are void
-        self.lock = asyncio.Lock()           # held while a batch is folded
+        self.caches = caches
+        self.lock = asyncio.Lock()           # held while a batch is planned and performed
         self.changes: dict[int, PartitionChanges] = {}
+        self.folded_to: dict[int, int] = {}
         self._persisting = asyncio.Lock()
         self._taken: dict[str, PartitionWrites] = {}   # session -> writes a persist holds
         self._writing: list[PartitionWrites] = []       # what the persist running holds
@@ -199,38 +250,33 @@ class ChangeBook:
             changes = self.changes[partition] = PartitionChanges()
         return changes
 
-    def add_nodes(self, plan: BatchPlan, tables: SessionTables) -> None:
-        """The plan's node writes so far join its partition's pending ones (drained from
-        the plan), in fold order."""
-        for key, node in plan.node_writes:
-            self.set_node(plan.partition, key, node, tables)
-        plan.node_writes.clear()
+    def add_nodes(self, partition: int, writes: list[tuple[str, Any]],
+                  tables: PendingTables) -> None:
+        """Node writes (in fold order) join the partition's pending ones; ``writes`` is
+        drained."""
+        for key, node in writes:
+            self.set_node(partition, key, node, tables)
+        writes.clear()
 
-    def add(self, plan: BatchPlan, tables: SessionTables,
+    def add(self, partition: int, records: Mapping[str, Recordable], marks: Mapping[str, int],
             deliveries: list[Awaitable[object]], batch: Any) -> None:
-        """A performed plan's changes join its partition's pending ones: per session its
-        state (the one record to write) or, when only chunks moved it, its cursor; its
-        outputs' deliveries, and ``batch`` (reported folded by the persist that writes
-        them; None: nobody waits for it)."""
-        self.add_nodes(plan, tables)
-        changes = self.of(plan.partition)
-        for session_id, started in plan.started.items():
-            cursor = plan.cursors[session_id]
-            state = (plan.states[session_id] if session_id in plan.dirty
-                     else changes.states.get(session_id))
-            if state is not None:
-                state.next_seq = max(state.next_seq, cursor)
-                changes.states[session_id] = state
-                changes.marks.pop(session_id, None)
-            elif cursor > started:
-                changes.marks[session_id] = cursor
-        tables.chunks.update(plan.cursors)
+        """A performed plan's changes join its partition's pending ones: per key its record
+        (the one to write) or, when only a cursor moved and no record is pending, the
+        cursor; its outputs' deliveries, and ``batch`` (reported folded by the persist that
+        writes them; None: nobody waits for it)."""
+        changes = self.of(partition)
+        for key, record in records.items():
+            changes.records[key] = record
+            changes.marks.pop(key, None)
+        for key, cursor in marks.items():
+            if key not in changes.records:   # the record pending holds the cursor
+                changes.marks[key] = cursor
         changes.deliveries += deliveries
         changes.batches.append(batch)
         # faust's tables take a write's partition from the current event (a batch's)
         changes.context = contextvars.copy_context()
 
-    def set_node(self, partition: int, key: str, node: Any, tables: SessionTables) -> None:
+    def set_node(self, partition: int, key: str, node: Any, tables: PendingTables) -> None:
         """A node record to write at the next persist (``node`` None: delete it). A node
         written and deleted between two persists is never written at all."""
         nodes = self.of(partition).nodes
@@ -239,11 +285,11 @@ class ChangeBook:
         else:
             nodes[key] = node
 
-    def _anywhere(self, key: str, tables: SessionTables) -> bool:
+    def _anywhere(self, key: str, tables: PendingTables) -> bool:
         return key in tables.nodes or any(key in w.nodes for w in self._writing)
 
-    def node(self, partition: int, key: str, tables: SessionTables) -> Any:
-        """The node record as the folds left it: newer than the table until persisted."""
+    def node(self, partition: int, key: str, tables: PendingTables) -> Any:
+        """The node record as the plans left it: newer than the table until persisted."""
         for nodes in (self.changes.get(partition, PartitionChanges()).nodes,
                       *(w.nodes for w in reversed(self._writing) if w.partition == partition)):
             if key in nodes:
@@ -251,21 +297,21 @@ class ChangeBook:
         return tables.nodes.get(key)
 
     def unwritten(self) -> set[str]:
-        """Sessions whose cached state is newer than their table record."""
+        """Keys whose cached record is newer than their table record."""
         found = set(self._taken)
         for changes in self.changes.values():
             found |= changes.sessions()
         return found
 
-    def taken(self, session_id: str) -> tuple[Any, int | None]:
-        """The record and the cursor a persist holds for the session and has not written
-        yet ((None, None): none); newer than its table record until written."""
-        writes = self._taken.get(session_id)
+    def taken(self, key: str) -> tuple[Any, int | None]:
+        """The record (JSON) and the cursor a persist holds for the key and has not
+        written yet ((None, None): none); newer than its table record until written."""
+        writes = self._taken.get(key)
         if writes is None:
             return None, None
-        return writes.records.get(session_id), writes.marks.get(session_id)
+        return writes.records.get(key), writes.marks.get(key)
 
-    async def persist(self, tables: SessionTables, flush: Flush = _nothing_to_flush
+    async def persist(self, tables: PendingTables, flush: Flush = _nothing_to_flush
                       ) -> PersistOutcome:
         """Write every partition's changes to ``tables`` (outputs acknowledged first, then
         the nodes, acknowledged: ``flush`` returns once every table write made before it is,
@@ -278,7 +324,7 @@ class ChangeBook:
                 taken = [PartitionWrites.of(partition, changes)
                          for partition, changes in sorted(self.changes.items())]
                 self.changes = {}
-                self._taken = {sid: writes for writes in taken for sid in writes.sessions()}
+                self._taken = {key: writes for writes in taken for key in writes.sessions()}
                 self._writing = taken
             try:
                 written = [writes for writes in taken
@@ -291,7 +337,7 @@ class ChangeBook:
                 self._taken, self._writing = {}, []
         return outcome
 
-    async def _write_nodes(self, writes: PartitionWrites, tables: SessionTables,
+    async def _write_nodes(self, writes: PartitionWrites, tables: PendingTables,
                            outcome: PersistOutcome) -> bool:
         """The partition's outputs acknowledged, its nodes written; False: given up."""
         try:
@@ -324,35 +370,48 @@ class ChangeBook:
             return False
         return True
 
-    async def _write_records(self, writes: PartitionWrites, tables: SessionTables) -> None:
+    async def _write_records(self, writes: PartitionWrites, tables: PendingTables) -> None:
         await writes.write_records(tables)
-        for sid in writes.sessions():
-            self._taken.pop(sid, None)
+        for key in writes.sessions():
+            self._taken.pop(key, None)
 
     def _give_up(self, writes: PartitionWrites, error: Exception) -> None:
         """Under the lock: the partition's batches taken and since are never marked folded."""
-        for sid in writes.sessions():
-            self._taken.pop(sid, None)
+        for key in writes.sessions():
+            self._taken.pop(key, None)
         later = self.changes.get(writes.partition)
         count = len(writes.batches) + (len(later.batches) if later else 0)
-        self.drop_sessions(writes.sessions() | self.give_up_partition(writes.partition))
+        self.give_up_partition(writes.partition, writes.sessions())
         self.counters.failed_batches += len(writes.batches)   # and the later ones, above
         log.error("partition %d: %d folded batches given up (%s: %s); they are folded "
                   "again from the committed offset", writes.partition, count,
                   type(error).__name__, error)
 
-    def give_up_partition(self, partition: int) -> set[str]:
-        """Under the lock: drop a partition's changes (its batch failed); returns the
-        sessions they touched."""
+    def give_up_partition(self, partition: int, touched: Iterable[str] = ()) -> None:
+        """Under the lock: drop a partition's changes (a batch of it failed) and what the
+        caches hold of their sessions and of ``touched`` (a failed batch's)."""
         changes = self.changes.pop(partition, None)
-        if changes is None:
-            return set()
-        self.counters.failed_batches += len(changes.batches)
-        return changes.sessions()
+        dropped = set(touched)
+        if changes is not None:
+            self.counters.failed_batches += len(changes.batches)
+            dropped |= changes.sessions()
+        self.drop(dropped)
+
+    def drop(self, keys: Iterable[str]) -> None:
+        """Forget what the caches hold of these keys: the planner continues them from the
+        records a persist holds (:meth:`taken`) or from the tables."""
+        self.folded_to.clear()   # no longer vouched for: the committed offsets still are
+        for key in keys:
+            self.caches.states.pop(key, None)
+            self.caches.cursors.pop(key, None)
 
     def give_up_all(self) -> int:
-        """Under the lock: drop every change (partitions moved; the next owner folds them
-        again from the committed offset). Returns how many batches were dropped."""
+        """Under the lock: drop every change and the caches (partitions moved; the next
+        owner folds them again from the committed offset). Returns how many batches were
+        dropped."""
         count = sum(len(changes.batches) for changes in self.changes.values())
         self.changes = {}
+        self.caches.states.clear()
+        self.caches.cursors.clear()
+        self.folded_to.clear()
         return count

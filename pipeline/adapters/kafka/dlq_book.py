@@ -1,13 +1,14 @@
 """A record of the session topic is dead-lettered at most once, across kills and rebalances.
 
-The processors write the dead letters of a partition to the partition of the dead-letter
-topic with the same number. A kill -9 (or a rebalance) before the commit past the record
-makes the next owner read it again, and a worker that lost the partition may still be
-folding it. So before its first dead letter of a partition since the assignment, the
-worker **claims** the partition's dead letters (a :class:`DeadLetterSink`: a transactional
-producer per partition, which fences every earlier writer of them,
-:mod:`pipeline.adapters.kafka.dlq_writer`), then asks the dead-letter topic which offsets
-of that partition it holds from the first offset the worker was given (the committed one:
+The processors' executor (:mod:`pipeline.adapters.faust.executor`) writes a plan's dead
+letters through one :class:`DeadLetterBook`, the dead letters of a partition to the
+partition of the dead-letter topic with the same number. A kill -9 (or a rebalance) before
+the commit past the record makes the next owner read it again, and a worker that lost the
+partition may still be folding it. So before its first dead letter of a partition since the
+assignment, the worker **claims** the partition's dead letters (a :class:`DeadLetterSink`: a
+transactional producer per partition, which fences every earlier writer of them,
+:mod:`pipeline.adapters.kafka.dlq_writer`), then asks the dead-letter topic which offsets of
+that partition it holds from the first offset the worker was given (the committed one:
 :data:`DeadLettered`), and does not dead-letter those again. A claim or read that fails
 fails the batch, which is folded again (nothing is dead-lettered unchecked).
 
@@ -26,7 +27,6 @@ from pipeline.adapters.kafka.dlq import MAX_RECORD_BYTES, dead_letter
 from pipeline.adapters.kafka.records import InboxRecord, OutRecord, headers_of
 from pipeline.codec.records import ConsumedRecord
 from pipeline.core.errors import DshError, SequenceError
-from pipeline.services.processors.counters import DeliveryCounters
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,12 @@ log = logging.getLogger(__name__)
 # the dead-letter topic holds (:func:`pipeline.adapters.kafka.dlq_reader.
 # dead_lettered_offsets` in the worker).
 DeadLettered = Callable[[int, int], Awaitable[set[int]]]
-Send = Callable[[OutRecord], Awaitable[None]]
+Send = Callable[[OutRecord], Awaitable[object]]
+
+
+class LetterCounts(Protocol):
+    dead_letters: int
+    dead_letters_skipped: int
 
 
 class DeadLetterSink(Protocol):
@@ -51,7 +56,7 @@ class DeadLetterBook:
 
     def __init__(self, dead_lettered: DeadLettered | None = None,
                  sink: DeadLetterSink | None = None, *, send: Send,
-                 counters: DeliveryCounters, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+                 counters: LetterCounts, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.dead_lettered = dead_lettered
         self.sink = sink
         self.send = send   # without a sink: the folds' output sender

@@ -62,10 +62,10 @@ pytest: setup
 
 # The unit tier alone: no Java artifacts, no broker (setup's `artifacts` is not needed).
 unit: $(STAMP)
-	$(BIN)/pytest -m "$(UNIT_MARKERS)" $(UNIT_ARGS)
+	tests/run_unit.sh $(BIN)/pytest -m "$(UNIT_MARKERS)" $(UNIT_ARGS)
 
-# For contributors, before a commit: ruff, mypy, import layers, then the unit tier (about 80 s
-# of CPU on one core). `make test` runs everything, as CI does.
+# For contributors, before a commit: ruff, mypy, import layers, then the unit tier (two pytest
+# processes at once: tests/run_unit.sh). `make test` runs everything, as CI does.
 check: $(STAMP)
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit

@@ -7,7 +7,8 @@ The walk of a batch of the session topic, one pass down (docs/decisions/processo
 log back when the plan wants it and has the plan go on (as the driver's runner loops
 ``TurnMachine.next_effect``), then performs the plan here: outputs sent, dead letters
 written (:class:`pipeline.adapters.kafka.dlq_book.DeadLetterBook`), table writes kept
-pending (:class:`.pending.PendingWrites`). Nothing it calls climbs back to the service.
+pending (:class:`.pending.PendingWrites`). The service is reached only through the pure
+planner (plain data in and out); no callback of the service runs from a commit or a rebalance.
 
 The consumer runs :meth:`BatchExecutor.persist` before every commit and before
 partitions are revoked, and the forgetting and the assignment step on every rebalance

@@ -4,6 +4,12 @@ Lag in seconds is what operators ask for: the age (``now`` minus the record time
 first record a group has not consumed yet, 0 when the group is at the end. The probe lists the
 cluster's consumer groups, their committed offsets on the topics asked for, the end offsets,
 and for each lagging partition reads the timestamp of the record at the committed offset.
+
+Lag is counted to the last stable offset (what a ``read_committed`` reader can reach), so a
+transaction the broker leaves open shows no lag while every reader is stuck below it
+(docs/troubleshooting.md, *A transaction stays open*). :meth:`ConsumerLagProbe.partition_ends`
+reads both ends of every partition, so that a last stable offset that stands still below the
+high watermark can be alerted on (``DshTransactionHanging``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,25 @@ class LagSample:
                 "seconds": round(self.seconds, 3)}
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionEnds:
+    """A partition's last stable offset (the end a ``read_committed`` reader sees) and its
+    high watermark: the records between them are in transactions not ended yet."""
+
+    topic: str
+    partition: int
+    stable: int
+    high: int
+
+    @property
+    def unstable(self) -> int:
+        return max(0, self.high - self.stable)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "stable": self.stable,
+                "high": self.high, "unstable": self.unstable}
+
+
 class ConsumerLagProbe:
     """Reads the lag of every group on ``topics``; ``start``, ``sample`` often, ``stop``."""
 
@@ -49,6 +74,7 @@ class ConsumerLagProbe:
         self._topics = frozenset(topics)
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._uncommitted: AIOKafkaConsumer | None = None   # the high watermarks' reader
 
     async def start(self) -> None:
         options = client_options(self._settings)
@@ -59,13 +85,36 @@ class ConsumerLagProbe:
                                               isolation_level="read_committed", **options,
                                               **consumer_size_options(self._settings))
             await self._consumer.start()
+            self._uncommitted = AIOKafkaConsumer(enable_auto_commit=False,
+                                                 isolation_level="read_uncommitted", **options)
+            await self._uncommitted.start()
 
     async def stop(self) -> None:
         admin, consumer, self._admin, self._consumer = self._admin, self._consumer, None, None
-        if consumer is not None:
-            await consumer.stop()
+        uncommitted, self._uncommitted = self._uncommitted, None
+        for reader in (consumer, uncommitted):
+            if reader is not None:
+                await reader.stop()
         if admin is not None:
             await admin.close()
+
+    async def partition_ends(self) -> list[PartitionEnds]:
+        """Both ends of every partition of the topics (empty before :meth:`start`)."""
+        consumer, uncommitted = self._consumer, self._uncommitted
+        if consumer is None or uncommitted is None:
+            return []
+        with broker_errors("read the partitions' end offsets"):
+            tps = [TopicPartition(topic, p) for topic, ids in
+                   sorted((await topic_partitions(consumer, sorted(self._topics))).items())
+                   for p in ids]
+            if not tps:
+                return []
+            # assigned first: the client then fetches their metadata at once (settled reads)
+            uncommitted.assign(tps)
+            stable = await consumer.end_offsets(tps)
+            high = await uncommitted.end_offsets(tps)
+        return [PartitionEnds(tp.topic, tp.partition, stable[tp], max(high[tp], stable[tp]))
+                for tp in tps]
 
     async def sample(self, now_ms: int, skip_groups: Collection[str] = ()) -> list[LagSample]:
         admin, consumer = self._admin, self._consumer

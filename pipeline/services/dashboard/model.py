@@ -20,9 +20,9 @@ Synchronous and clock-free: the caller passes ``now_ms``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -49,6 +49,20 @@ MODEL: Final = "gen_ai.request.model"
 # The token directions of the tenant metrics, and the ledger line's count for each.
 TENANT_DIRECTIONS: Final = (("input", "input_tokens"), ("cached_input", "cached_input_tokens"),
                             ("cache_write", "cache_write_tokens"), ("output", "output_tokens"))
+
+
+
+class Ends(Protocol):
+    """A partition's two ends (:class:`pipeline.adapters.metrics.consumer_lag.PartitionEnds`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def stable(self) -> int: ...
+    @property
+    def unstable(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -142,6 +156,15 @@ class DashboardMetrics:
                                  lag_labels, registry=r)
         self.lag_seconds = Gauge("dsh_dashboard_consumer_lag_seconds",
                                  "Age of the oldest unread record", lag_labels, registry=r)
+        # Lag counts to the last stable offset: a transaction left open reads as no lag while
+        # every reader waits below it. These two show it (alert DshTransactionHanging).
+        self.stable_offset = Gauge("dsh_dashboard_partition_stable_offset",
+                                   "Last stable offset (the end read_committed readers reach)",
+                                   ("topic", "partition"), registry=r)
+        self.unstable_records = Gauge("dsh_dashboard_partition_unstable_records",
+                                      "Records between the last stable offset and the high "
+                                      "watermark (in transactions not ended yet)",
+                                      ("topic", "partition"), registry=r)
         self.undecodable = Counter("dsh_dashboard_undecodable_records",
                                    "Records that could not be decoded, by topic", ("topic",),
                                    registry=r)
@@ -388,6 +411,15 @@ class FleetModel:
                         "quantiles": [0.5, 0.95, 0.99]},
             "lag": list(self.lag),
         }
+
+    def set_partition_ends(self, ends: Sequence[Ends]) -> None:
+        """Each partition's last stable offset and records above it (see the gauges)."""
+        for gauge in (self.metrics.stable_offset, self.metrics.unstable_records):
+            gauge.clear()   # partitions that are gone leave the exposition
+        for end in ends:
+            labels = {"topic": end.topic, "partition": str(end.partition)}
+            self.metrics.stable_offset.labels(**labels).set(end.stable)
+            self.metrics.unstable_records.labels(**labels).set(end.unstable)
 
     def set_lag(self, samples: list[dict[str, JsonValue]]) -> None:
         self.lag = samples

@@ -16,6 +16,7 @@ from dsh_dev.localstack.process import free_ports
 from pipeline.adapters.faust.fetching import worker_consumer_options
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.records import InboxRecord
+from pipeline.adapters.metrics.consumer_lag import PartitionEnds
 from pipeline.codec.avro import EventSerde
 from pipeline.codec.output_views import OutputView
 from pipeline.codec.outputs import (
@@ -157,6 +158,20 @@ def test_old_windows_do_not_show_as_tokens_now() -> None:
     _rows_from_outputs(model, live)
     charts = model.charts(10_000_000)
     assert all(not sums for _, sums in charts["tokens"])
+
+
+def test_a_partition_s_two_ends_are_gauges_and_a_gone_partition_leaves_them() -> None:
+    model = FleetModel()
+    model.set_partition_ends([PartitionEnds("t", 0, 100, 112), PartitionEnds("t", 1, 7, 7)])
+    samples = prometheus_samples(model.metrics.render().decode())
+    at = (("partition", "0"), ("topic", "t"))
+    assert samples[("dsh_dashboard_partition_stable_offset", at)] == 100
+    assert samples[("dsh_dashboard_partition_unstable_records", at)] == 12
+    assert samples[("dsh_dashboard_partition_unstable_records",
+                    (("partition", "1"), ("topic", "t")))] == 0
+    model.set_partition_ends([PartitionEnds("t", 1, 9, 9)])
+    samples = prometheus_samples(model.metrics.render().decode())
+    assert ("dsh_dashboard_partition_stable_offset", at) not in samples
 
 
 def test_group_labels_drop_the_deployment_prefixes() -> None:

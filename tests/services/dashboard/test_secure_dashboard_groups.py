@@ -43,10 +43,13 @@ async def test_the_dashboard_principal_reads_the_lag_and_members_of_the_project_
     await probe.start()
     try:
         samples = await probe.sample(int(time.time() * 1000))
+        ends = await probe.partition_ends()   # both ends: read committed and uncommitted
     finally:
         await probe.stop()
     assert (driver_group, dashboard.topics.inbox, 0) in {
         (s.group, s.topic, s.partition) for s in samples}
+    assert {(dashboard.topics.inbox, 0), (dashboard.topics.session_events, 0)} <= {
+        (e.topic, e.partition) for e in ends}
 
     assert await group_members(dashboard, dashboard.processors_group()) == 0  # none running
 

@@ -61,10 +61,6 @@ class PartitionEnds:
     def unstable(self) -> int:
         return max(0, self.high - self.stable)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "stable": self.stable,
-                "high": self.high, "unstable": self.unstable}
-
 
 class ConsumerLagProbe:
     """Reads the lag of every group on ``topics``; ``start``, ``sample`` often, ``stop``."""

@@ -71,6 +71,7 @@ class ConsumerLagProbe:
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._uncommitted: AIOKafkaConsumer | None = None   # the high watermarks' reader
+        self._led: set[TopicPartition] = set()   # partitions with a leader at the last call
 
     async def start(self) -> None:
         options = client_options(self._settings)
@@ -95,14 +96,19 @@ class ConsumerLagProbe:
             await admin.close()
 
     async def partition_ends(self) -> list[PartitionEnds]:
-        """Both ends of every partition of the topics (empty before :meth:`start`)."""
+        """Both ends of every partition of the topics that had a leader at the previous call
+        too; empty before :meth:`start`. A partition whose leader was just elected (a topic
+        just created, as in ``make demo``) can still answer NotLeaderForPartition, which
+        aiokafka logs as an error while it retries: it is read from the next call on."""
         consumer, uncommitted = self._consumer, self._uncommitted
         if consumer is None or uncommitted is None:
             return []
         with broker_errors("read the partitions' end offsets"):
-            tps = [TopicPartition(topic, p) for topic, ids in
-                   sorted((await topic_partitions(consumer, sorted(self._topics))).items())
-                   for p in ids]
+            leaders = await topic_leaders(consumer, sorted(self._topics))
+            led = {TopicPartition(topic, p) for topic, parts in leaders.items()
+                   for p, leader in parts.items() if leader >= 0}
+            tps = sorted(led & self._led)
+            self._led = led
             if not tps:
                 return []
             # assigned first: the client then fetches their metadata at once (settled reads)

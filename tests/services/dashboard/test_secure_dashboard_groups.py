@@ -43,6 +43,7 @@ async def test_the_dashboard_principal_reads_the_lag_and_members_of_the_project_
     await probe.start()
     try:
         samples = await probe.sample(int(time.time() * 1000))
+        await probe.partition_ends()          # learns the leaders
         ends = await probe.partition_ends()   # both ends: read committed and uncommitted
     finally:
         await probe.stop()

@@ -35,7 +35,7 @@ def worker_book(settings: Settings) -> tuple[DeadLetterBook, DeadLetterWriter]:
     writer = DeadLetterWriter(settings, f"{settings.topic_prefix}processors")
     book = DeadLetterBook(partial(dead_lettered_offsets, settings,
                                   settings.topics.session_events),
-                          writer, send=unsent, counters=DeliveryCounters())
+                          writer, counters=DeliveryCounters())
     return book, writer
 
 
@@ -51,12 +51,13 @@ async def test_the_old_owner_is_fenced_and_the_new_one_skips_what_is_written(
     new, new_writer = worker_book(settings)
     try:
         old.folding(0, 10)
-        await old.letter(garbage(settings, 11), CodecError("undecodable"))
+        await old.letter(garbage(settings, 11), CodecError("undecodable"), unsent)
         await old.write_batch(0)                    # written before the takeover
-        await old.letter(garbage(settings, 12), CodecError("undecodable"))
+        await old.letter(garbage(settings, 12), CodecError("undecodable"), unsent)
         new.folding(0, 10)   # the new owner starts at the committed offset, 10
-        await new.letter(garbage(settings, 11), CodecError("undecodable"))   # claims: fences
-        await new.letter(garbage(settings, 12), CodecError("undecodable"))
+        # the new owner's first letter claims the partition: it fences the old one
+        await new.letter(garbage(settings, 11), CodecError("undecodable"), unsent)
+        await new.letter(garbage(settings, 12), CodecError("undecodable"), unsent)
         with pytest.raises(FencedError):
             await old.write_batch(0)                # the old owner's late letter
         await new.write_batch(0)

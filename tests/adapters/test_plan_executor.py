@@ -107,7 +107,7 @@ def executor(planner: HandPlanner, sent: list[OutRecord]) -> PlanExecutor[Plan]:
         failed_batches: int = 0
 
     counts = Counts()
-    return PlanExecutor(planner, send, DeadLetterBook(send=send, counters=counts),
+    return PlanExecutor(planner, send, DeadLetterBook(counters=counts),
                         PendingWrites(counts, planner))
 
 

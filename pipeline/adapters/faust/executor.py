@@ -40,6 +40,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from pipeline.adapters.faust.failures import (
@@ -156,9 +157,6 @@ class PlanExecutor(Generic[PlanT]):
         self.pending = pending
         self.read_back = read_back   # None: a plan never wants a read (gaps reported)
         self.gate = gate             # passed once per batch, before it is planned
-        self._deliveries: list[Awaitable[object]] = []   # the batch's outputs sent
-        # Without a sink (unit tests) the letters go out as outputs of the batch.
-        letters.send = self._send_one
 
     async def fold(self, records: Sequence[Any], batch: Any = None) -> None:
         """Plan the records of one partition (in order) and perform the plan. What they
@@ -198,29 +196,27 @@ class PlanExecutor(Generic[PlanT]):
         """Outputs sent, dead letters written, then the plan's table writes join its
         partition's pending ones."""
         self.pending.add_nodes(plan.partition, plan.node_writes, self.planner.tables)
-        self._deliveries = []
+        deliveries: list[Awaitable[object]] = []
+        send = partial(self._send_one, deliveries)
         for out in plan.outputs:
-            await self._send_one(out)
-        for record, error in plan.letters:
-            await self.letters.letter(record, error)
+            await send(out)
+        for record, error in plan.letters:   # without a sink (unit tests): as outputs
+            await self.letters.letter(record, error, send)
         await self.letters.write_batch(plan.partition)
-        self.pending.add(plan.partition, plan.to_write, plan.marks, self._deliveries, batch)
-        self._deliveries = []
-        self.pending.folded_to[plan.partition] = plan.span[1] - 1
+        self.pending.add(plan.partition, plan.to_write, plan.marks, deliveries, batch,
+                         folded_to=plan.span[1] - 1)
 
-    async def _send_one(self, out: OutRecord) -> None:
-        """An output of the batch (or a dead letter without a sink: the unit tests); its
-        delivery is awaited before the batch's state is written."""
+    async def _send_one(self, deliveries: list[Awaitable[object]], out: OutRecord) -> None:
+        """An output of the batch (or a dead letter without a sink); its delivery joins
+        ``deliveries``, awaited before the batch's state is written."""
         delivery = await self.send(out)
         if inspect.isawaitable(delivery):
-            self._deliveries.append(delivery)
+            deliveries.append(delivery)
 
     async def persist(self, flush: Flush | None = None) -> PersistOutcome:
         """Steps 1-4 of a commit: what the plans changed, written to the tables (see
         :mod:`.pending`); ``flush``: until every table write made before it is
         acknowledged (the producer's), nothing to wait for with plain dicts."""
-        if flush is None:
-            return await self.pending.persist(self.planner.tables)
         return await self.pending.persist(self.planner.tables, flush)
 
     async def forget(self) -> None:

@@ -259,11 +259,12 @@ class PendingWrites:
         writes.clear()
 
     def add(self, partition: int, records: Mapping[str, Recordable], marks: Mapping[str, int],
-            deliveries: list[Awaitable[object]], batch: Any) -> None:
+            deliveries: list[Awaitable[object]], batch: Any, *, folded_to: int) -> None:
         """A performed plan's changes join its partition's pending ones: per key its record
         (the one to write) or, when only a cursor moved and no record is pending, the
         cursor; its outputs' deliveries, and ``batch`` (reported folded by the persist that
-        writes them; None: nobody waits for it)."""
+        writes them; None: nobody waits for it); ``folded_to``: its last offset."""
+        self.folded_to[partition] = folded_to
         changes = self.of(partition)
         for key, record in records.items():
             changes.records[key] = record
@@ -311,14 +312,16 @@ class PendingWrites:
             return None, None
         return writes.records.get(key), writes.marks.get(key)
 
-    async def persist(self, tables: PendingTables, flush: Flush = _nothing_to_flush
+    async def persist(self, tables: PendingTables, flush: Flush | None = None
                       ) -> PersistOutcome:
         """Write every partition's changes to ``tables`` (outputs acknowledged first, then
         the nodes, acknowledged: ``flush`` returns once every table write made before it is,
         and raises when one was lost; then the records); their batches are reported folded
         in the outcome, in fold order. A partition whose outputs failed is given up.
-        Returns what was folded and what failed."""
+        Returns what was folded and what failed. No ``flush``: a write is acknowledged when
+        made (plain dicts: the unit tests)."""
         outcome = PersistOutcome()
+        flush = flush or _nothing_to_flush
         async with self._persisting:
             async with self.lock:
                 taken = [PartitionWrites.of(partition, changes)

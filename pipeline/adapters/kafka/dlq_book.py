@@ -55,11 +55,10 @@ class DeadLetterBook:
     dead-lettered from it on (read from the dead-letter topic once, then kept here)."""
 
     def __init__(self, dead_lettered: DeadLettered | None = None,
-                 sink: DeadLetterSink | None = None, *, send: Send,
+                 sink: DeadLetterSink | None = None, *,
                  counters: LetterCounts, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.dead_lettered = dead_lettered
         self.sink = sink
-        self.send = send   # without a sink: the folds' output sender
         self.counters = counters
         self.max_record_bytes = max_record_bytes
         self.letters: list[tuple[int, OutRecord]] = []   # this batch's, for the sink
@@ -77,9 +76,10 @@ class DeadLetterBook:
         self.dead.clear()
         self.letters = []
 
-    async def letter(self, record: ConsumedRecord, error: Exception) -> None:
+    async def letter(self, record: ConsumedRecord, error: Exception, send: Send) -> None:
         """Dead-letter ``record`` for ``error``, unless it was before: with a sink at the
-        batch's end (:meth:`write_batch`), else at once."""
+        batch's end (:meth:`write_batch`), else at once through ``send`` (the batch's
+        output sender)."""
         if await self.already(record.partition, record.offset):
             self.counters.dead_letters_skipped += 1
             return
@@ -92,7 +92,7 @@ class DeadLetterBook:
             self.letters.append((record.offset, letter))
             return
         self.counters.dead_letters += 1
-        await self.send(letter)
+        await send(letter)
         await self.add(record.partition, record.offset)
 
     async def write_batch(self, partition: int) -> None:

@@ -110,8 +110,8 @@ class SessionFolder:
                               outputs or default_output_codecs(), counters, max_record_bytes,
                               route, can_heal=read_back is not None)
         self.pending = self.fold.pending = PendingWrites(counters, self.fold)
-        letters = DeadLetterBook(dead_lettered, dead_letter_sink, send=send,
-                                 counters=counters, max_record_bytes=max_record_bytes)
+        letters = DeadLetterBook(dead_lettered, dead_letter_sink, counters=counters,
+                                 max_record_bytes=max_record_bytes)
         self.executor: PlanExecutor[BatchPlan] = PlanExecutor(
             self.fold, send, letters, self.pending, read_back=read_back)
         self.counters = counters

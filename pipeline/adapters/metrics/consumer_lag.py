@@ -7,21 +7,21 @@ and for each lagging partition reads the timestamp of the record at the committe
 
 Lag is counted to the last stable offset (what a ``read_committed`` reader can reach), so a
 transaction the broker leaves open shows no lag while every reader is stuck below it
-(docs/troubleshooting.md, *A transaction stays open*). :meth:`ConsumerLagProbe.partition_ends`
-reads both ends of every partition, so that a last stable offset that stands still below the
-high watermark can be alerted on (``DshTransactionHanging``).
+(docs/troubleshooting.md, *A transaction stays open*). Each sample also reads the high
+watermark of every partition (:attr:`ConsumerLagProbe.ends`), so that a last stable offset
+that stands still below it can be alerted on (``DshTransactionHanging``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.adapters.kafka.assigned import topic_leaders, topic_partitions
+from pipeline.adapters.kafka.assigned import topic_leaders
 from pipeline.adapters.kafka.errors import broker_errors
 from pipeline.adapters.kafka.options import client_options, consumer_size_options
 from pipeline.core.errors import BrokerError
@@ -71,7 +71,10 @@ class ConsumerLagProbe:
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._uncommitted: AIOKafkaConsumer | None = None   # the high watermarks' reader
-        self._led: set[TopicPartition] = set()   # partitions with a leader at the last call
+        self._led: set[TopicPartition] = set()   # partitions with a leader at the last sample
+        # Both ends of every partition with a settled leader, as of the last sample: the
+        # records between them are in transactions not ended (alert DshTransactionHanging).
+        self.ends: list[PartitionEnds] = []
 
     async def start(self) -> None:
         options = client_options(self._settings)
@@ -95,58 +98,69 @@ class ConsumerLagProbe:
         if admin is not None:
             await admin.close()
 
-    async def partition_ends(self) -> list[PartitionEnds]:
-        """Both ends of every partition of the topics that had a leader at the previous call
-        too; empty before :meth:`start`. A partition whose leader was just elected (a topic
-        just created, as in ``make demo``) can still answer NotLeaderForPartition, which
-        aiokafka logs as an error while it retries: it is read from the next call on."""
-        consumer, uncommitted = self._consumer, self._uncommitted
-        if consumer is None or uncommitted is None:
-            return []
-        with broker_errors("read the partitions' end offsets"):
-            leaders = await topic_leaders(consumer, sorted(self._topics))
-            led = {TopicPartition(topic, p) for topic, parts in leaders.items()
-                   for p, leader in parts.items() if leader >= 0}
-            tps = sorted(led & self._led)
-            self._led = led
-            if not tps:
-                return []
-            # assigned first: the client then fetches their metadata at once (settled reads)
-            uncommitted.assign(tps)
-            stable = await consumer.end_offsets(tps)
-            high = await uncommitted.end_offsets(tps)
-        return [PartitionEnds(tp.topic, tp.partition, stable[tp], max(high[tp], stable[tp]))
-                for tp in tps]
-
     async def sample(self, now_ms: int, skip_groups: Collection[str] = ()) -> list[LagSample]:
+        """The lag of every group; the same lookups set :attr:`ends`."""
         admin, consumer = self._admin, self._consumer
         if admin is None or consumer is None:
             return []
         with broker_errors("read consumer group offsets"):
             groups = sorted(str(g[0]) for g in await admin.list_consumer_groups())
-            tps = [TopicPartition(topic, p) for topic, ids in
-                   sorted((await topic_partitions(consumer, sorted(self._topics))).items())
-                   for p in ids]
-            committed: dict[tuple[str, TopicPartition], int] = {}
-            for group in groups:
-                if group in skip_groups or not tps:
-                    continue
-                offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
-                _check_answered(group, offsets, tps)
-                for tp, meta in offsets.items():
-                    if meta.offset >= 0:
-                        committed[(group, tp)] = meta.offset
-            ends = await consumer.end_offsets(sorted({tp for _, tp in committed}))
+            leaders = await topic_leaders(consumer, sorted(self._topics))
+            tps = [TopicPartition(topic, p) for topic, parts in sorted(leaders.items())
+                   for p in sorted(parts)]
+            committed = await self._committed(admin, groups, skip_groups, tps)
+            settled = self._settled(leaders)
+            stable = await consumer.end_offsets(sorted({tp for _, tp in committed}
+                                                       | set(settled)))
+            self.ends = await self._ends(settled, stable)
         samples = []
         for (group, tp), offset in sorted(committed.items(), key=lambda kv: (kv[0][0],
                                           kv[0][1].topic, kv[0][1].partition)):
-            end = ends.get(tp, offset)
+            end = stable.get(tp, offset)
             seconds = 0.0
             if offset < end:
                 stamp = await self._timestamp_at(tp, offset)
                 seconds = max(0.0, (now_ms - stamp) / 1000) if stamp is not None else 0.0
             samples.append(LagSample(group, tp.topic, tp.partition, offset, end, seconds))
         return samples
+
+    @staticmethod
+    async def _committed(admin: AIOKafkaAdminClient, groups: Sequence[str],
+                         skip_groups: Collection[str], tps: Sequence[TopicPartition]
+                         ) -> dict[tuple[str, TopicPartition], int]:
+        """Each group's committed offset of each of ``tps`` (none: left out)."""
+        committed: dict[tuple[str, TopicPartition], int] = {}
+        for group in groups:
+            if group in skip_groups or not tps:
+                continue
+            offsets = await admin.list_consumer_group_offsets(group, partitions=tps)
+            _check_answered(group, offsets, tps)
+            for tp, meta in offsets.items():
+                if meta.offset >= 0:
+                    committed[(group, tp)] = meta.offset
+        return committed
+
+    def _settled(self, leaders: Mapping[str, Mapping[int, int]]) -> list[TopicPartition]:
+        """The partitions with a leader now and at the previous sample. A leader just
+        elected (a topic just created, as in ``make demo``) can still answer
+        NotLeaderForPartition, which aiokafka logs as an error while it retries: such a
+        partition's ends are read from the next sample on."""
+        led = {TopicPartition(topic, p) for topic, parts in leaders.items()
+               for p, leader in parts.items() if leader >= 0}
+        settled, self._led = sorted(led & self._led), led
+        return settled
+
+    async def _ends(self, tps: Sequence[TopicPartition],
+                    stable: Mapping[TopicPartition, int]) -> list[PartitionEnds]:
+        """Both ends of ``tps``, given their last stable offsets."""
+        uncommitted = self._uncommitted
+        if uncommitted is None or not tps:
+            return []
+        # assigned first: the client then fetches their metadata at once (settled reads)
+        uncommitted.assign(list(tps))
+        high = await uncommitted.end_offsets(list(tps))
+        return [PartitionEnds(tp.topic, tp.partition, stable[tp], max(high[tp], stable[tp]))
+                for tp in tps]
 
     async def _timestamp_at(self, tp: TopicPartition, offset: int) -> int | None:
         """The timestamp of the first record at or after ``offset`` (None: none readable)."""

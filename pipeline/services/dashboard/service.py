@@ -313,7 +313,7 @@ class DashboardService:
                     self.model.set_lag([{**s.to_json(), "name": group_label(self.settings,
                                                                             s.group)}
                                         for s in samples])
-                    self.model.set_partition_ends(await probe.partition_ends())
+                    self.model.set_partition_ends(probe.ends)
                     await asyncio.sleep(self.config.lag_interval_s)
             except DshError as exc:
                 log.warning("dashboard lag probe: %s", exc)

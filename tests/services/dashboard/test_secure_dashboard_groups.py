@@ -42,9 +42,9 @@ async def test_the_dashboard_principal_reads_the_lag_and_members_of_the_project_
                                          dashboard.topics.session_events))
     await probe.start()
     try:
+        await probe.sample(int(time.time() * 1000))   # learns the leaders
         samples = await probe.sample(int(time.time() * 1000))
-        await probe.partition_ends()          # learns the leaders
-        ends = await probe.partition_ends()   # both ends: read committed and uncommitted
+        ends = probe.ends   # both ends: read committed and uncommitted
     finally:
         await probe.stop()
     assert (driver_group, dashboard.topics.inbox, 0) in {
